@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.factories import make_reviews_csv, make_tiny_model
+from trainer.config import JobSpec, Runtime, TrainConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_no_dropout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-nodrop", dropout=0.0)
+
+
+@pytest.fixture
+def inputs_dir(tmp_path: Path, tiny_model_dir: Path, tiny_model_no_dropout: Path) -> Path:
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    (inputs / "tiny").symlink_to(tiny_model_dir)
+    (inputs / "tiny-nodrop").symlink_to(tiny_model_no_dropout)
+    make_reviews_csv(inputs / "reviews.csv", rows=200)
+    return inputs
+
+
+@pytest.fixture
+def make_config(tmp_path: Path, inputs_dir: Path):
+    """A TrainConfig for the tiny model and dataset, with per-test directories."""
+
+    def build(**spec: object) -> TrainConfig:
+        defaults: dict[str, object] = {"model": "tiny", "dataset": "reviews.csv", "batch_size": 8,
+                                       "learning_rate": 3e-3, "epochs": 2,
+                                       "checkpoint_every_steps": 5}
+        runtime = Runtime(job_id="test", pod_name="test-0", inputs_dir=inputs_dir,
+                          cache_dir=tmp_path / "cache", checkpoint_dir=tmp_path / "checkpoints",
+                          model_dir=tmp_path / "model")
+        return TrainConfig(JobSpec(**{**defaults, **spec}), runtime)  # type: ignore[arg-type]
+
+    return build
+
+
+class Processes:
+    """Processes a test started; each is killed (by pid, with its group) at teardown."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def start(self, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+        handle = log.open("wb")
+        process = subprocess.Popen(args, env={**os.environ, **env}, stdout=handle,
+                                   stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        handle.close()
+        self.started.append(process)
+        return process
+
+    def trainer(self, args: list[str], log: Path, env: dict[str, str] | None = None,
+                ) -> subprocess.Popen[bytes]:
+        return self.start([sys.executable, "-m", "trainer", *args], env or {}, log)
+
+    def cleanup(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                process.wait(timeout=10)
+
+
+@pytest.fixture
+def processes() -> Iterator[Processes]:
+    tracker = Processes()
+    yield tracker
+    tracker.cleanup()

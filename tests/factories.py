@@ -1,0 +1,52 @@
+"""Tiny models and datasets built in tmp_path: real transformers objects, well under a second."""
+
+from __future__ import annotations
+
+import csv
+import random
+from pathlib import Path
+
+POSITIVE = ["good", "great", "fun", "moving", "brilliant", "warm", "superb", "clever"]
+NEGATIVE = ["bad", "dull", "boring", "awful", "weak", "tedious", "clumsy", "flat"]
+NEUTRAL = ["the", "a", "film", "movie", "plot", "actors", "story", "was", "is", "and", "very",
+           "this", "with", "its", "cast", "script"]
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def make_tiny_model(directory: Path, dropout: float = 0.1, seed: int = 0) -> Path:
+    """A 2-layer BERT with a handwritten vocabulary, saved with save_pretrained."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
+
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = directory / "vocab.txt"
+    vocab.write_text("\n".join(SPECIAL + POSITIVE + NEGATIVE + NEUTRAL) + "\n")
+    # transformers 5 ignores vocab_file in the constructor; from_pretrained(dir) reads it.
+    tokenizer = BertTokenizer.from_pretrained(directory)
+    config = BertConfig(vocab_size=len(SPECIAL + POSITIVE + NEGATIVE + NEUTRAL), hidden_size=32,
+                        num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                        max_position_embeddings=64, hidden_dropout_prob=dropout,
+                        attention_probs_dropout_prob=dropout)
+    torch.manual_seed(seed)
+    BertForSequenceClassification(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def review(rng: random.Random, positive: bool) -> str:
+    words = rng.sample(NEUTRAL, 4) + rng.sample(POSITIVE if positive else NEGATIVE, 2)
+    rng.shuffle(words)
+    return " ".join(words)
+
+
+def make_reviews_csv(path: Path, rows: int = 200, seed: int = 0) -> Path:
+    """A learnable two-class dataset: each text holds two words of its class."""
+    rng = random.Random(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["text", "label"])
+        for index in range(rows):
+            positive = index % 2 == 0
+            writer.writerow([review(rng, positive), "positive" if positive else "negative"])
+    return path

@@ -1,0 +1,154 @@
+"""Atomic step checkpoints: `step-N/` directories, complete only once they hold a marker.
+
+Write order: `step-N.tmp/` (files fsynced) -> rename to `step-N/` -> `COMPLETE` marker (fsynced).
+A process killed at any point leaves either no `step-N/` or one without its marker, and both are
+ignored by `latest_checkpoint` and removed by the next save. "Latest" is the highest step number,
+never a file time. Retention keeps the last K complete checkpoints plus the best by validation
+accuracy.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+MARKER = "COMPLETE"
+MODEL_FILE = "model.pt"
+STATE_FILE = "trainer.pt"
+META_FILE = "meta.json"
+_NAME = re.compile(r"^step-(\d+)$")
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: Path
+    step: int
+    meta: dict[str, Any]
+
+    @property
+    def val_accuracy(self) -> float | None:
+        value = self.meta.get("metrics", {}).get("val_accuracy")
+        return float(value) if value is not None else None
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durable(path: Path, write: Any) -> None:
+    with path.open("wb") as handle:
+        write(handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def strip_module_prefix(state: dict[str, Any]) -> dict[str, Any]:
+    """Keys saved from a DDP-wrapped model start with `module.`; the bare model has none."""
+    return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def save_checkpoint(directory: Path, step: int, model_state: dict[str, Any],
+                    trainer_state: dict[str, Any], meta: dict[str, Any],
+                    keep: int = 3) -> CheckpointInfo:
+    """Write `step-<step>/` atomically, then apply retention. Only the primary calls this."""
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"step-{step}"
+    if (final / MARKER).is_file():
+        return read_info(final)
+    _remove_incomplete(directory)
+    staging = directory / f"step-{step}.tmp"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir()
+    meta = {**meta, "step": step, "saved_at": time.time()}
+    _write_durable(staging / MODEL_FILE,
+                   lambda h: torch.save(strip_module_prefix(model_state), h))
+    _write_durable(staging / STATE_FILE, lambda h: torch.save(trainer_state, h))
+    _write_durable(staging / META_FILE, lambda h: h.write(json.dumps(meta, indent=2).encode()))
+    _fsync_path(staging)
+    staging.rename(final)
+    _fsync_path(directory)
+    _write_durable(final / MARKER, lambda h: h.write(b"ok\n"))
+    _fsync_path(final)
+    info = CheckpointInfo(final, step, meta)
+    apply_retention(directory, keep)
+    return info
+
+
+def read_info(path: Path) -> CheckpointInfo:
+    match = _NAME.match(path.name)
+    if match is None:
+        raise ValueError(f"{path} is not a step-N checkpoint directory")
+    return CheckpointInfo(path, int(match.group(1)), json.loads((path / META_FILE).read_text()))
+
+
+def list_checkpoints(directory: Path) -> list[CheckpointInfo]:
+    """Complete checkpoints, oldest step first."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for path in directory.iterdir():
+        if _NAME.match(path.name) and (path / MARKER).is_file():
+            try:
+                found.append(read_info(path))
+            except (OSError, ValueError) as exc:
+                logger.warning("ignoring unreadable checkpoint %s: %s", path, exc)
+    return sorted(found, key=lambda info: info.step)
+
+
+def latest_checkpoint(directory: Path) -> CheckpointInfo | None:
+    found = list_checkpoints(directory)
+    return found[-1] if found else None
+
+
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu",
+                    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(model state without `module.` prefixes, trainer state, meta) of a complete checkpoint."""
+    if not (path / MARKER).is_file():
+        raise ValueError(f"{path} is not a complete checkpoint (no {MARKER} marker)")
+    model_state = torch.load(path / MODEL_FILE, map_location=map_location, weights_only=True)
+    trainer_state = torch.load(path / STATE_FILE, map_location=map_location, weights_only=True)
+    return strip_module_prefix(model_state), trainer_state, read_info(path).meta
+
+
+def _delete(path: Path) -> None:
+    # The marker goes first: a deletion cut short never leaves something that looks complete.
+    (path / MARKER).unlink(missing_ok=True)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_incomplete(directory: Path) -> None:
+    for path in directory.iterdir():
+        incomplete = _NAME.match(path.name) and not (path / MARKER).exists()
+        if incomplete or (path.name.startswith("step-") and path.name.endswith(".tmp")):
+            logger.info("removing incomplete checkpoint %s", path.name)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def apply_retention(directory: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` complete checkpoints and the best by val accuracy."""
+    found = list_checkpoints(directory)
+    kept = {info.path for info in found[-keep:]}
+    scored = [info for info in found if info.val_accuracy is not None]
+    if scored:
+        best = max(scored, key=lambda info: (info.val_accuracy, info.step))
+        kept.add(best.path)
+    removed = [info.path for info in found if info.path not in kept]
+    for path in removed:
+        _delete(path)
+    return removed

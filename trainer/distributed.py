@@ -1,0 +1,73 @@
+"""The process group the trainer runs in: plain torch.distributed under torchrun, or a single process.
+
+The trainer talks to its group only through `Group`'s methods, so the fault-tolerance engines can
+provide groups whose membership changes between steps (`participants` and `rank` may differ from
+one step to the next, and `should_commit` may refuse a step).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from trainer.model import DeviceChoice
+
+logger = logging.getLogger(__name__)
+
+COLLECTIVE_TIMEOUT = timedelta(seconds=60)
+
+
+class Group:
+    """torchrun's static world (WORLD_SIZE/RANK env), or a world of one without torchrun."""
+
+    def __init__(self, device: DeviceChoice, environ: Mapping[str, str] = os.environ) -> None:
+        self.device = device
+        self.world_size = int(environ.get("WORLD_SIZE", "1"))
+        self._rank = int(environ.get("RANK", "0"))
+        self.local_rank = int(environ.get("LOCAL_RANK", "0"))
+        if self.world_size > 1 and not dist.is_initialized():
+            dist.init_process_group(backend=device.backend, timeout=COLLECTIVE_TIMEOUT)
+            logger.info("joined process group: rank %d of %d (%s)", self._rank, self.world_size,
+                        device.backend)
+
+    @property
+    def rank(self) -> int:
+        """This participant's rank in the current step."""
+        return self._rank
+
+    @property
+    def participants(self) -> int:
+        """Participants in the current step."""
+        return self.world_size
+
+    @property
+    def is_primary(self) -> bool:
+        """The lowest-ranked participant writes shared state (checkpoints, model, job metrics)."""
+        return self._rank == 0
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        if self.world_size == 1:
+            return model
+        device_ids = [self.device.device.index] if self.device.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids)
+
+    def all_reduce_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Sum a small tensor over participants (in place) and return it."""
+        if self.world_size > 1:
+            dist.all_reduce(values, op=dist.ReduceOp.SUM)
+        return values
+
+    def should_commit(self) -> bool:
+        """Whether the step just computed may be committed; a static group always commits."""
+        return True
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

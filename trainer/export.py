@@ -1,0 +1,89 @@
+"""Export of the trained model: save_pretrained of the bare model, tokenizer, metrics and a card."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from trainer.config import JobSpec, spec_to_dict
+from trainer.model import unwrap
+
+logger = logging.getLogger(__name__)
+
+
+def _percent(value: Any) -> str:
+    return f"{100 * value:.2f}%" if isinstance(value, int | float) else "n/a"
+
+
+def model_card(spec: JobSpec, metrics: dict[str, Any], data: dict[str, int]) -> str:
+    test = metrics.get("test", {})
+    validation = metrics.get("validation", {})
+    settings = "\n".join(f"| {key} | {value} |" for key, value in (
+        ("epochs", spec.epochs), ("batch size per replica", spec.batch_size),
+        ("learning rate", spec.learning_rate), ("max length", spec.max_length),
+        ("replicas", spec.replicas), ("fault tolerance", spec.fault_tolerance),
+        ("fine-tuning", spec.finetune), ("seed", spec.seed)))
+    return f"""---
+library_name: transformers
+pipeline_tag: text-classification
+tags: [sentiment-analysis, live-migrator]
+base_model: {spec.model}
+datasets: [{spec.dataset}]
+metrics: [accuracy, f1]
+---
+
+# {spec.name or "Sentiment classifier"}
+
+Binary sentiment classifier (labels `negative`, `positive`) fine-tuned from `{spec.model}` on
+`{spec.dataset}`{f" with the `{spec.preset}` preset" if spec.preset else ""} by Live Migrator.
+
+## Results
+
+| split | samples | accuracy | F1 | loss |
+|---|---|---|---|---|
+| test | {data.get("test", 0)} | {_percent(test.get("accuracy"))} | {_percent(test.get("f1"))} \
+| {test.get("loss", float("nan")):.4f} |
+| validation | {data.get("validation", 0)} | {_percent(validation.get("accuracy"))} \
+| {_percent(validation.get("f1"))} | {validation.get("loss", float("nan")):.4f} |
+
+Trained on {data.get("train", 0)} samples.
+
+## Training settings
+
+| setting | value |
+|---|---|
+{settings}
+
+## Use
+
+```python
+from transformers import pipeline
+classify = pipeline("text-classification", model="path/to/this/directory")
+classify("A warm, funny and beautifully acted film.")
+```
+"""
+
+
+def export_model(model: nn.Module, tokenizer: Any, target: Path, spec: JobSpec,
+                 metrics: dict[str, Any], data: dict[str, int]) -> Path:
+    """Write the export next to `target`, then swap it in, so readers never see half of it."""
+    staging = target.with_name(target.name + ".tmp")
+    if staging.exists():
+        shutil.rmtree(staging)
+    bare = unwrap(model)
+    bare.save_pretrained(staging)  # type: ignore[operator]
+    tokenizer.save_pretrained(staging)
+    (staging / "metrics.json").write_text(json.dumps(
+        {"metrics": metrics, "samples": data, "spec": spec_to_dict(spec)}, indent=2))
+    (staging / "README.md").write_text(model_card(spec, metrics, data))
+    if target.exists():
+        shutil.rmtree(target)
+    staging.rename(target)
+    logger.info("model exported to %s", target)
+    return target
+

@@ -1,0 +1,77 @@
+"""Entry point: configure, train, report, clean up. Exit 0 done, 1 failed, 2 bad input."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from trainer.config import ConfigError, TrainConfig, load_config
+from trainer.data import DataError
+from trainer.distributed import Group
+from trainer.model import ModelError, choose_device
+from trainer.report import HttpSink, JsonlSink, MetricsSink, Reporter
+
+logger = logging.getLogger("trainer")
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+def configure_logging(job_id: str, pod: str) -> None:
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, force=True,
+        format=f"%(asctime)s %(levelname)s job={job_id} pod={pod} %(name)s: %(message)s")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # progress bars in pod logs are noise
+    for noisy in ("httpx", "httpcore", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def build_reporter(config: TrainConfig, pod: str) -> Reporter:
+    runtime = config.runtime
+    reporter = Reporter(pod, runtime.incarnation or None)
+    sinks: list[MetricsSink] = []
+    if runtime.metrics_file is not None:
+        sinks.append(JsonlSink(runtime.metrics_file, pod, reporter.incarnation))
+    if runtime.report_url and runtime.report_token:
+        sinks.append(HttpSink(runtime.report_url, runtime.report_token, pod,
+                              reporter.incarnation))
+    reporter.sinks = sinks
+    return reporter
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> int:
+    try:
+        config = load_config(argv, environ)
+    except ConfigError as exc:
+        print(f"trainer: invalid configuration: {exc}", file=sys.stderr)  # noqa: T201
+        return EXIT_BAD_INPUT
+    rank = int(environ.get("RANK", "0"))
+    pod = config.runtime.pod_name or f"{config.runtime.job_id}-{rank}"
+    configure_logging(config.runtime.job_id, pod)
+    reporter = build_reporter(config, pod)
+    group = None
+    try:
+        from trainer.train import Trainer
+
+        group = Group(choose_device(int(environ.get("LOCAL_RANK", "0"))), environ)
+        trainer = Trainer(config, group, reporter)
+        trainer.train()
+    except (DataError, ModelError) as exc:
+        logger.error("%s", exc)
+        reporter.event("failed", str(exc), reason="bad_input")
+        return EXIT_BAD_INPUT
+    except Exception as exc:
+        logger.exception("training failed")
+        reporter.event("failed", f"{type(exc).__name__}: {exc}", reason="error")
+        return EXIT_FAILED
+    else:
+        return 0
+    finally:
+        reporter.close(timeout=10.0)
+        if group is not None:
+            group.close()
+

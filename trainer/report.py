@@ -1,0 +1,218 @@
+"""Reports from the trainer: a sink interface with no-op, JSON-lines and HTTP implementations.
+
+Report schema (the control plane's `POST /api/v1/jobs/{id}/reports` consumes it):
+
+    {"pod": "job-1", "incarnation": "3f2a...", "dropped": 0,
+     "records": [{"seq": 17, "kind": "metric", "time": 1763871234.5, "data": {...}}, ...]}
+
+`(pod, incarnation, seq)` identifies a record: seq starts at 1 for every incarnation (one process
+life of the pod) and grows by one per record, so the server drops duplicates of retried batches.
+`dropped` counts records discarded because the bounded buffer overflowed while the server was down
+(only `metric` records are ever dropped). A batch with no records is a heartbeat.
+
+Record kinds and their `data`:
+- `metric`: step, epoch, loss, learning_rate, samples_per_second, participants, samples_seen
+- `eval`: split (`validation` | `test`), epoch, step, accuracy, loss, f1, samples
+- `checkpoint`: step, epoch, path, size_bytes, epoch_end, val_accuracy
+- `event`: type (`started`, `resumed`, `epoch_end`, `sigterm`, `completed`, `failed`), message,
+  plus type-specific fields (`completed` carries model_dir and the test metrics)
+- `samples` (debug, `log_sample_ids`): step, epoch, cursor, ids - the sample ids a committed step used
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import deque
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+Record = dict[str, Any]
+DROPPABLE = "metric"
+
+
+class MetricsSink(Protocol):
+    def write(self, record: Record) -> None:
+        """Accept one record; must return at once."""
+
+    def flush(self, timeout: float = 0.0) -> bool:
+        """Ask for delivery now; wait up to `timeout` seconds; True when nothing is pending."""
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Deliver what is pending (bounded by `timeout`) and release resources."""
+
+
+class NullSink:
+    def write(self, record: Record) -> None:
+        pass
+
+    def flush(self, timeout: float = 0.0) -> bool:
+        return True
+
+    def close(self, timeout: float = 10.0) -> None:
+        pass
+
+
+class JsonlSink:
+    """Every record as one JSON line, stamped with its pod; several processes may share a file."""
+
+    def __init__(self, path: Path, pod: str, incarnation: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._stamp = {"pod": pod, "incarnation": incarnation}
+        # One os.write per line on an O_APPEND descriptor: lines of processes never interleave.
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def write(self, record: Record) -> None:
+        line = json.dumps({**self._stamp, **record}, separators=(",", ":")) + "\n"
+        os.write(self._fd, line.encode())
+
+    def flush(self, timeout: float = 0.0) -> bool:
+        return True
+
+    def close(self, timeout: float = 10.0) -> None:
+        os.close(self._fd)
+
+
+class HttpSink:
+    """Posts batches from a background thread; retries with backoff, buffers while unreachable."""
+
+    def __init__(self, url: str, token: str, pod: str, incarnation: str, *,
+                 interval: float = 1.0, heartbeat_interval: float = 5.0, capacity: int = 50_000,
+                 max_batch: int = 1_000, client: httpx.Client | None = None) -> None:
+        self.url, self.pod, self.incarnation = url, pod, incarnation
+        self.interval, self.heartbeat_interval = interval, heartbeat_interval
+        self.capacity, self.max_batch = capacity, max_batch
+        self._client = client or httpx.Client(
+            timeout=httpx.Timeout(5.0), headers={"Authorization": f"Bearer {token}"})
+        self._buffer: deque[Record] = deque()
+        self._lock = threading.Condition()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._dropped = 0
+        self._last_post = 0.0
+        self.delivered = 0
+        self._thread = threading.Thread(target=self._run, name="report-sender", daemon=True)
+        self._thread.start()
+
+    def write(self, record: Record) -> None:
+        with self._lock:
+            self._buffer.append(record)
+            if len(self._buffer) > self.capacity:
+                self._shed()
+
+    def _shed(self) -> None:
+        """Drop the oldest half of the metric records; events and checkpoints are never dropped."""
+        metrics = sum(1 for r in self._buffer if r["kind"] == DROPPABLE)
+        to_drop = max(metrics // 2, 1) if metrics else 0
+        kept: deque[Record] = deque()
+        for record in self._buffer:
+            if to_drop and record["kind"] == DROPPABLE:
+                to_drop -= 1
+                self._dropped += 1
+                continue
+            kept.append(record)
+        self._buffer = kept
+        logger.warning("report buffer full: %d metric records dropped so far", self._dropped)
+
+    def flush(self, timeout: float = 0.0) -> bool:
+        self._wake.set()
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._buffer and time.monotonic() < deadline:
+                self._lock.wait(deadline - time.monotonic())
+            return not self._buffer
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.flush(timeout)
+        with self._lock:
+            self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout=1.0)
+        self._client.close()
+
+    def _run(self) -> None:
+        backoff = 0.0
+        while True:
+            self._wake.wait(timeout=backoff or self.interval)
+            self._wake.clear()
+            with self._lock:
+                if self._stopping:
+                    return
+                batch = [self._buffer[i] for i in range(min(len(self._buffer), self.max_batch))]
+                dropped = self._dropped
+            idle = time.monotonic() - self._last_post >= self.heartbeat_interval
+            if not batch and not idle:
+                continue
+            outcome = self._post(batch, dropped)
+            if outcome == "retry":
+                backoff = min(max(backoff * 2, 0.2), 5.0)
+                continue
+            backoff = 0.0
+            self._last_post = time.monotonic()
+            with self._lock:
+                last_seq = batch[-1]["seq"] if batch else None
+                while last_seq is not None and self._buffer and self._buffer[0]["seq"] <= last_seq:
+                    self._buffer.popleft()
+                self._dropped -= dropped
+                if outcome == "sent":
+                    self.delivered += len(batch)
+                self._lock.notify_all()
+            if self._buffer:
+                self._wake.set()
+
+    def _post(self, batch: list[Record], dropped: int) -> str:
+        body = {"pod": self.pod, "incarnation": self.incarnation, "dropped": dropped,
+                "records": batch}
+        try:
+            response = self._client.post(self.url, json=body)
+        except httpx.HTTPError as exc:
+            logger.debug("report post failed (%s); will retry", exc)
+            return "retry"
+        if response.is_success:
+            return "sent"
+        if response.status_code in (408, 425, 429) or response.status_code >= 500:
+            return "retry"
+        if response.status_code == 413 and len(batch) > 1:
+            self.max_batch = max(1, len(batch) // 2)
+            return "retry"
+        # Other 4xx (bad token, unknown job, invalid body) will not heal by retrying.
+        logger.error("reports rejected with HTTP %d: %s; dropping %d records",
+                     response.status_code, response.text[:200], len(batch))
+        return "rejected"
+
+
+class Reporter:
+    """Stamps records with (seq, kind, time) and hands them to every sink."""
+
+    def __init__(self, pod: str, incarnation: str | None = None,
+                 sinks: list[MetricsSink] | None = None) -> None:
+        self.pod = pod
+        self.incarnation = incarnation or uuid.uuid4().hex[:12]
+        self.sinks: list[MetricsSink] = sinks or []
+        self._seq = 0
+        self._lock = threading.Lock()
+
+    def emit(self, kind: str, **data: Any) -> None:
+        with self._lock:
+            self._seq += 1
+            record = {"seq": self._seq, "kind": kind, "time": time.time(), "data": data}
+        for sink in self.sinks:
+            sink.write(record)
+
+    def event(self, type_: str, message: str, **data: Any) -> None:
+        self.emit("event", type=type_, message=message, **data)
+
+    def flush(self, timeout: float = 0.0) -> bool:
+        return all([sink.flush(timeout) for sink in self.sinks])
+
+    def close(self, timeout: float = 10.0) -> None:
+        for sink in self.sinks:
+            sink.close(timeout)

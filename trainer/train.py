@@ -1,0 +1,352 @@
+"""The training loop every pod runs: data-parallel fine-tuning with committed, redoable steps."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import random
+import signal
+import time
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainer import checkpoint
+from trainer.config import JobSpec, TrainConfig
+from trainer.data import TokenizedSplit, load_source, make_splits, tokenize
+from trainer.distributed import Group
+from trainer.export import export_model
+from trainer.model import load_model, load_tokenizer, resolve_model, unwrap
+from trainer.report import Reporter
+from trainer.sampler import Assignment, GlobalSampler
+
+logger = logging.getLogger(__name__)
+
+LOG_EVERY_SECONDS = 10.0
+
+
+class LinearSchedule:
+    """Linear warm-up then linear decay, driven by the share of training samples consumed.
+
+    Keyed to samples rather than steps, so a job whose participant count changes mid-epoch
+    follows the same learning-rate curve per sample it would have followed at full size.
+    """
+
+    def __init__(self, peak: float, warmup_ratio: float, total_samples: int) -> None:
+        self.peak, self.warmup_ratio, self.total_samples = peak, warmup_ratio, total_samples
+
+    def lr_at(self, samples_done: int) -> float:
+        progress = min(samples_done / self.total_samples, 1.0)
+        if progress < self.warmup_ratio:
+            return self.peak * progress / self.warmup_ratio
+        return self.peak * (1.0 - progress) / max(1.0 - self.warmup_ratio, 1e-12)
+
+    def state_dict(self) -> dict[str, float]:
+        return {"peak": self.peak, "warmup_ratio": self.warmup_ratio,
+                "total_samples": self.total_samples}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.peak, self.warmup_ratio = float(state["peak"]), float(state["warmup_ratio"])
+        self.total_samples = int(state["total_samples"])
+
+
+@dataclass
+class StepResult:
+    committed: bool
+    loss: float
+    samples: int
+    stop_requested: bool
+
+
+def _optimizer(model: nn.Module, spec: JobSpec) -> torch.optim.Optimizer:
+    decay, no_decay = [], []
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            (no_decay if parameter.ndim < 2 or "LayerNorm" in name else decay).append(parameter)
+    return torch.optim.AdamW([{"params": decay, "weight_decay": spec.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=spec.learning_rate)
+
+
+def weights_checksum(model: nn.Module) -> str:
+    """Digest of every parameter and buffer: equal across replicas that hold equal weights."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(unwrap(model).state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    kind, keys, position, has_gauss, gauss = np.random.get_state()  # type: ignore[misc]
+    state["numpy"] = (kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, gauss)
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    kind, keys, position, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Trainer:
+    config: TrainConfig
+    group: Group
+    reporter: Reporter
+    tokenizer: Any
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: LinearSchedule
+    train_data: TokenizedSplit
+    validation_data: TokenizedSplit
+    test_data: TokenizedSplit
+    sampler: GlobalSampler
+    step: int
+    """Committed optimizer steps of the whole job."""
+    samples_seen: int
+    """Training samples consumed by committed steps, over all epochs."""
+    metrics: dict[str, Any]
+    """Latest evaluation results by split, e.g. {"validation": {"accuracy": ...}}."""
+
+    def __init__(self, config: TrainConfig, group: Group, reporter: Reporter) -> None:
+        self.config, self.group, self.reporter = config, group, reporter
+        spec, runtime = config.spec, config.runtime
+        self.device = group.device
+        name_or_path = resolve_model(spec.model, runtime.inputs_dir)
+        self.tokenizer = load_tokenizer(name_or_path)
+        splits = make_splits(load_source(spec, runtime.inputs_dir, runtime.cache_dir), spec)
+        self.train_data, self.validation_data, self.test_data = (
+            tokenize(split, self.tokenizer, spec.max_length, runtime.cache_dir)
+            for split in (splits.train, splits.validation, splits.test))
+        self.data_sizes = {"train": len(splits.train), "validation": len(splits.validation),
+                           "test": len(splits.test)}
+        model = load_model(name_or_path, spec.seed).to(self.device.device)
+        self.model = group.wrap(model)
+        self.optimizer = _optimizer(model, spec)
+        self.schedule = LinearSchedule(spec.learning_rate, spec.warmup_ratio,
+                                       spec.epochs * len(splits.train))
+        self.sampler = GlobalSampler(len(splits.train), spec.batch_size, spec.seed)
+        self.step, self.samples_seen, self.metrics = 0, 0, {}
+        self._stop_requested = False
+        self._last_log = 0.0
+        self.resumed_from: checkpoint.CheckpointInfo | None = None
+        latest = checkpoint.latest_checkpoint(runtime.checkpoint_dir)
+        if latest is not None:
+            self.resume(latest)
+
+    # --- state ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.schedule.state_dict(),
+                "sampler": self.sampler.state_dict(), "rng": _rng_state(),
+                "progress": {"step": self.step, "samples_seen": self.samples_seen},
+                "metrics": self.metrics}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        _set_rng_state(state["rng"])
+        self.step = int(state["progress"]["step"])
+        self.samples_seen = int(state["progress"]["samples_seen"])
+        self.metrics = state["metrics"]
+
+    def resume(self, info: checkpoint.CheckpointInfo) -> None:
+        model_state, trainer_state, _ = checkpoint.load_checkpoint(info.path, self.device.device)
+        unwrap(self.model).load_state_dict(model_state)
+        self.load_state_dict(trainer_state)
+        self.resumed_from = info
+        logger.info("resumed from %s: epoch %d, step %d, cursor %d", info.path.name,
+                    self.sampler.epoch + 1, self.step, self.sampler.cursor)
+        self.reporter.event("resumed", f"resumed from {info.path.name}", checkpoint=info.path.name,
+                            step=self.step, epoch=self.sampler.epoch + 1,
+                            cursor=self.sampler.cursor)
+
+    # --- training ------------------------------------------------------------------------
+
+    def _seed_step(self, assignment: Assignment) -> None:
+        # Dropout masks depend only on (seed, data position, rank), so a step redone after a
+        # failure or a resume draws exactly what it drew the first time.
+        key = (self.config.spec.seed, assignment.epoch, assignment.cursor, self.group.rank)
+        torch.manual_seed(int.from_bytes(hashlib.blake2b(repr(key).encode(),
+                                                         digest_size=7).digest(), "little"))
+
+    def train_step(self, assignment: Assignment) -> StepResult:
+        """Compute, synchronise and (if the group agrees) commit one step."""
+        self._seed_step(assignment)
+        indices, weight = assignment.indices, 1.0
+        if len(indices) == 0:  # fewer samples left than participants: join the collective idly
+            indices, weight = self.sampler.order(assignment.epoch)[:1], 0.0
+        batch = {k: v.to(self.device.device, non_blocking=True)
+                 for k, v in self.train_data.batch(indices).items()}
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.schedule.lr_at(self.samples_seen)
+        self.model.train()
+        autocast = (torch.autocast(self.device.device.type, dtype=self.device.autocast_dtype)
+                    if self.device.autocast_dtype else contextlib.nullcontext())
+        with autocast:
+            logits = self.model(input_ids=batch["input_ids"],
+                                attention_mask=batch["attention_mask"]).logits
+        loss_sum = F.cross_entropy(logits.float(), batch["labels"], reduction="sum") * weight
+        # Gradients are averaged over participants; scaling by participants/window makes the
+        # result the mean over every sample of the step, however unevenly they were split.
+        (loss_sum * (self.group.participants / assignment.window)).backward()
+        if self.config.spec.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.spec.max_grad_norm)
+        stats = self.group.all_reduce_sum(torch.tensor(
+            [loss_sum.item(), float(self._stop_requested)], dtype=torch.float64))
+        committed = self.group.should_commit()
+        if committed:
+            self.optimizer.step()
+            self.sampler.commit(assignment)
+            self.step += 1
+            self.samples_seen += assignment.window
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(committed, float(stats[0]) / assignment.window, assignment.window,
+                          bool(stats[1] > 0))
+
+    def train(self) -> dict[str, Any]:
+        """Run the remaining epochs, evaluate on test, export; return the final metrics."""
+        spec, runtime = self.config.spec, self.config.runtime
+        self.reporter.event("started", "training started", step=self.step,
+                            epoch=self.sampler.epoch + 1, participants=self.group.participants,
+                            samples=self.data_sizes)
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            stopped = self._run_epochs(spec, runtime.max_steps)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        if stopped:
+            return self.metrics
+        self.metrics["test"] = self.evaluate(self.test_data, "test")
+        checksum = weights_checksum(self.model)
+        model_dir = None
+        if self.group.is_primary:
+            model_dir = str(export_model(self.model, self.tokenizer, runtime.model_dir, spec,
+                                         self.metrics, self.data_sizes))
+        self.reporter.event("completed", "training completed", step=self.step,
+                            model_dir=model_dir, metrics=self.metrics, checksum=checksum,
+                            primary=self.group.is_primary)
+        return self.metrics
+
+    def _run_epochs(self, spec: JobSpec, max_steps: int | None) -> bool:
+        """Train until every epoch is done (False) or a stop was requested and saved (True)."""
+        window_start, window_samples = time.perf_counter(), 0
+        while self.sampler.epoch < spec.epochs:
+            if max_steps is not None and self.step >= max_steps:
+                return False
+            assignment = self.sampler.assign(self.group.rank, self.group.participants)
+            result = self.train_step(assignment)
+            if not result.committed:
+                continue
+            now = time.perf_counter()
+            window_samples += result.samples
+            throughput = window_samples / max(now - window_start, 1e-9)
+            if now - window_start > 5.0:
+                window_start, window_samples = now, 0
+            self.reporter.emit("metric", step=self.step, epoch=assignment.epoch + 1,
+                               loss=result.loss, learning_rate=self.optimizer.param_groups[0]["lr"],
+                               samples_per_second=throughput,
+                               participants=self.group.participants,
+                               samples_seen=self.samples_seen)
+            if self.config.runtime.log_sample_ids:
+                self.reporter.emit("samples", step=self.step, epoch=assignment.epoch + 1,
+                                   cursor=assignment.cursor, rank=self.group.rank,
+                                   ids=assignment.indices.tolist())
+            self._log_progress(assignment, result, throughput)
+            epoch_ended = self.sampler.epoch != assignment.epoch
+            if epoch_ended:
+                self.metrics["validation"] = self.evaluate(self.validation_data, "validation")
+                self.save_checkpoint(epoch_end=True)
+                self.reporter.event("epoch_end", f"epoch {assignment.epoch + 1} done",
+                                    epoch=assignment.epoch + 1, step=self.step)
+                window_start, window_samples = time.perf_counter(), 0
+            elif result.stop_requested or (spec.checkpoint_every_steps
+                                           and self.step % spec.checkpoint_every_steps == 0):
+                self.save_checkpoint(epoch_end=False)
+            if result.stop_requested:
+                self.reporter.event("sigterm", "stopped on SIGTERM after a checkpoint",
+                                    step=self.step)
+                return True
+        return False
+
+    def _log_progress(self, assignment: Assignment, result: StepResult, throughput: float) -> None:
+        now = time.monotonic()
+        if now - self._last_log < LOG_EVERY_SECONDS and self.step > 1:
+            return
+        self._last_log = now
+        total = self.config.spec.epochs * len(self.train_data)
+        logger.info("step %d epoch %d/%d %.1f%% loss %.4f %.1f samples/s", self.step,
+                    assignment.epoch + 1, self.config.spec.epochs,
+                    100 * self.samples_seen / total, result.loss, throughput)
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        logger.info("SIGTERM: stopping after the current step")
+        self._stop_requested = True
+
+    def save_checkpoint(self, epoch_end: bool) -> None:
+        if not self.group.is_primary:
+            return
+        # The epoch of the last committed step, counted from 1 (the one just finished at an end).
+        epoch = self.sampler.epoch if epoch_end else self.sampler.epoch + 1
+        info = checkpoint.save_checkpoint(
+            self.config.runtime.checkpoint_dir, self.step, unwrap(self.model).state_dict(),
+            self.state_dict(),
+            {"epoch": epoch, "cursor": self.sampler.cursor, "epoch_end": epoch_end,
+             "metrics": {"val_accuracy": self.metrics.get("validation", {}).get("accuracy")}},
+            keep=self.config.spec.keep_checkpoints)
+        size = sum(p.stat().st_size for p in info.path.iterdir())
+        self.reporter.emit("checkpoint", step=self.step, epoch=epoch,
+                           path=info.path.name, size_bytes=size, epoch_end=epoch_end,
+                           val_accuracy=info.val_accuracy)
+        self.reporter.flush()
+
+    # --- evaluation ----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self, data: TokenizedSplit, split: str) -> dict[str, float]:
+        """Accuracy, loss and F1 (positive class) over the split, sharded across participants."""
+        model = unwrap(self.model)
+        model.eval()
+        rank, participants = self.group.rank, self.group.participants
+        shard = np.arange(rank, len(data), participants)
+        # loss sum, correct, count, true positives, false positives, false negatives
+        totals = torch.zeros(6, dtype=torch.float64)
+        size = self.config.spec.eval_batch_size
+        for start in range(0, len(shard), size):
+            batch = {k: v.to(self.device.device)
+                     for k, v in data.batch(shard[start:start + size]).items()}
+            with (torch.autocast(self.device.device.type, dtype=self.device.autocast_dtype)
+                  if self.device.autocast_dtype else contextlib.nullcontext()):
+                logits = model(input_ids=batch["input_ids"],
+                               attention_mask=batch["attention_mask"]).logits.float()
+            labels, predicted = batch["labels"], logits.argmax(-1)
+            totals += torch.tensor([
+                F.cross_entropy(logits, labels, reduction="sum").item(),
+                (predicted == labels).sum().item(), len(labels),
+                ((predicted == 1) & (labels == 1)).sum().item(),
+                ((predicted == 1) & (labels == 0)).sum().item(),
+                ((predicted == 0) & (labels == 1)).sum().item()], dtype=torch.float64)
+        loss, correct, count, tp, fp, fn = self.group.all_reduce_sum(totals).tolist()
+        f1 = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0
+        result = {"accuracy": correct / max(count, 1), "loss": loss / max(count, 1), "f1": f1,
+                  "samples": int(count), "epoch": self.sampler.epoch, "step": self.step}
+        logger.info("%s: accuracy %.4f f1 %.4f loss %.4f (%d samples)", split,
+                    result["accuracy"], f1, result["loss"], count)
+        self.reporter.emit("eval", split=split, **result)
+        return result
+
+    def close(self) -> None:
+        self.group.close()
+
