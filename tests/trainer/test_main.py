@@ -1,0 +1,125 @@
+"""`python -m trainer` as the backends run it: real processes, real signals, real torchrun."""
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import Processes
+from tests.factories import make_reviews_csv
+from trainer.checkpoint import MARKER, latest_checkpoint
+
+pytestmark = pytest.mark.slow
+
+
+def trainer_args(inputs: Path, work: Path, *extra: str) -> list[str]:
+    return ["--model", "tiny", "--dataset", "reviews.csv", "--inputs-dir", str(inputs),
+            "--cache-dir", str(work / "cache"), "--checkpoint-dir", str(work / "checkpoints"),
+            "--model-dir", str(work / "model"), "--metrics-file", str(work / "reports.jsonl"),
+            "--batch-size", "8", "--learning-rate", "3e-3", *extra]
+
+
+def wait_until(condition, process, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, "the trainer exited early"
+        assert time.monotonic() < deadline, "condition not met before the deadline"
+        time.sleep(0.01)
+
+
+def finish(process, timeout: float = 180.0) -> int:
+    return process.wait(timeout=timeout)
+
+
+def weights(work: Path) -> dict[str, torch.Tensor]:
+    return load_file(work / "model" / "model.safetensors")
+
+
+def events(work: Path, kind: str = "event") -> list[dict]:
+    lines = (work / "reports.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def test_sigkill_mid_epoch_then_rerun_equals_uninterrupted(inputs_dir: Path, tmp_path: Path,
+                                                           processes: Processes) -> None:
+    make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
+    extra = ("--epochs", "4", "--checkpoint-every-steps", "10")
+    baseline, victim = tmp_path / "baseline", tmp_path / "victim"
+    process = processes.trainer(trainer_args(inputs_dir, baseline, *extra), tmp_path / "b.log")
+    assert finish(process) == 0
+
+    process = processes.trainer(trainer_args(inputs_dir, victim, *extra), tmp_path / "v1.log")
+    wait_until(lambda: (victim / "checkpoints" / "step-20" / MARKER).exists(), process)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait(timeout=30) == -signal.SIGKILL
+    assert not (victim / "model").exists()
+    resumed_at = latest_checkpoint(victim / "checkpoints").step
+    assert resumed_at < 128  # killed before the end (4 epochs x 32 steps)
+
+    process = processes.trainer(trainer_args(inputs_dir, victim, *extra), tmp_path / "v2.log")
+    assert finish(process) == 0
+    resumed = [e for e in events(victim) if e["data"]["type"] == "resumed"]
+    assert resumed[0]["data"]["step"] == resumed_at
+    expected, actual = weights(baseline), weights(victim)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(actual[name], tensor)
+
+
+def test_sigterm_checkpoints_flushes_and_exits_0(inputs_dir: Path, tmp_path: Path,
+                                                 processes: Processes) -> None:
+    make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
+    extra = ("--epochs", "20", "--checkpoint-every-steps", "1000")
+    process = processes.trainer(trainer_args(inputs_dir, tmp_path, *extra), tmp_path / "1.log")
+    reports = tmp_path / "reports.jsonl"
+    wait_until(lambda: reports.exists() and '"kind":"metric"' in reports.read_text(), process)
+    process.send_signal(signal.SIGTERM)
+    assert finish(process) == 0
+    last_step = events(tmp_path, "metric")[-1]["data"]["step"]
+    assert latest_checkpoint(tmp_path / "checkpoints").step == last_step
+    assert [e for e in events(tmp_path) if e["data"]["type"] == "sigterm"]
+    assert not (tmp_path / "model").exists()
+
+
+def test_bad_input_exits_2_with_a_clear_message(inputs_dir: Path, tmp_path: Path,
+                                                processes: Processes) -> None:
+    (inputs_dir / "bad.csv").write_text("text,label\n" + "".join(
+        f"review {i},{['a', 'b', 'c'][i % 3]}\n" for i in range(30)))
+    args = trainer_args(inputs_dir, tmp_path)
+    args[args.index("reviews.csv")] = "bad.csv"
+    process = processes.trainer(args, tmp_path / "bad.log")
+    assert finish(process) == 2
+    assert "exactly 2 classes, found 3" in (tmp_path / "bad.log").read_text()
+    failed = [e for e in events(tmp_path) if e["data"]["type"] == "failed"]
+    assert failed[0]["data"]["reason"] == "bad_input"
+
+
+def test_two_processes_under_torchrun_match_one_with_twice_the_batch(
+        inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
+    common = ("--epochs", "2", "--checkpoint-every-steps", "0")
+    pair, single = tmp_path / "pair", tmp_path / "single"
+    args = trainer_args(inputs_dir, pair, *common, "--batch-size", "4")
+    args[args.index("tiny")] = "tiny-nodrop"
+    process = processes.start(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "trainer", *args], {"OMP_NUM_THREADS": "1"}, tmp_path / "pair.log")
+    assert finish(process) == 0, (tmp_path / "pair.log").read_text()[-3000:]
+
+    args = trainer_args(inputs_dir, single, *common, "--batch-size", "8")
+    args[args.index("tiny")] = "tiny-nodrop"
+    assert finish(processes.trainer(args, tmp_path / "single.log")) == 0
+
+    completed = [e for e in events(pair) if e["data"]["type"] == "completed"]
+    assert sorted(e["pod"] for e in completed) == ["local-0", "local-1"]
+    assert len({e["data"]["checksum"] for e in completed}) == 1  # identical replicas
+    assert [e["data"]["primary"] for e in sorted(completed, key=lambda e: e["pod"])] == [
+        True, False]
+    metrics = [m["data"] for m in events(pair, "metric") if m["pod"] == "local-0"]
+    assert {m["participants"] for m in metrics} == {2}
+    expected, actual = weights(single), weights(pair)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(actual[name], tensor, atol=2e-5, rtol=1e-4)

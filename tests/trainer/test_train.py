@@ -1,0 +1,108 @@
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.checkpoint import list_checkpoints
+from trainer.config import TrainConfig
+from trainer.distributed import Group
+from trainer.model import choose_device
+from trainer.report import JsonlSink, Reporter
+from trainer.train import Trainer, weights_checksum
+
+
+def run(config: TrainConfig, reports: Path) -> Trainer:
+    reporter = Reporter("test-0", "i", [JsonlSink(reports, "test-0", "i")])
+    trainer = Trainer(config, Group(choose_device(), environ={}), reporter)
+    trainer.train()
+    reporter.close()
+    return trainer
+
+
+def records(path: Path, kind: str) -> list[dict]:
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == kind]
+
+
+def drop_checkpoints_after(directory: Path, step: int) -> None:
+    for info in list_checkpoints(directory):
+        if info.step > step:
+            shutil.rmtree(info.path)
+
+
+def test_training_learns_reports_and_exports_a_loadable_model(make_config, tmp_path: Path) -> None:
+    from transformers import AutoModelForSequenceClassification, pipeline
+
+    config = make_config(epochs=3)
+    trainer = run(config, tmp_path / "reports.jsonl")
+    assert trainer.metrics["test"]["accuracy"] >= 0.9
+    metrics = records(tmp_path / "reports.jsonl", "metric")
+    assert [m["data"]["step"] for m in metrics] == list(range(1, trainer.step + 1))
+    assert metrics[-1]["data"]["samples_seen"] == 3 * trainer.data_sizes["train"]
+    assert all(m["data"]["samples_per_second"] > 0 for m in metrics)
+    evals = records(tmp_path / "reports.jsonl", "eval")
+    assert [e["data"]["split"] for e in evals] == ["validation"] * 3 + ["test"]
+    completed = [e for e in records(tmp_path / "reports.jsonl", "event")
+                 if e["data"]["type"] == "completed"]
+    assert completed[0]["data"]["model_dir"] == str(config.runtime.model_dir)
+
+    model_dir = config.runtime.model_dir
+    loaded = AutoModelForSequenceClassification.from_pretrained(model_dir)
+    assert not any(key.startswith("module.") for key in loaded.state_dict())
+    classify = pipeline("text-classification", model=str(model_dir))
+    assert classify("a brilliant and warm film")[0]["label"] == "positive"
+    assert classify("a dull and tedious plot")[0]["label"] == "negative"
+    card = (model_dir / "README.md").read_text()
+    assert f"{100 * trainer.metrics['test']['accuracy']:.2f}%" in card
+    saved = json.loads((model_dir / "metrics.json").read_text())
+    assert saved["metrics"]["test"]["f1"] == trainer.metrics["test"]["f1"]
+
+
+def test_resume_after_the_epoch_2_checkpoint_starts_epoch_3(make_config, tmp_path: Path) -> None:
+    config = make_config(epochs=3, checkpoint_every_steps=0, keep_checkpoints=10)
+    full = run(config, tmp_path / "full.jsonl")
+    epoch_two = next(i for i in list_checkpoints(config.runtime.checkpoint_dir)
+                     if i.meta["epoch"] == 2 and i.meta["epoch_end"])
+    drop_checkpoints_after(config.runtime.checkpoint_dir, epoch_two.step)
+
+    resumed = run(config, tmp_path / "resumed.jsonl")
+    assert resumed.resumed_from is not None and resumed.resumed_from.step == epoch_two.step
+    epochs = {m["data"]["epoch"] for m in records(tmp_path / "resumed.jsonl", "metric")}
+    assert epochs == {3}
+    assert weights_checksum(resumed.model) == weights_checksum(full.model)
+
+
+def test_resume_mid_epoch_matches_an_uninterrupted_run(make_config, tmp_path: Path) -> None:
+    config = make_config(epochs=2, checkpoint_every_steps=5, keep_checkpoints=10)
+    full = run(config, tmp_path / "full.jsonl")
+    drop_checkpoints_after(config.runtime.checkpoint_dir, 5)
+
+    resumed = run(config, tmp_path / "resumed.jsonl")
+    metrics = records(tmp_path / "resumed.jsonl", "metric")
+    assert metrics[0]["data"]["step"] == 6 and metrics[0]["data"]["epoch"] == 1
+    for name, tensor in full.model.state_dict().items():
+        torch.testing.assert_close(resumed.model.state_dict()[name], tensor)
+
+
+def test_sample_ids_logged_per_step_cover_each_epoch_once(make_config, tmp_path: Path) -> None:
+    config = make_config(epochs=2)
+    config.runtime.log_sample_ids = True
+    trainer = run(config, tmp_path / "reports.jsonl")
+    by_epoch: dict[int, list[int]] = {1: [], 2: []}
+    for record in records(tmp_path / "reports.jsonl", "samples"):
+        by_epoch[record["data"]["epoch"]].extend(record["data"]["ids"])
+    for ids in by_epoch.values():
+        assert sorted(ids) == list(range(trainer.data_sizes["train"]))
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"model": "no-such-dir/"}, "no-such-dir"),
+    ({"dataset": "missing.csv"}, "no such file"),
+])
+def test_bad_inputs_fail_before_training(make_config, spec: dict, message: str) -> None:
+    from trainer.data import DataError
+    from trainer.model import ModelError
+
+    with pytest.raises((DataError, ModelError), match=message):
+        Trainer(make_config(**spec), Group(choose_device(), environ={}), Reporter("p"))
