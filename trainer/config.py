@@ -7,7 +7,10 @@ a JSON file given with --config, command-line flags. Validation happens once, in
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import inspect
+import itertools
 import json
 import typing
 from collections.abc import Mapping, Sequence
@@ -37,10 +40,10 @@ class JobSpec:
     """Hugging Face hub id, a local model directory, or the offline alias `minilm`."""
 
     dataset: str = "rotten_tomatoes"
-    """`rotten_tomatoes` (offline), `imdb`, `sst2`, `yelp_polarity`, or a local CSV/JSONL/Parquet."""
+    """`rotten_tomatoes` (offline), `imdb`, `sst2`, `yelp_polarity`, or a CSV/JSONL/Parquet file."""
 
     preset: Preset | None = None
-    """`seed`: 80/20 train/test split, a 25% sample of each, 20% of train held out for validation."""
+    """`seed`: 80/20 train/test split, a 25% sample of each, 20% of train kept for validation."""
 
     max_train_samples: int | None = None
     """Cap on training samples after the split (a seeded random subset); None keeps all."""
@@ -64,7 +67,7 @@ class JobSpec:
     """Longest tokenized input; longer texts are truncated."""
 
     fault_tolerance: FaultTolerance = "live"
-    """`live`: survivors keep training through a failure; `restart`: elastic restart from a checkpoint."""
+    """`live`: survivors train on through a failure; `restart`: all restart from a checkpoint."""
 
     parallelism: Parallelism = "data"
     """`data`: every pod holds the whole model; `pipeline`: one model stage per pod."""
@@ -141,7 +144,7 @@ class Runtime:
     """Debug: report the sample ids every committed step consumed (proves exactly-once use)."""
 
     max_steps: int | None = None
-    """Stop after this many committed steps in total (benchmarks and tests); None runs all epochs."""
+    """Stop after this many committed steps in all (benchmarks, tests); None runs every epoch."""
 
 
 ENV_NAMES: dict[str, str] = {
@@ -210,7 +213,8 @@ def _coerce(section: type, name: str, value: Any) -> Any:
                 raise ValueError(value)
             return value
     except (TypeError, ValueError):
-        raise ConfigError(f"{name}: {value!r} is not a valid {getattr(base, '__name__', base)}")
+        kind = getattr(base, "__name__", base)
+        raise ConfigError(f"{name}: {value!r} is not a valid {kind}") from None
     raise ConfigError(f"{name}: unsupported type {hint}")  # pragma: no cover - a coding error
 
 
@@ -263,12 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _field_doc(section: type, name: str) -> str:
     """The docstring written under a field, for --help."""
-    import ast
-    import inspect
-
     tree = ast.parse(inspect.getsource(section))
     body = tree.body[0].body  # type: ignore[attr-defined]
-    for node, following in zip(body, body[1:], strict=False):
+    for node, following in itertools.pairwise(body):
         if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
                 and node.target.id == name and isinstance(following, ast.Expr)
                 and isinstance(following.value, ast.Constant)):
@@ -283,8 +284,8 @@ def load_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Train
     if environ.get("TRAINER_CONFIG"):
         _apply_document(config, _read_json(environ["TRAINER_CONFIG"], "TRAINER_CONFIG"),
                         "TRAINER_CONFIG")
-    _apply(config.runtime, {name: environ[env] for name, env in ENV_NAMES.items() if env in environ},
-           "environment")
+    from_env = {name: environ[env] for name, env in ENV_NAMES.items() if env in environ}
+    _apply(config.runtime, from_env, "environment")
     if args.config is not None:
         try:
             text = args.config.read_text()

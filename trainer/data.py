@@ -53,8 +53,8 @@ class Split:
 
     @staticmethod
     def concat(parts: Sequence[Split]) -> Split:
-        groups = (np.concatenate([p.groups for p in parts])  # type: ignore[misc]
-                  if all(p.groups is not None for p in parts) else None)
+        group_parts = [p.groups for p in parts if p.groups is not None]
+        groups = np.concatenate(group_parts) if len(group_parts) == len(parts) else None
         return Split([t for p in parts for t in p.texts],
                      np.concatenate([p.labels for p in parts]), groups)
 
@@ -161,7 +161,7 @@ def _rows(path: Path, spec: JobSpec) -> Iterator[tuple[str, dict[str, Any]]]:
 
         frame = pd.read_parquet(path)
         for index, row in enumerate(frame.to_dict("records")):
-            yield f"{path.name}: row {index}", row
+            yield f"{path.name}: row {index}", {str(k): v for k, v in row.items()}
     else:
         raise DataError(f"{path.name}: unsupported file type; use {', '.join(LOCAL_SUFFIXES)}")
 
@@ -317,5 +317,5 @@ def tokenize(split: Split, tokenizer: TokenizerLike, max_length: int,
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(f".{os.getpid()}.tmp.npz")
         np.savez(temporary, ids=ids, offsets=offsets, labels=split.labels)
-        os.replace(temporary, path)  # pods tokenizing at once: the last rename wins, all equal
+        temporary.replace(path)  # pods tokenizing at once: the last rename wins, all equal
     return TokenizedSplit(ids, offsets, split.labels, pad_id)

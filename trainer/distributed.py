@@ -1,4 +1,4 @@
-"""The process group the trainer runs in: plain torch.distributed under torchrun, or a single process.
+"""The trainer's process group: torch.distributed under torchrun, or a single process.
 
 The trainer talks to its group only through `Group`'s methods, so the fault-tolerance engines can
 provide groups whose membership changes between steps (`participants` and `rank` may differ from

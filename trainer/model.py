@@ -31,7 +31,7 @@ def offline_model_dir() -> Path:
 
 
 def resolve_model(name: str, inputs_dir: Path) -> str:
-    """The offline alias, then a local directory (absolute or under the inputs dir), else a hub id."""
+    """The offline alias, then a local directory (absolute or under inputs), else a hub id."""
     if name == OFFLINE_MODEL:
         return str(offline_model_dir())
     candidate = Path(name) if Path(name).is_absolute() else inputs_dir / name

@@ -16,7 +16,8 @@ Record kinds and their `data`:
 - `checkpoint`: step, epoch, path, size_bytes, epoch_end, val_accuracy
 - `event`: type (`started`, `resumed`, `epoch_end`, `sigterm`, `completed`, `failed`), message,
   plus type-specific fields (`completed` carries model_dir and the test metrics)
-- `samples` (debug, `log_sample_ids`): step, epoch, cursor, ids - the sample ids a committed step used
+- `samples` (debug, `log_sample_ids`): step, epoch, cursor, rank, ids - the sample ids this
+  participant used in a committed step
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.nn import functional
 
 from trainer import checkpoint
 from trainer.config import JobSpec, TrainConfig
@@ -65,7 +65,8 @@ class StepResult:
 
 
 def _optimizer(model: nn.Module, spec: JobSpec) -> torch.optim.Optimizer:
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for name, parameter in model.named_parameters():
         if parameter.requires_grad:
             (no_decay if parameter.ndim < 2 or "LayerNorm" in name else decay).append(parameter)
@@ -84,8 +85,9 @@ def weights_checksum(model: nn.Module) -> str:
 
 def _rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    kind, keys, position, has_gauss, gauss = np.random.get_state()  # type: ignore[misc]
-    state["numpy"] = (kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, gauss)
+    kind, keys, position, has_gauss, gauss = np.random.get_state(legacy=True)
+    state["numpy"] = (kind, torch.from_numpy(np.asarray(keys, dtype=np.int64)), position,
+                      has_gauss, gauss)
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -198,7 +200,8 @@ class Trainer:
         with autocast:
             logits = self.model(input_ids=batch["input_ids"],
                                 attention_mask=batch["attention_mask"]).logits
-        loss_sum = F.cross_entropy(logits.float(), batch["labels"], reduction="sum") * weight
+        loss_sum = weight * functional.cross_entropy(logits.float(), batch["labels"],
+                                                     reduction="sum")
         # Gradients are averaged over participants; scaling by participants/window makes the
         # result the mean over every sample of the step, however unevenly they were split.
         (loss_sum * (self.group.participants / assignment.window)).backward()
@@ -333,7 +336,7 @@ class Trainer:
                                attention_mask=batch["attention_mask"]).logits.float()
             labels, predicted = batch["labels"], logits.argmax(-1)
             totals += torch.tensor([
-                F.cross_entropy(logits, labels, reduction="sum").item(),
+                functional.cross_entropy(logits, labels, reduction="sum").item(),
                 (predicted == labels).sum().item(), len(labels),
                 ((predicted == 1) & (labels == 1)).sum().item(),
                 ((predicted == 1) & (labels == 0)).sum().item(),

