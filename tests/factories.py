@@ -23,8 +23,9 @@ def make_tiny_model(directory: Path, dropout: float = 0.1, seed: int = 0) -> Pat
     vocab.write_text("\n".join(SPECIAL + POSITIVE + NEGATIVE + NEUTRAL) + "\n")
     # transformers 5 ignores vocab_file in the constructor; from_pretrained(dir) reads it.
     tokenizer = BertTokenizer.from_pretrained(directory)
-    config = BertConfig(vocab_size=len(SPECIAL + POSITIVE + NEGATIVE + NEUTRAL), hidden_size=32,
-                        num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+    # Head size 32: CUDA's bf16 SDPA kernels were seen not to learn with a head size of 16.
+    config = BertConfig(vocab_size=len(SPECIAL + POSITIVE + NEGATIVE + NEUTRAL), hidden_size=64,
+                        num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
                         max_position_embeddings=64, hidden_dropout_prob=dropout,
                         attention_probs_dropout_prob=dropout)
     torch.manual_seed(seed)

@@ -63,7 +63,8 @@ def load_model(name_or_path: str, seed: int) -> nn.Module:
     hf_logging.set_verbosity_error()  # the "newly initialized head" warning is expected here
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
-            name_or_path, num_labels=2, id2label=LABELS, label2id={v: k for k, v in LABELS.items()})
+            name_or_path, num_labels=2, id2label=LABELS, label2id={v: k for k, v in LABELS.items()},
+            dtype=torch.float32)  # fp32 master weights; bf16 only inside autocast
     except (OSError, ValueError) as exc:
         raise ModelError(f"model '{name_or_path}': cannot load it ({exc})") from None
     finally:

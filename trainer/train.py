@@ -165,7 +165,8 @@ class Trainer:
         self.metrics = state["metrics"]
 
     def resume(self, info: checkpoint.CheckpointInfo) -> None:
-        model_state, trainer_state, _ = checkpoint.load_checkpoint(info.path, self.device.device)
+        # Loaded on the CPU: RNG states must stay there, and load_state_dict copies to the device.
+        model_state, trainer_state, _ = checkpoint.load_checkpoint(info.path)
         unwrap(self.model).load_state_dict(model_state)
         self.load_state_dict(trainer_state)
         self.resumed_from = info
@@ -221,17 +222,24 @@ class Trainer:
 
     def train(self) -> dict[str, Any]:
         """Run the remaining epochs, evaluate on test, export; return the final metrics."""
-        spec, runtime = self.config.spec, self.config.runtime
+        if self.fit():
+            self.finish()
+        return self.metrics
+
+    def fit(self) -> bool:
+        """Train through the remaining epochs; False when stopped early by SIGTERM."""
         self.reporter.event("started", "training started", step=self.step,
                             epoch=self.sampler.epoch + 1, participants=self.group.participants,
                             samples=self.data_sizes)
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
-            stopped = self._run_epochs(spec, runtime.max_steps)
+            return not self._run_epochs(self.config.spec, self.config.runtime.max_steps)
         finally:
             signal.signal(signal.SIGTERM, previous)
-        if stopped:
-            return self.metrics
+
+    def finish(self) -> None:
+        """Evaluate on test, export the model (primary) and report completion."""
+        spec, runtime = self.config.spec, self.config.runtime
         self.metrics["test"] = self.evaluate(self.test_data, "test")
         checksum = weights_checksum(self.model)
         model_dir = None
@@ -241,7 +249,6 @@ class Trainer:
         self.reporter.event("completed", "training completed", step=self.step,
                             model_dir=model_dir, metrics=self.metrics, checksum=checksum,
                             primary=self.group.is_primary)
-        return self.metrics
 
     def _run_epochs(self, spec: JobSpec, max_steps: int | None) -> bool:
         """Train until every epoch is done (False) or a stop was requested and saved (True)."""
