@@ -153,3 +153,31 @@ def test_batches_pad_to_their_longest_text(tiny_model_dir: Path) -> None:
     assert batch["input_ids"].shape == (2, 5)  # truncated at max_length
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 0, 0], [1] * 5]
     assert batch["labels"].tolist() == [1, 0]
+
+
+def test_hub_datasets_map_their_columns_and_test_split(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path) -> None:
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(hub_id: str, cache_dir: str) -> datasets.DatasetDict:
+        # The hub's layout for SST-2: "sentence" column, test labels hidden (-1).
+        calls.append(hub_id)
+        part = {"sentence": ["fine", "bad", "good"], "label": [1, 0, 1]}
+        return datasets.DatasetDict({
+            "train": datasets.Dataset.from_dict(part),
+            "validation": datasets.Dataset.from_dict(part),
+            "test": datasets.Dataset.from_dict({**part, "label": [-1, -1, -1]})})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    raw = load_source(JobSpec(dataset="sst2"), tmp_path, tmp_path)
+    assert calls == ["stanfordnlp/sst2"]
+    assert raw["test"].labels.tolist() == [1, 0, 1]  # validation stands in for the hidden test
+    assert raw["train"].texts == ["fine", "bad", "good"]
+
+
+def test_unreachable_hub_dataset_points_to_offline_choices(tmp_path: Path) -> None:
+    # Real `datasets` call; the suite runs with HF_HUB_OFFLINE=1, as a machine without hub access.
+    with pytest.raises(DataError, match="without hub access use 'rotten_tomatoes'"):
+        load_source(JobSpec(dataset="imdb"), tmp_path, tmp_path)

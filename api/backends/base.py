@@ -1,0 +1,85 @@
+"""The one protocol every backend implements; routes and the reconciler know nothing else."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+PodPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
+
+
+class BackendError(Exception):
+    """The backend could not carry out a request (the cluster or supervisor is unreachable)."""
+
+
+class WorkloadNotFound(BackendError):
+    """No workload (or no such pod) exists for the job."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything a backend needs to start a job's pods."""
+
+    job_id: str
+    replicas: int
+    fault_tolerance: Literal["live", "restart"]
+    spec: dict[str, Any]
+    """The trainer's job spec (trainer.config.JobSpec fields), passed as TRAINER_CONFIG."""
+    report_url: str
+    """`.../api/v1/jobs/{id}/reports`, reachable from the pods."""
+    report_token: str
+    """The per-job report token (the API keeps only its hash)."""
+    checkpoint_dir: Path
+    model_dir: Path
+    inputs_dir: Path
+    cache_dir: Path
+
+
+@dataclass(frozen=True)
+class PodStatus:
+    ordinal: int
+    name: str
+    """`<job_id>-<ordinal>`, stable across restarts."""
+    phase: PodPhase
+    restarts: int
+    started_at: float | None = None
+    """Unix time the current incarnation started."""
+    exit_code: int | None = None
+    """Exit code of the last incarnation that ended (negative: killed by that signal)."""
+
+
+@dataclass(frozen=True)
+class WorkloadStatus:
+    present: bool
+    """The workload exists and its controller (supervisor / StatefulSet) is alive."""
+    pods: list[PodStatus] = field(default_factory=list)
+    finished: bool = False
+    """The controller stopped on its own: every pod succeeded, or it gave up (see reason)."""
+    reason: str | None = None
+    """Why the controller gave up (restart budget spent, bad input), None otherwise."""
+
+
+class Backend(Protocol):
+    name: str
+
+    def launch(self, launch: Launch) -> None:
+        """Create the job's workload; return once it is created (pods start asynchronously)."""
+
+    def status(self, job_id: str) -> WorkloadStatus:
+        """Observe the job's pods; `present=False` when no workload exists (any more)."""
+
+    def kill_pod(self, job_id: str, ordinal: int, grace_seconds: float) -> None:
+        """Kill one pod as a node failure would; its controller recreates it.
+
+        Raises WorkloadNotFound for an unknown job or ordinal.
+        """
+
+    def delete(self, job_id: str) -> None:
+        """Remove the workload so nothing restarts; checkpoints and models stay. Idempotent."""
+
+    def tail_logs(self, job_id: str, ordinal: int, lines: int) -> list[str]:
+        """The last `lines` lines the pod wrote (stdout and stderr), oldest first."""
+
+    def active_jobs(self) -> list[str]:
+        """Ids of jobs whose workload exists, for re-adoption after a control-plane restart."""

