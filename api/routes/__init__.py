@@ -1,0 +1,1 @@
+API_PREFIX = "/api/v1"

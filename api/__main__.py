@@ -1,0 +1,39 @@
+"""`python -m api`: start the control plane and print the login URL."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import uvicorn
+from pydantic import ValidationError
+
+from api.app import create_app
+from api.settings import Settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m api", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
+                                                   "%(message)s")
+    try:
+        settings = Settings(host=args.host, port=args.port)
+    except ValidationError as exc:
+        print(f"invalid settings: {exc}", file=sys.stderr)  # noqa: T201
+        return 2
+    app = create_app(settings)
+    url = f"http://{args.host}:{args.port}"
+    print(f"Live Migrator control plane on {url} ({settings.backend} backend, data in "  # noqa: T201
+          f"{settings.data_dir.resolve()})\nLog in: {url}/?token={app.state.admin_token}\n"
+          f"API token for curl: -H 'Authorization: Bearer {app.state.admin_token}'",
+          flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The FastAPI application: routers, error mapping, lifespan (database, backend, reconciler)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from api.backends.base import Backend
+from api.broker import Broker
+from api.db import init_db, make_engine
+from api.errors import add_exception_handlers
+from api.metrics import install_collector, measure_latency
+from api.reconciler import Reconciler
+from api.routes import checkpoints, health, jobs, models, pods, reports, stream
+from api.services.models import Predictor
+from api.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+TOKEN_FILE = "admin_token"
+
+
+def admin_token(settings: Settings) -> str:
+    """The configured token, else the one generated on first start and kept in the data dir."""
+    if settings.admin_token:
+        return settings.admin_token
+    path = settings.data_dir / TOKEN_FILE
+    if path.is_file():
+        return path.read_text().strip()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
+    return token
+
+
+def make_backend(settings: Settings) -> Backend:
+    if settings.backend == "local":
+        from api.backends.local import LocalBackend
+
+        return LocalBackend(settings.jobs_dir)
+    raise RuntimeError("MIGRATOR_BACKEND=kubernetes is not available in this version yet")
+
+
+def create_app(settings: Settings | None = None, backend: Backend | None = None) -> FastAPI:
+    settings = settings or Settings()
+    engine = make_engine(settings)
+    broker = Broker()
+    chosen = backend or make_backend(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        init_db(engine)
+        broker.bind(asyncio.get_running_loop())
+        install_collector(engine, lambda: broker.clients)
+        reconciler = Reconciler(engine, settings, chosen, broker.publish)
+        reconciler.start()
+        try:
+            yield
+        finally:
+            broker.close()
+            await reconciler.stop()
+            engine.dispose()
+
+    app = FastAPI(title="Live Migrator", version="0.1.0", lifespan=lifespan,
+                  description="Fault-tolerant distributed fine-tuning of BERT-family sentiment "
+                              "classifiers.")
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.broker = broker
+    app.state.backend = chosen
+    app.state.admin_token = admin_token(settings)
+    app.state.predictor = Predictor(settings.predict_cache_size)
+    add_exception_handlers(app)
+    app.middleware("http")(measure_latency)
+    for module in (jobs, pods, reports, stream, checkpoints, models):
+        app.include_router(module.router)
+    app.include_router(health.router)
+    return app
+
+

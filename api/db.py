@@ -1,0 +1,46 @@
+"""The SQLModel engine: SQLite in WAL mode with a busy timeout by default, any URL otherwise."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, SQLModel, create_engine
+
+from api.settings import Settings
+
+
+def make_engine(settings: Settings) -> Engine:
+    url = settings.sqlite_url
+    if not url.startswith("sqlite"):
+        return create_engine(url, pool_pre_ping=True)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+    @event.listens_for(engine, "connect")
+    def _pragmas(connection: Any, _record: Any) -> None:
+        # WAL lets the stream and the dashboard read while reports are written.
+        cursor = connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    return engine
+
+
+def init_db(engine: Engine) -> None:
+    import api.models  # noqa: F401  (registers the tables)
+
+    SQLModel.metadata.create_all(engine)
+
+
+@contextmanager
+def session_scope(engine: Engine) -> Iterator[Session]:
+    """A short-lived session for background work (reconciler, stream replay)."""
+    with Session(engine, expire_on_commit=False) as session:
+        yield session

@@ -1,0 +1,83 @@
+"""Domain errors raised by services, mapped once to `{"error": ..., "detail": ...}` responses."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+
+class DomainError(Exception):
+    status_code = 400
+    error = "bad_request"
+
+    def __init__(self, detail: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class NotFound(DomainError):
+    status_code, error = 404, "not_found"
+
+
+class Conflict(DomainError):
+    status_code, error = 409, "conflict"
+
+
+class InvalidSpec(DomainError):
+    """A value is well-formed but unusable (unknown dataset, path outside the inputs dir)."""
+
+    status_code, error = 422, "invalid"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__([{"loc": ["body", field], "msg": message, "type": "value_error"}])
+
+
+class Unauthorized(DomainError):
+    status_code, error = 401, "unauthorized"
+
+
+class Forbidden(DomainError):
+    status_code, error = 403, "forbidden"
+
+
+class PayloadTooLarge(DomainError):
+    status_code, error = 413, "payload_too_large"
+
+
+class BackendUnavailable(DomainError):
+    status_code, error = 503, "backend_unavailable"
+
+
+def _body(error: str, detail: Any) -> dict[str, Any]:
+    return {"error": error, "detail": detail}
+
+
+def add_exception_handlers(app: FastAPI) -> None:
+    @app.exception_handler(DomainError)
+    async def domain_error(_request: Request, exc: DomainError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+        return JSONResponse(_body(exc.error, exc.detail), exc.status_code, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""),
+                   "type": e.get("type", "")} for e in exc.errors()]
+        return JSONResponse(_body("invalid", detail), 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        names = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+        return JSONResponse(_body(names.get(exc.status_code, "http_error"), exc.detail),
+                            exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error")
+        return JSONResponse(_body("internal", "internal error; see the server log"), 500)

@@ -1,0 +1,302 @@
+"""Tables and API schemas, one family per resource (Base / Create / table / Public / list)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from sqlalchemy import JSON, Column, DateTime, UniqueConstraint
+from sqlmodel import Field as SQLField
+from sqlmodel import SQLModel
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _as_utc(value: datetime) -> datetime:
+    # SQLite hands back naive datetimes; every stored time is UTC.
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+UTCDateTime = Annotated[datetime, AfterValidator(_as_utc)]
+
+
+def _time_column() -> Any:
+    return Column(DateTime(timezone=True), nullable=True)
+
+
+class JobStatus(StrEnum):
+    pending = "pending"
+    starting = "starting"
+    running = "running"
+    degraded = "degraded"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled)
+
+
+ACTIVE_STATUSES = (JobStatus.starting, JobStatus.running, JobStatus.degraded)
+
+
+# --- jobs --------------------------------------------------------------------------------
+
+
+class JobCreate(BaseModel):
+    """Request body of POST /api/v1/jobs; every field optional."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(default=None, max_length=100)
+    model: str = Field(default="minilm", min_length=1, max_length=200,
+                       description="Alias `minilm`, a directory under the inputs dir, or a hub id")
+    dataset: str = Field(default="rotten_tomatoes", min_length=1, max_length=200,
+                         description="rotten_tomatoes, imdb, sst2, yelp_polarity, or a file "
+                                     "under the inputs dir")
+    preset: Literal["seed"] | None = None
+    max_train_samples: int | None = Field(default=None, ge=1)
+    max_eval_samples: int | None = Field(default=None, ge=1)
+    replicas: int = Field(default=2, ge=1, le=16)
+    epochs: int = Field(default=1, ge=1, le=100)
+    batch_size: int = Field(default=16, ge=1, le=1024)
+    learning_rate: float = Field(default=1e-4, gt=0, lt=1)
+    max_length: int = Field(default=128, ge=8, le=512)
+    fault_tolerance: Literal["live", "restart"] = "live"
+    parallelism: Literal["data", "pipeline"] = "data"
+    finetune: Literal["full", "lora"] = "full"
+    checkpoint_every_steps: int = Field(default=50, ge=0, le=1_000_000)
+    seed: int = Field(default=42, ge=0, le=2**31 - 1)
+
+
+class Job(SQLModel, table=True):
+    """A fine-tuning job as stored."""
+
+    id: str = SQLField(primary_key=True)
+    name: str | None = None
+    status: JobStatus = SQLField(default=JobStatus.pending, index=True)
+    reason: str | None = None
+    spec: dict[str, Any] = SQLField(sa_column=Column(JSON, nullable=False))
+    report_token_hash: str
+    created_at: datetime = SQLField(default_factory=utc_now,
+                                    sa_column=Column(DateTime(timezone=True), nullable=False))
+    started_at: datetime | None = SQLField(default=None, sa_column=_time_column())
+    finished_at: datetime | None = SQLField(default=None, sa_column=_time_column())
+    epoch: int = 0
+    step: int = 0
+    samples_seen: int = 0
+    total_samples: int | None = None
+    metrics: dict[str, Any] = SQLField(default_factory=dict, sa_column=Column(JSON))
+    completed_model_dir: str | None = None
+    """Set when the primary reports completion; the reconciler then finalizes the job."""
+    model_id: str | None = None
+
+
+class Progress(BaseModel):
+    epoch: int
+    epochs: int
+    step: int
+    samples_seen: int
+    total_samples: int | None
+    eta_seconds: float | None
+
+
+class PodPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    ordinal: int
+    name: str
+    phase: str
+    restarts: int
+    last_heartbeat: UTCDateTime | None
+    step: int | None
+    exit_code: int | None
+
+
+class JobPublic(BaseModel):
+    id: str
+    name: str | None
+    status: JobStatus
+    reason: str | None
+    spec: dict[str, Any]
+    pods: list[PodPublic]
+    progress: Progress
+    metrics: dict[str, Any]
+    created_at: UTCDateTime
+    started_at: UTCDateTime | None
+    finished_at: UTCDateTime | None
+    model_id: str | None
+    links: dict[str, str]
+
+
+class JobsPublic(BaseModel):
+    data: list[JobPublic]
+    count: int
+    offset: int
+    limit: int
+
+
+class KillRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    grace_seconds: float = Field(default=0, ge=0, le=300)
+
+
+class Accepted(BaseModel):
+    id: str
+    status: str
+    detail: str
+
+
+# --- pods --------------------------------------------------------------------------------
+
+
+class Pod(SQLModel, table=True):
+    """A pod of a job, as last observed, with its reported progress."""
+
+    __table_args__ = (UniqueConstraint("job_id", "ordinal"),)
+
+    id: int | None = SQLField(default=None, primary_key=True)
+    job_id: str = SQLField(foreign_key="job.id", index=True)
+    ordinal: int
+    name: str
+    phase: str = "Pending"
+    restarts: int = 0
+    exit_code: int | None = None
+    step: int | None = None
+    last_heartbeat: datetime | None = SQLField(default=None, sa_column=_time_column())
+
+
+# --- events (the stream and its history) -------------------------------------------------
+
+EventType = Literal["metric", "checkpoint", "pod", "job", "log"]
+
+
+class Event(SQLModel, table=True):
+    """One streamable event; its id is the SSE event id (increasing over all jobs)."""
+
+    id: int | None = SQLField(default=None, primary_key=True)
+    job_id: str = SQLField(foreign_key="job.id", index=True)
+    type: str
+    time: float
+    data: dict[str, Any] = SQLField(sa_column=Column(JSON, nullable=False))
+
+
+class EventPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    type: str
+    time: float
+    data: dict[str, Any]
+
+
+class EventsPublic(BaseModel):
+    data: list[EventPublic]
+    next_after: int | None
+    """Pass as `after` to get the next page; None when this page is the last."""
+
+
+class Incarnation(SQLModel, table=True):
+    """The highest report seq stored per (job, pod, incarnation): makes ingestion idempotent."""
+
+    job_id: str = SQLField(foreign_key="job.id", primary_key=True)
+    pod: str = SQLField(primary_key=True)
+    incarnation: str = SQLField(primary_key=True)
+    last_seq: int = 0
+
+
+# --- reports (trainer -> API; schema documented in trainer/report.py) ---------------------
+
+
+class ReportRecord(BaseModel):
+    seq: int = Field(ge=1)
+    kind: Literal["metric", "eval", "checkpoint", "event", "samples"]
+    time: float
+    data: dict[str, Any]
+
+
+class ReportBatch(BaseModel):
+    pod: str = Field(min_length=1, max_length=100)
+    incarnation: str = Field(min_length=1, max_length=100)
+    dropped: int = Field(default=0, ge=0)
+    records: list[ReportRecord] = Field(max_length=10_000)
+
+
+class ReportAccepted(BaseModel):
+    accepted: int
+    duplicates: int
+
+
+# --- checkpoints ---------------------------------------------------------------------------
+
+
+class CheckpointPublic(BaseModel):
+    id: str
+    step: int
+    epoch: int | None
+    epoch_end: bool
+    val_accuracy: float | None
+    size_bytes: int
+    saved_at: float | None
+    links: dict[str, str]
+
+
+# --- models --------------------------------------------------------------------------------
+
+
+class Model(SQLModel, table=True):
+    """A trained model registered when its job succeeded."""
+
+    id: str = SQLField(primary_key=True)
+    job_id: str = SQLField(foreign_key="job.id", index=True)
+    name: str
+    path: str
+    """Directory of the save_pretrained export, relative to the data dir."""
+    base_model: str
+    dataset: str
+    metrics: dict[str, Any] = SQLField(default_factory=dict, sa_column=Column(JSON))
+    size_bytes: int = 0
+    created_at: datetime = SQLField(default_factory=utc_now,
+                                    sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class ModelPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    job_id: str
+    name: str
+    base_model: str
+    dataset: str
+    metrics: dict[str, Any]
+    size_bytes: int
+    created_at: UTCDateTime
+    links: dict[str, str] = {}
+
+
+class ModelsPublic(BaseModel):
+    data: list[ModelPublic]
+    count: int
+
+
+class PredictRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    texts: list[Annotated[str, Field(min_length=1, max_length=20_000)]] = Field(
+        min_length=1, max_length=64)
+
+
+class Prediction(BaseModel):
+    label: str
+    score: float
+
+
+class PredictResponse(BaseModel):
+    model_id: str
+    predictions: list[Prediction]

@@ -1,0 +1,33 @@
+"""Failure injection and pod logs."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Query, status
+
+from api.deps import AdminDep, BackendDep, BrokerDep, SessionDep
+from api.models import Accepted, KillRequest
+from api.routes import API_PREFIX
+from api.services import jobs as service
+
+router = APIRouter(prefix=API_PREFIX + "/jobs/{job_id}/pods", tags=["pods"],
+                   dependencies=[AdminDep])
+
+
+@router.post("/{ordinal}/kill", status_code=status.HTTP_202_ACCEPTED, response_model=Accepted)
+def kill_pod(job_id: str, ordinal: int, session: SessionDep, backend: BackendDep,
+             broker: BrokerDep, request: Annotated[KillRequest | None, Body()] = None,
+             ) -> Accepted:
+    grace = (request or KillRequest()).grace_seconds
+    event = service.kill_pod(session, backend, job_id, ordinal, grace)
+    broker.publish(job_id, [service.event_item(event)])
+    return Accepted(id=f"{job_id}-{ordinal}", status="killed",
+                    detail=f"pod killed (grace {grace:g} s); its controller recreates it")
+
+
+@router.get("/{ordinal}/logs")
+def pod_logs(job_id: str, ordinal: int, session: SessionDep, backend: BackendDep,
+             lines: Annotated[int, Query(ge=1, le=5000)] = 200) -> dict[str, list[str]]:
+    service.check_ordinal(service.get_job(session, job_id), ordinal)
+    return {"lines": backend.tail_logs(job_id, ordinal, lines)}

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.settings import Settings
+from tests.api.fakes import FakeBackend
+
+ADMIN_TOKEN = "admin-token-for-tests-0123456789"
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest.fixture
+def settings(tmp_path: Path, inputs_dir: Path) -> Settings:
+    return Settings(data_dir=tmp_path / "data", admin_token=ADMIN_TOKEN, inputs_dir=inputs_dir,
+                    reconcile_interval=3600, port=8123)
+
+
+@pytest.fixture
+def backend() -> FakeBackend:
+    return FakeBackend()
+
+
+@pytest.fixture
+def client(settings: Settings, backend: FakeBackend) -> Iterator[TestClient]:
+    """The app with a real SQLite file; the reconciler's timer is off (tests call it)."""
+    with TestClient(create_app(settings, backend)) as test_client:
+        yield test_client
+
+
+def create_job(client: TestClient, **spec: object) -> dict:
+    response = client.post("/api/v1/jobs", json=spec, headers=AUTH)
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def report(client: TestClient, backend: FakeBackend, job_id: str, records: list[dict],
+           pod: int = 0, incarnation: str = "i1", token: str | None = None) -> dict:
+    launch = next(launch for launch in backend.launches if launch.job_id == job_id)
+    response = client.post(f"/api/v1/jobs/{job_id}/reports",
+                           headers={"Authorization": f"Bearer {token or launch.report_token}"},
+                           json={"pod": f"{job_id}-{pod}", "incarnation": incarnation,
+                                 "records": records})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def metric(seq: int, step: int, **data: object) -> dict:
+    return {"seq": seq, "kind": "metric", "time": 1_700_000_000.0 + seq,
+            "data": {"step": step, "epoch": 1, "loss": 0.5, "samples_seen": step * 16,
+                     "samples_per_second": 32.0, "participants": 2, **data}}

@@ -1,0 +1,62 @@
+"""An in-memory backend for route and reconciler tests (the e2e tests use the real one).
+
+It keeps the protocol's semantics: pods exist per launch, a kill fails the pod and its controller
+recreates it (restarts + 1), delete removes the workload and is idempotent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from api.backends.base import BackendError, Launch, PodStatus, WorkloadNotFound, WorkloadStatus
+
+
+@dataclass
+class FakeBackend:
+    name: str = "fake"
+    launches: list[Launch] = field(default_factory=list)
+    workloads: dict[str, WorkloadStatus] = field(default_factory=dict)
+    kills: list[tuple[str, int, float]] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    logs: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+    fail_launch: str | None = None
+
+    def launch(self, launch: Launch) -> None:
+        if self.fail_launch:
+            raise BackendError(self.fail_launch)
+        self.launches.append(launch)
+        self.workloads[launch.job_id] = WorkloadStatus(present=True, pods=[
+            PodStatus(ordinal=o, name=f"{launch.job_id}-{o}", phase="Running", restarts=0)
+            for o in range(launch.replicas)])
+
+    def status(self, job_id: str) -> WorkloadStatus:
+        return self.workloads.get(job_id, WorkloadStatus(present=False))
+
+    def set_pod(self, job_id: str, ordinal: int, **changes: object) -> None:
+        workload = self.workloads[job_id]
+        pods = [replace(p, **changes) if p.ordinal == ordinal else p  # type: ignore[arg-type]
+                for p in workload.pods]
+        self.workloads[job_id] = replace(workload, pods=pods)
+
+    def finish(self, job_id: str, reason: str | None = None) -> None:
+        self.workloads[job_id] = replace(self.workloads[job_id], present=False, finished=True,
+                                         reason=reason)
+
+    def kill_pod(self, job_id: str, ordinal: int, grace_seconds: float) -> None:
+        workload = self.workloads.get(job_id)
+        if workload is None or not workload.present or ordinal >= len(workload.pods):
+            raise WorkloadNotFound(f"no pod {ordinal} of {job_id}")
+        self.kills.append((job_id, ordinal, grace_seconds))
+        restarts = workload.pods[ordinal].restarts + 1
+        self.set_pod(job_id, ordinal, restarts=restarts, exit_code=-9)
+
+    def delete(self, job_id: str) -> None:
+        self.deleted.append(job_id)
+        if job_id in self.workloads:
+            self.workloads[job_id] = WorkloadStatus(present=False)
+
+    def tail_logs(self, job_id: str, ordinal: int, lines: int) -> list[str]:
+        return self.logs.get((job_id, ordinal), [])[-lines:]
+
+    def active_jobs(self) -> list[str]:
+        return [job_id for job_id, w in self.workloads.items() if w.present]

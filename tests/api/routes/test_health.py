@@ -1,0 +1,23 @@
+from fastapi.testclient import TestClient
+
+from tests.api.conftest import create_job
+
+
+def test_health_and_readiness(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json() == {"status": "ready", "backend": "fake"}
+
+
+def test_prometheus_metrics(client: TestClient) -> None:
+    create_job(client)
+    text = client.get("/metrics").text
+    assert 'migrator_jobs{status="starting"} 1.0' in text
+    assert "migrator_sse_clients 0.0" in text
+    assert 'migrator_http_request_duration_seconds_count{method="POST",route="/api/v1/jobs"' \
+           ',status="201"}' in text
+    assert "migrator_report_records_ingested_total" in text
+
+
+def test_openapi_is_served(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    assert "/api/v1/jobs/{job_id}/pods/{ordinal}/kill" in spec["paths"]

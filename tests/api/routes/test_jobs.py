@@ -1,0 +1,167 @@
+import pytest
+from fastapi.testclient import TestClient
+
+from api.reconciler import Reconciler
+from tests.api.conftest import AUTH, create_job
+from tests.api.fakes import FakeBackend
+
+
+def test_endpoints_need_the_admin_token(client: TestClient) -> None:
+    missing = client.get("/api/v1/jobs")
+    assert missing.status_code == 401
+    assert missing.headers["WWW-Authenticate"] == "Bearer"
+    assert missing.json()["error"] == "unauthorized"
+    wrong = client.get("/api/v1/jobs", headers={"Authorization": "Bearer nope"})
+    assert (wrong.status_code, wrong.json()["error"]) == (403, "forbidden")
+    assert client.get(f"/api/v1/jobs?token={AUTH['Authorization'][7:]}").status_code == 200
+    as_query = client.post(f"/api/v1/jobs?token={AUTH['Authorization'][7:]}", json={})
+    assert as_query.status_code == 401  # ?token= is for GET (links, EventSource) only
+
+
+def test_create_with_defaults_launches_the_pods(client: TestClient,
+                                                backend: FakeBackend) -> None:
+    response = client.post("/api/v1/jobs", json={}, headers=AUTH)
+    assert response.status_code == 201
+    job = response.json()
+    assert response.headers["Location"] == f"/api/v1/jobs/{job['id']}"
+    assert job["status"] == "starting"
+    assert job["spec"] == {
+        "name": None, "model": "minilm", "dataset": "rotten_tomatoes", "preset": None,
+        "max_train_samples": None, "max_eval_samples": None, "replicas": 2, "epochs": 1,
+        "batch_size": 16, "learning_rate": 1e-4, "max_length": 128, "fault_tolerance": "live",
+        "parallelism": "data", "finetune": "full", "checkpoint_every_steps": 50, "seed": 42}
+    assert [(p["ordinal"], p["name"], p["phase"]) for p in job["pods"]] == [
+        (0, f"{job['id']}-0", "Pending"), (1, f"{job['id']}-1", "Pending")]
+    assert job["links"]["stream"] == f"/api/v1/jobs/{job['id']}/stream"
+    launch = backend.launches[0]
+    assert launch.job_id == job["id"] and launch.replicas == 2
+    assert launch.report_url == f"http://127.0.0.1:8123/api/v1/jobs/{job['id']}/reports"
+    assert len(launch.report_token) > 30 and launch.report_token not in response.text
+
+
+def test_live_mode_says_it_runs_as_restart(client: TestClient) -> None:
+    job = create_job(client)
+    events = client.get(f"/api/v1/jobs/{job['id']}/events", headers=AUTH).json()["data"]
+    assert any("restart semantics" in e["data"]["message"] for e in events)
+    quiet = create_job(client, fault_tolerance="restart")
+    events = client.get(f"/api/v1/jobs/{quiet['id']}/events", headers=AUTH).json()["data"]
+    assert not any("restart semantics" in e["data"]["message"] for e in events)
+
+
+@pytest.mark.parametrize(("spec", "field"), [
+    ({"replicas": 0}, "replicas"),
+    ({"learning_rate": 2}, "learning_rate"),
+    ({"fault_tolerance": "magic"}, "fault_tolerance"),
+    ({"batch_size": "lots"}, "batch_size"),
+    ({"epochs": 1.5}, "epochs"),
+    ({"colour": "red"}, "colour"),
+    ({"dataset": "../../etc/passwd"}, "dataset"),
+    ({"model": "/etc"}, "model"),
+    ({"model": "tiny/../../outside"}, "model"),
+    ({"dataset": "mnist"}, "dataset"),
+    ({"dataset": "nothing-here.csv"}, "dataset"),
+    ({"model": "not a hub id!"}, "model"),
+    ({"parallelism": "pipeline"}, "parallelism"),
+    ({"finetune": "lora"}, "finetune"),
+])
+def test_invalid_specs_are_422_naming_the_field(client: TestClient, backend: FakeBackend,
+                                                 spec: dict, field: str) -> None:
+    response = client.post("/api/v1/jobs", json=spec, headers=AUTH)
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert body["error"] == "invalid"
+    assert field in [str(part) for error in body["detail"] for part in error["loc"]]
+    assert backend.launches == []
+
+
+def test_local_model_and_dataset_under_inputs(client: TestClient) -> None:
+    job = create_job(client, model="tiny", dataset="reviews.csv")
+    assert (job["spec"]["model"], job["spec"]["dataset"]) == ("tiny", "reviews.csv")
+    assert create_job(client, model="bert-base-uncased", dataset="imdb")["status"] == "starting"
+
+
+def test_list_is_paged_and_filterable(client: TestClient) -> None:
+    ids = [create_job(client, name=f"job {i}")["id"] for i in range(3)]
+    page = client.get("/api/v1/jobs?limit=2", headers=AUTH).json()
+    assert page["count"] == 3 and len(page["data"]) == 2
+    assert [j["id"] for j in page["data"]] == ids[::-1][:2]  # newest first
+    rest = client.get("/api/v1/jobs?limit=2&offset=2", headers=AUTH).json()
+    assert [j["id"] for j in rest["data"]] == [ids[0]]
+    assert client.get("/api/v1/jobs?status=succeeded", headers=AUTH).json()["count"] == 0
+
+
+def test_unknown_job_is_404(client: TestClient) -> None:
+    for method, path in (("get", "/api/v1/jobs/job-nope"), ("delete", "/api/v1/jobs/job-nope"),
+                         ("get", "/api/v1/jobs/job-nope/events"),
+                         ("post", "/api/v1/jobs/job-nope/pods/0/kill")):
+        response = client.request(method, path, headers=AUTH)
+        assert response.status_code == 404, path
+        assert response.json() == {"error": "not_found", "detail": "job job-nope not found"}
+
+
+def test_cancel_deletes_the_workload_once(client: TestClient, backend: FakeBackend) -> None:
+    job = create_job(client)
+    response = client.delete(f"/api/v1/jobs/{job['id']}", headers=AUTH)
+    assert response.status_code == 202
+    assert backend.deleted == [job["id"]]
+    assert client.get(f"/api/v1/jobs/{job['id']}", headers=AUTH).json()["status"] == "cancelled"
+    again = client.delete(f"/api/v1/jobs/{job['id']}", headers=AUTH)
+    assert again.status_code == 409 and "already cancelled" in again.json()["detail"]
+
+
+def test_kill_a_pod(client: TestClient, backend: FakeBackend) -> None:
+    job = create_job(client)
+    path = f"/api/v1/jobs/{job['id']}/pods"
+    response = client.post(f"{path}/1/kill", json={"grace_seconds": 0}, headers=AUTH)
+    assert response.status_code == 202
+    assert backend.kills == [(job["id"], 1, 0.0)]
+    assert client.post(f"{path}/1/kill", headers=AUTH).status_code == 202  # body optional
+    events = client.get(f"/api/v1/jobs/{job['id']}/events?type=pod", headers=AUTH).json()
+    kill = events["data"][0]
+    assert (kill["data"]["action"], kill["data"]["ordinal"], kill["data"]["by"]) == (
+        "kill", 1, "admin")
+    assert kill["time"] > 0
+    missing = client.post(f"{path}/2/kill", headers=AUTH)
+    assert missing.status_code == 404 and "no pod 2" in missing.json()["detail"]
+    bad = client.post(f"{path}/0/kill", json={"grace_seconds": -1}, headers=AUTH)
+    assert bad.status_code == 422
+    client.delete(f"/api/v1/jobs/{job['id']}", headers=AUTH)
+    late = client.post(f"{path}/0/kill", headers=AUTH)
+    assert late.status_code == 409 and "not running" in late.json()["detail"]
+
+
+def test_launch_failure_keeps_the_job_as_failed(client: TestClient,
+                                                backend: FakeBackend) -> None:
+    backend.fail_launch = "supervisor would not start"
+    response = client.post("/api/v1/jobs", json={}, headers=AUTH)
+    assert response.status_code == 503
+    assert "supervisor would not start" in response.json()["detail"]
+    jobs = client.get("/api/v1/jobs", headers=AUTH).json()["data"]
+    assert jobs[0]["status"] == "failed" and "launch failed" in jobs[0]["reason"]
+
+
+def test_events_are_paged_with_after(client: TestClient) -> None:
+    job = create_job(client)
+    for ordinal in (0, 1, 0):
+        client.post(f"/api/v1/jobs/{job['id']}/pods/{ordinal}/kill", headers=AUTH)
+    first = client.get(f"/api/v1/jobs/{job['id']}/events?limit=2", headers=AUTH).json()
+    assert len(first["data"]) == 2 and first["next_after"] == first["data"][-1]["id"]
+    rest = client.get(f"/api/v1/jobs/{job['id']}/events?after={first['next_after']}",
+                      headers=AUTH).json()
+    ids = [e["id"] for e in first["data"] + rest["data"]]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids) and rest["next_after"] is None
+
+
+def test_pending_jobs_at_start_up_are_failed(client: TestClient, backend: FakeBackend,
+                                             settings) -> None:
+    from sqlmodel import Session
+
+    from api.models import Job, JobStatus
+
+    engine = client.app.state.engine
+    with Session(engine) as session:
+        session.add(Job(id="job-stuck", spec={"replicas": 1}, report_token_hash="x"))
+        session.commit()
+    Reconciler(engine, settings, backend, lambda *_: None).fail_unlaunched()
+    stuck = client.get("/api/v1/jobs/job-stuck", headers=AUTH).json()
+    assert stuck["status"] == JobStatus.failed and "before the job was launched" in stuck["reason"]

@@ -1,0 +1,60 @@
+import io
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.api.conftest import AUTH, create_job, report
+from tests.api.fakes import FakeBackend
+from tests.api.test_reconciler import reconcile
+
+
+@pytest.fixture
+def model_id(client: TestClient, backend: FakeBackend, tiny_model_dir: Path) -> str:
+    job = create_job(client)
+    shutil.copytree(tiny_model_dir, backend.launches[0].model_dir)
+    report(client, backend, job["id"], [{"seq": 1, "kind": "event", "time": 1.0, "data": {
+        "type": "completed", "primary": True, "model_dir": "x"}}])
+    reconcile(client, backend)
+    return client.get(f"/api/v1/jobs/{job['id']}", headers=AUTH).json()["model_id"]
+
+
+def test_list_and_read(client: TestClient, model_id: str) -> None:
+    listing = client.get("/api/v1/models", headers=AUTH).json()
+    assert listing["count"] == 1 and listing["data"][0]["id"] == model_id
+    model = client.get(f"/api/v1/models/{model_id}", headers=AUTH).json()
+    assert model["links"]["download"] == f"/api/v1/models/{model_id}/download"
+    assert "path" not in model  # server paths stay private
+    assert client.get("/api/v1/models/model-nope", headers=AUTH).status_code == 404
+
+
+def test_download_is_a_loadable_archive(client: TestClient, model_id: str,
+                                        tmp_path: Path) -> None:
+    from transformers import AutoModelForSequenceClassification
+
+    response = client.get(f"/api/v1/models/{model_id}/download", headers=AUTH)
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/gzip"
+    assert f'filename="{model_id}.tar.gz"' in response.headers["content-disposition"]
+    with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
+        names = archive.getnames()
+        assert all(name.startswith(f"{model_id}/") for name in names)
+        archive.extractall(tmp_path, filter="data")
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / model_id)
+    assert loaded.config.num_labels == 2
+
+
+def test_predict(client: TestClient, model_id: str) -> None:
+    response = client.post(f"/api/v1/models/{model_id}/predict", headers=AUTH,
+                           json={"texts": ["a good film", "a dull plot"]})
+    assert response.status_code == 200, response.text
+    predictions = response.json()["predictions"]
+    assert len(predictions) == 2
+    assert all(0.0 <= p["score"] <= 1.0 and p["label"] for p in predictions)
+    for body in ({"texts": []}, {"texts": [""]}, {"texts": ["x"] * 65}, {"text": "x"}):
+        assert client.post(f"/api/v1/models/{model_id}/predict", headers=AUTH,
+                           json=body).status_code == 422
+    assert client.post("/api/v1/models/model-nope/predict", headers=AUTH,
+                       json={"texts": ["x"]}).status_code == 404

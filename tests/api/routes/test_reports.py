@@ -1,0 +1,83 @@
+from fastapi.testclient import TestClient
+
+from tests.api.conftest import AUTH, create_job, metric, report
+from tests.api.fakes import FakeBackend
+
+
+def test_reports_update_progress_and_are_idempotent(client: TestClient,
+                                                    backend: FakeBackend) -> None:
+    job = create_job(client, epochs=2)
+    started = {"seq": 1, "kind": "event", "time": 1.0,
+               "data": {"type": "started", "message": "go", "samples": {"train": 800}}}
+    first = report(client, backend, job["id"], [started, metric(2, 1), metric(3, 2)])
+    assert first == {"accepted": 3, "duplicates": 0}
+    # A retried batch overlapping the first: only the new record is stored.
+    again = report(client, backend, job["id"], [metric(2, 1), metric(3, 2), metric(4, 3)])
+    assert again == {"accepted": 1, "duplicates": 2}
+    state = client.get(f"/api/v1/jobs/{job['id']}", headers=AUTH).json()
+    assert state["status"] == "running"
+    assert state["progress"]["step"] == 3 and state["progress"]["samples_seen"] == 48
+    assert state["progress"]["total_samples"] == 1600
+    assert state["progress"]["eta_seconds"] == (1600 - 48) / 32.0
+    assert state["metrics"]["loss"] == 0.5
+    assert state["pods"][0]["step"] == 3 and state["pods"][0]["last_heartbeat"] is not None
+    metrics = client.get(f"/api/v1/jobs/{job['id']}/events?type=metric", headers=AUTH).json()
+    assert [e["data"]["step"] for e in metrics["data"]] == [1, 2, 3]
+    # A new incarnation of the pod starts its seq at 1 again and is not a duplicate.
+    assert report(client, backend, job["id"], [metric(1, 4)], incarnation="i2")["accepted"] == 1
+
+
+def test_evaluations_and_completion(client: TestClient, backend: FakeBackend) -> None:
+    job = create_job(client)
+    report(client, backend, job["id"], [
+        {"seq": 1, "kind": "eval", "time": 1.0,
+         "data": {"split": "validation", "accuracy": 0.8, "f1": 0.81, "loss": 0.4}},
+        {"seq": 2, "kind": "event", "time": 2.0,
+         "data": {"type": "completed", "message": "done", "primary": True,
+                  "model_dir": "/somewhere/model"}}])
+    state = client.get(f"/api/v1/jobs/{job['id']}", headers=AUTH).json()
+    assert (state["metrics"]["val_accuracy"], state["metrics"]["val_f1"]) == (0.8, 0.81)
+    events = client.get(f"/api/v1/jobs/{job['id']}/events?type=job", headers=AUTH).json()
+    assert any(e["data"].get("type") == "completed" and e["data"]["pod"] == f"{job['id']}-0"
+               for e in events["data"])
+
+
+def test_report_tokens_are_per_job(client: TestClient, backend: FakeBackend) -> None:
+    first, second = create_job(client), create_job(client)
+    token_of_first = backend.launches[0].report_token
+    body = {"pod": f"{second['id']}-0", "incarnation": "i", "records": [metric(1, 1)]}
+    crossed = client.post(f"/api/v1/jobs/{second['id']}/reports", json=body,
+                          headers={"Authorization": f"Bearer {token_of_first}"})
+    assert crossed.status_code == 403
+    admin = client.post(f"/api/v1/jobs/{second['id']}/reports", json=body, headers=AUTH)
+    assert admin.status_code == 403  # the admin token is not a report token
+    assert client.post(f"/api/v1/jobs/{second['id']}/reports", json=body).status_code == 401
+    assert first["id"] != second["id"]
+
+
+def test_bad_reports(client: TestClient, backend: FakeBackend, settings) -> None:
+    job = create_job(client)
+    headers = {"Authorization": f"Bearer {backend.launches[0].report_token}"}
+    url = f"/api/v1/jobs/{job['id']}/reports"
+    unknown_pod = client.post(url, headers=headers, json={
+        "pod": "someone-else", "incarnation": "i", "records": [metric(1, 1)]})
+    assert unknown_pod.status_code == 422 and "no pod named" in unknown_pod.text
+    malformed = client.post(url, headers=headers, json={"pod": f"{job['id']}-0",
+                                                        "incarnation": "i", "records": [{}]})
+    assert malformed.status_code == 422
+    not_json = client.post(url, headers=headers, content=b"{nope")
+    assert not_json.status_code == 422
+    huge = b'{"pod": "' + b"x" * settings.max_report_bytes + b'"}'
+    too_large = client.post(url, headers=headers, content=huge)
+    assert too_large.status_code == 413 and too_large.json()["error"] == "payload_too_large"
+
+
+def test_dropped_records_are_recorded(client: TestClient, backend: FakeBackend) -> None:
+    job = create_job(client)
+    response = client.post(f"/api/v1/jobs/{job['id']}/reports",
+                           headers={"Authorization": f"Bearer {backend.launches[0].report_token}"},
+                           json={"pod": f"{job['id']}-1", "incarnation": "i", "dropped": 7,
+                                 "records": []})
+    assert response.status_code == 200
+    logs = client.get(f"/api/v1/jobs/{job['id']}/events?type=log", headers=AUTH).json()["data"]
+    assert "7 metric records" in logs[0]["data"]["message"]

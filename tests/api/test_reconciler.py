@@ -1,0 +1,80 @@
+import shutil
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from api.reconciler import Reconciler
+from tests.api.conftest import AUTH, create_job, report
+from tests.api.fakes import FakeBackend
+
+
+def reconcile(client: TestClient, backend: FakeBackend) -> list[tuple[str, list[dict]]]:
+    published: list[tuple[str, list[dict]]] = []
+    app = client.app
+    Reconciler(app.state.engine, app.state.settings, backend,
+               lambda job_id, items: published.append((job_id, items))).reconcile_once()
+    return published
+
+
+def job_state(client: TestClient, job_id: str) -> dict:
+    return client.get(f"/api/v1/jobs/{job_id}", headers=AUTH).json()
+
+
+def test_pod_changes_become_events_and_status(client: TestClient, backend: FakeBackend) -> None:
+    job = create_job(client)
+    report(client, backend, job["id"], [{"seq": 1, "kind": "metric", "time": 1.0,
+                                        "data": {"step": 1}}])
+    published = reconcile(client, backend)
+    state = job_state(client, job["id"])
+    assert [p["phase"] for p in state["pods"]] == ["Running", "Running"]
+    assert state["status"] == "running"
+    assert [item["data"]["phase"] for _, items in published for item in items] == [
+        "Running", "Running"]
+
+    backend.logs[(job["id"], 1)] = ["step 5", "Traceback ...", "RuntimeError: boom"]
+    backend.set_pod(job["id"], 1, phase="Failed", exit_code=1)
+    reconcile(client, backend)
+    state = job_state(client, job["id"])
+    assert state["status"] == "degraded" and state["pods"][1]["exit_code"] == 1
+    logs = client.get(f"/api/v1/jobs/{job['id']}/events?type=log", headers=AUTH).json()["data"]
+    assert logs[0]["data"]["lines"][-1] == "RuntimeError: boom"
+
+    backend.set_pod(job["id"], 1, phase="Running", restarts=1)
+    reconcile(client, backend)
+    state = job_state(client, job["id"])
+    assert state["status"] == "running" and state["pods"][1]["restarts"] == 1
+    assert reconcile(client, backend) == [(job["id"], [])]  # nothing changed, nothing new
+
+
+def test_controller_giving_up_fails_the_job(client: TestClient, backend: FakeBackend) -> None:
+    job = create_job(client)
+    backend.finish(job["id"], reason="pod x failed: bad input: unknown dataset")
+    reconcile(client, backend)
+    state = job_state(client, job["id"])
+    assert state["status"] == "failed" and "bad input" in state["reason"]
+    assert state["finished_at"] is not None and backend.deleted == [job["id"]]
+
+
+def test_vanished_workload_fails_the_job(client: TestClient, backend: FakeBackend) -> None:
+    job = create_job(client)
+    del backend.workloads[job["id"]]
+    reconcile(client, backend)
+    assert "vanished" in job_state(client, job["id"])["reason"]
+
+
+def test_completion_registers_the_model_and_deletes_the_workload(
+        client: TestClient, backend: FakeBackend, tiny_model_dir: Path) -> None:
+    job = create_job(client, name="my model")
+    model_dir = backend.launches[0].model_dir
+    shutil.copytree(tiny_model_dir, model_dir)
+    (model_dir / "metrics.json").write_text('{"metrics": {"test": {"accuracy": 0.9}}}')
+    report(client, backend, job["id"], [{"seq": 1, "kind": "event", "time": 1.0, "data": {
+        "type": "completed", "message": "done", "primary": True, "model_dir": str(model_dir)}}])
+    reconcile(client, backend)
+    state = job_state(client, job["id"])
+    assert state["status"] == "succeeded" and backend.deleted == [job["id"]]
+    model = client.get(f"/api/v1/models/{state['model_id']}", headers=AUTH).json()
+    assert (model["name"], model["job_id"]) == ("my model", job["id"])
+    assert model["metrics"]["test"]["accuracy"] == 0.9 and model["size_bytes"] > 0
+    reconcile(client, backend)  # finished jobs are left alone
+    assert backend.deleted == [job["id"]]
