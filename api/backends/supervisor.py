@@ -1,0 +1,340 @@
+"""A job's detached supervisor: kubelet + StatefulSet controller of the local backend.
+
+Run as `python -m api.backends.supervisor <job_dir>`. It starts one process group per pod with a
+stable ordinal, restarts the whole group after a failure (a static torch.distributed world cannot
+lose a member), obeys the kill/delete commands dropped into `commands/`, and records everything in
+`state.json` (replaced atomically) so that any API process can observe and re-adopt the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, Literal
+
+import psutil
+
+from api.backends.base import PodPhase
+from api.backends.local import (
+    COMMANDS_DIR,
+    DEFAULT_MAX_RESTARTS,
+    LAUNCH_FILE,
+    LOGS_DIR,
+    STATE_FILE,
+    signal_group,
+    tail_lines,
+    write_json_atomic,
+)
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = "supervisor.lock"
+POLL_SECONDS = 0.1
+STOP_GRACE_SECONDS = 10.0
+BACKOFF_SECONDS = 1.0
+# trainer.main.EXIT_BAD_INPUT, not imported: importing the trainer would pull in torch here.
+EXIT_BAD_INPUT = 2
+# The prefix of the trainer's log lines (trainer.main.configure_logging): a reason needs only
+# the message.
+TRAINER_LOG_PREFIX = re.compile(r"^\d{4}-\d\d-\d\d [\d:,.]+ [A-Z]+ job=\S+ pod=\S+ \S+: ")
+
+SETTINGS_PREFIX = "MIGRATOR_"  # api.settings.Settings' env prefix
+
+Mode = Literal["running", "restarting", "finishing"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Pod:
+    ordinal: int
+    name: str
+    restarts: int = 0
+    phase: PodPhase = "Pending"
+    process: subprocess.Popen[bytes] | None = None
+    pid_started: float | None = None
+    started_at: float | None = None
+    exit_code: int | None = None
+    stopped: bool = False
+    """The supervisor signalled this incarnation, so it failed even if it exited 0."""
+    kill_at: float | None = None
+    """Monotonic time at which a signalled incarnation gets SIGKILL."""
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ordinal": self.ordinal, "name": self.name,
+                "pid": self.process.pid if self.process else None,
+                "pid_started": self.pid_started, "phase": self.phase, "restarts": self.restarts,
+                "started_at": self.started_at, "exit_code": self.exit_code}
+
+
+class Supervisor:
+    def __init__(self, job_dir: Path, launch: dict[str, Any]) -> None:
+        self.job_dir, self.launch = job_dir, launch
+        self.job_id: str = launch["job_id"]
+        self.max_restarts = int(launch.get("max_restarts", DEFAULT_MAX_RESTARTS))
+        self.pods = [Pod(i, f"{self.job_id}-{i}") for i in range(int(launch["replicas"]))]
+        self.started = psutil.Process().create_time()
+        self.generation = 0
+        self.mode: Mode = "running"
+        self.final_reason: str | None = None
+        self.backoff_until: float | None = None
+        self.finished = False
+        self.reason: str | None = None
+        self._sigterm = False
+        self._written = ""
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        self.write_state()
+        try:
+            self.start_generation()
+            self.write_state()
+            while not self.finished:
+                time.sleep(POLL_SECONDS)
+                self.tick()
+        finally:
+            self.kill_leftovers()
+        logger.info("finished (%s)", self.reason or "every pod succeeded")
+        return 0
+
+    def tick(self) -> None:
+        if self._sigterm:
+            logger.info("SIGTERM: stopping like a delete")
+            self._sigterm = False
+            self.stop_group("finishing", "deleted")
+        self.run_commands()
+        self.reap()
+        if self.mode == "running":
+            self.check_group()
+        self.advance()
+        self.write_state()
+
+    def state(self) -> dict[str, Any]:
+        return {"supervisor_pid": os.getpid(), "supervisor_started": self.started,
+                "generation": self.generation, "finished": self.finished, "reason": self.reason,
+                "pods": [pod.to_json() for pod in self.pods]}
+
+    def write_state(self) -> None:
+        """Write state.json when it changed since the last write."""
+        state = self.state()
+        text = json.dumps(state)
+        if text != self._written:
+            write_json_atomic(self.job_dir / STATE_FILE, state)
+            self._written = text
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self._sigterm = True  # acted on by the loop: a handler must not touch the pods' state
+
+    def start_generation(self) -> None:
+        port = free_port()
+        logger.info("generation %d: starting %d pods (master port %d)", self.generation,
+                    len(self.pods), port)
+        for pod in self.pods:
+            self.start_pod(pod, port)
+        self.mode = "running"
+
+    def start_pod(self, pod: Pod, port: int) -> None:
+        launch, replicas = self.launch, len(self.pods)
+        # The control plane's own settings (its admin token, database URL) stay out of the pods:
+        # a pod holds only its job's report token.
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_PREFIX)}
+        env = {**inherited, "TRAINER_CONFIG": json.dumps(launch["spec"]), "JOB_ID": self.job_id,
+               "POD_NAME": pod.name, "POD_INCARNATION": str(pod.restarts),
+               "REPORT_URL": launch["report_url"], "REPORT_TOKEN": launch["report_token"],
+               "CHECKPOINT_DIR": launch["checkpoint_dir"], "MODEL_DIR": launch["model_dir"],
+               "INPUTS_DIR": launch["inputs_dir"], "TRAINER_CACHE_DIR": launch["cache_dir"],
+               "WORLD_SIZE": str(replicas), "RANK": str(pod.ordinal), "LOCAL_RANK": "0",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // replicas))}
+        log = self.job_dir / LOGS_DIR / f"{pod.name}.log"
+        with log.open("ab") as handle:
+            pod.process = subprocess.Popen(
+                [sys.executable, "-m", "trainer"], env=env, cwd=self.job_dir,
+                stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        try:
+            pod.pid_started = psutil.Process(pod.process.pid).create_time()
+        except psutil.Error:  # it died at once; reap() records how
+            pod.pid_started = None
+        pod.phase, pod.started_at, pod.stopped, pod.kill_at = "Running", time.time(), False, None
+        logger.info("pod %s started: pid %d, restarts %d", pod.name, pod.process.pid,
+                    pod.restarts)
+
+    def run_commands(self) -> None:
+        for path in sorted((self.job_dir / COMMANDS_DIR).glob("*.json")):
+            try:
+                self.execute(json.loads(path.read_text()))
+            except (OSError, AttributeError, TypeError, ValueError) as exc:
+                logger.warning("command %s ignored: %s", path.name, exc)
+            finally:
+                path.unlink(missing_ok=True)  # a command runs once, even one that failed
+
+    def execute(self, command: Any) -> None:
+        op = command.get("op")
+        if op == "delete":
+            logger.info("delete requested")
+            self.stop_group("finishing", "deleted")
+        elif op == "kill":
+            self.kill(command.get("ordinal"), float(command.get("grace_seconds", 0.0)))
+        else:
+            logger.warning("unknown command %r ignored", command)
+
+    def kill(self, ordinal: Any, grace: float) -> None:
+        valid = isinstance(ordinal, int) and 0 <= ordinal < len(self.pods)
+        pod = self.pods[ordinal] if valid else None
+        if pod is None or pod.process is None or not pod.alive:
+            logger.warning("kill: no running pod with ordinal %r; ignored", ordinal)
+            return
+        logger.info("kill: pod %s (pid %d), grace %.1f s", pod.name, pod.process.pid, grace)
+        self.signal_pod(pod, grace)
+
+    def signal_pod(self, pod: Pod, grace: float) -> None:
+        """SIGTERM its group now and SIGKILL it after `grace` seconds (at once for 0)."""
+        if pod.process is None or not pod.alive:
+            return
+        pod.stopped = True
+        if grace <= 0:
+            signal_group(pod.process.pid, signal.SIGKILL)
+            return
+        signal_group(pod.process.pid, signal.SIGTERM)
+        pod.kill_at = min(pod.kill_at or float("inf"), time.monotonic() + grace)
+
+    def stop_group(self, mode: Mode, reason: str | None) -> None:
+        """Stop every live pod (SIGTERM, SIGKILL after the grace) and then restart or finish."""
+        if self.mode == "finishing":
+            return  # the first reason to finish wins; the pods are already being stopped
+        self.mode, self.final_reason = mode, reason
+        for pod in self.pods:
+            self.signal_pod(pod, STOP_GRACE_SECONDS)
+
+    def reap(self) -> None:
+        now = time.monotonic()
+        for pod in self.pods:
+            if pod.process is None or not pod.alive:
+                continue
+            code = pod.process.poll()
+            if code is None:
+                if pod.kill_at is not None and now >= pod.kill_at:
+                    logger.warning("pod %s ignored SIGTERM: SIGKILL", pod.name)
+                    signal_group(pod.process.pid, signal.SIGKILL)
+                    pod.kill_at = None
+                continue
+            # The leader is gone; anything it left in its group must not outlive it.
+            signal_group(pod.process.pid, signal.SIGKILL)
+            pod.exit_code, pod.kill_at = code, None
+            pod.phase = "Succeeded" if code == 0 and not pod.stopped else "Failed"
+            logger.info("pod %s exited with code %d: %s", pod.name, code, pod.phase)
+
+    def check_group(self) -> None:
+        failed = [pod for pod in self.pods if pod.phase == "Failed"]
+        if not failed:
+            if all(pod.phase == "Succeeded" for pod in self.pods):
+                self.mode, self.final_reason = "finishing", None
+            return
+        bad = [p for p in failed if p.exit_code == EXIT_BAD_INPUT and not p.stopped]
+        if bad:
+            self.stop_group("finishing", f"pod {bad[0].name} failed: bad input: "
+                                         f"{self.last_log_line(bad[0])}")
+        elif self.generation >= self.max_restarts:
+            self.stop_group("finishing", f"restart budget spent: {self.max_restarts} restarts; "
+                                         f"pod {failed[0].name} exited with code "
+                                         f"{failed[0].exit_code}")
+        else:
+            logger.info("pod %s failed: restarting every pod", failed[0].name)
+            self.stop_group("restarting", None)
+
+    def advance(self) -> None:
+        """Once no pod is left running: finish, or start the next generation after a backoff."""
+        if self.mode == "running" or any(pod.alive for pod in self.pods):
+            return
+        if self.mode == "finishing":
+            self.finished, self.reason = True, self.final_reason
+            return
+        now = time.monotonic()
+        if self.backoff_until is None:
+            self.backoff_until = now + BACKOFF_SECONDS
+        elif now >= self.backoff_until:
+            self.backoff_until = None
+            self.generation += 1
+            for pod in self.pods:
+                pod.restarts += 1
+            self.start_generation()
+
+    def last_log_line(self, pod: Pod) -> str:
+        lines = [line for line in tail_lines(self.job_dir / LOGS_DIR / f"{pod.name}.log", 50)
+                 if line.strip()]
+        return TRAINER_LOG_PREFIX.sub("", lines[-1].strip()) if lines else \
+            f"exit code {pod.exit_code}"
+
+    def kill_leftovers(self) -> None:
+        """Never leave an orphan pod, whatever ended the loop."""
+        for pod in self.pods:
+            if pod.process is not None and pod.alive:
+                logger.warning("pod %s still running at exit: SIGKILL", pod.name)
+                signal_group(pod.process.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    pod.process.wait(timeout=STOP_GRACE_SECONDS)
+                pod.exit_code, pod.phase = pod.process.returncode, "Failed"
+        if not self.finished:
+            self.finished, self.reason = True, self.reason or "supervisor stopped unexpectedly"
+        self.write_state()
+
+
+def hold_lock(job_dir: Path) -> int | None:
+    """An exclusive lock held for the supervisor's life: one supervisor per job directory."""
+    fd = os.open(job_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.stderr.write("usage: python -m api.backends.supervisor <job_dir>\n")
+        return 2
+    job_dir = Path(args[0]).absolute()
+    launch = json.loads((job_dir / LAUNCH_FILE).read_text())
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, force=True,
+        format=f"%(asctime)s %(levelname)s job={launch['job_id']} supervisor: %(message)s")
+    if hold_lock(job_dir) is None:
+        logger.error("another supervisor already runs in %s", job_dir)
+        return 1
+    supervisor = Supervisor(job_dir, launch)
+    try:
+        return supervisor.run()
+    except Exception as exc:
+        logger.exception("supervisor failed")
+        supervisor.reason = f"supervisor failed: {type(exc).__name__}: {exc}"
+        supervisor.finished = True
+        supervisor.write_state()
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""LocalBackend with real supervisors and real trainer pods (tiny model, tiny dataset)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from api.backends import local
+from api.backends.base import BackendError, Launch, WorkloadNotFound, WorkloadStatus
+from api.backends.local import STATE_FILE, LocalBackend, same_process
+from tests.api.backends.test_supervisor import (
+    SPEC,
+    ReportSink,
+    kill_everything,
+    recorded_processes,
+    wait_for,
+)
+from tests.conftest import ROOT
+from tests.factories import make_reviews_csv
+from trainer.checkpoint import MARKER
+
+
+@pytest.fixture
+def sink() -> Iterator[ReportSink]:
+    server = ReportSink()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def jobs_dir(tmp_path: Path) -> Iterator[Path]:
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    yield jobs
+    kill_everything(jobs)
+
+
+@pytest.fixture
+def backend(jobs_dir: Path) -> LocalBackend:
+    return LocalBackend(jobs_dir)
+
+
+@pytest.fixture
+def make_launch(jobs_dir: Path, inputs_dir: Path, sink: ReportSink,
+                tmp_path: Path) -> Callable[..., Launch]:
+    def build(job_id: str, replicas: int = 2, **spec: Any) -> Launch:
+        job_dir = jobs_dir / job_id
+        return Launch(job_id=job_id, replicas=replicas, fault_tolerance="restart",
+                      spec={**SPEC, "replicas": replicas, **spec}, report_url=sink.url,
+                      report_token="secret-token", checkpoint_dir=job_dir / "checkpoints",
+                      model_dir=job_dir / "model", inputs_dir=inputs_dir,
+                      cache_dir=tmp_path / "cache")
+
+    return build
+
+
+def wait_finished(backend: LocalBackend, job_id: str, timeout: float = 60.0) -> WorkloadStatus:
+    status: WorkloadStatus = wait_for(
+        lambda: (s := backend.status(job_id)).finished and not s.present and s,
+        f"{job_id} to finish", timeout)
+    return status
+
+
+def assert_no_processes(job_dir: Path) -> None:
+    recorded = recorded_processes(job_dir)
+    assert recorded
+    # The supervisor may still be between writing its last state and exiting.
+    wait_for(lambda: all(same_process(pid, started) is None for pid, started, _ in recorded),
+             "every recorded process to be gone", timeout=15)
+
+
+@pytest.mark.slow
+def test_two_pods_run_to_completion(backend: LocalBackend, make_launch: Callable[..., Launch],
+                                    jobs_dir: Path, sink: ReportSink) -> None:
+    backend.launch(make_launch("job-ok"))
+    launch_file = jobs_dir / "job-ok" / "launch.json"
+    assert stat.S_IMODE(launch_file.stat().st_mode) == 0o600
+    assert json.loads(launch_file.read_text())["report_token"] == "secret-token"
+    assert backend.status("job-ok").present
+    assert backend.active_jobs() == ["job-ok"]
+
+    status = wait_finished(backend, "job-ok")
+    assert status.reason is None
+    assert [(p.name, p.phase, p.restarts, p.exit_code) for p in status.pods] == [
+        ("job-ok-0", "Succeeded", 0, 0), ("job-ok-1", "Succeeded", 0, 0)]
+    assert (jobs_dir / "job-ok" / "model" / "config.json").is_file()
+    assert_no_processes(jobs_dir / "job-ok")
+    assert backend.active_jobs() == []
+    assert sink.incarnations("job-ok-0") == sink.incarnations("job-ok-1") == {"0"}
+    assert any("joined process group: rank 1 of 2" in line
+               for line in backend.tail_logs("job-ok", 1, 200))
+
+
+@pytest.mark.slow
+def test_sigkilled_pod_restarts_the_group_and_the_job_finishes(
+        backend: LocalBackend, make_launch: Callable[..., Launch], jobs_dir: Path,
+        inputs_dir: Path, sink: ReportSink) -> None:
+    make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
+    backend.launch(make_launch("job-kill", epochs=3))
+    wait_for(lambda: (jobs_dir / "job-kill" / "checkpoints" / "step-5" / MARKER).exists(),
+             "the step-5 checkpoint")
+    backend.kill_pod("job-kill", 1, grace_seconds=0)
+
+    restarted = wait_for(lambda: (s := backend.status("job-kill")).pods[1].restarts == 1 and s,
+                         "pod 1 to restart", timeout=30)
+    assert restarted.present
+    status = wait_finished(backend, "job-kill", timeout=90)
+    assert status.reason is None
+    assert [(p.phase, p.restarts) for p in status.pods] == [("Succeeded", 1), ("Succeeded", 1)]
+    assert (jobs_dir / "job-kill" / "model" / "config.json").is_file()
+    assert sink.incarnations("job-kill-1") == {"0", "1"}
+    assert_no_processes(jobs_dir / "job-kill")
+
+
+@pytest.mark.slow
+def test_bad_input_finishes_without_restarts(backend: LocalBackend,
+                                             make_launch: Callable[..., Launch],
+                                             jobs_dir: Path) -> None:
+    backend.launch(make_launch("job-bad", replicas=1, dataset="missing.csv"))
+    status = wait_finished(backend, "job-bad")
+    assert status.reason is not None
+    assert status.reason.startswith("pod job-bad-0 failed: bad input: dataset 'missing.csv': ")
+    assert [(p.phase, p.restarts, p.exit_code) for p in status.pods] == [("Failed", 0, 2)]
+    assert_no_processes(jobs_dir / "job-bad")
+
+
+@pytest.mark.slow
+def test_delete_mid_training_stops_everything_and_keeps_checkpoints(
+        backend: LocalBackend, make_launch: Callable[..., Launch], jobs_dir: Path,
+        inputs_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
+    monkeypatch.setenv("MIGRATOR_ADMIN_TOKEN", "the-admin-token")
+    backend.launch(make_launch("job-del", epochs=5))
+    checkpoints = jobs_dir / "job-del" / "checkpoints"
+    wait_for(lambda: (checkpoints / "step-5" / MARKER).exists(), "the step-5 checkpoint")
+    pods = [p for p in recorded_processes(jobs_dir / "job-del") if p[2]]
+    env = [psutil.Process(pid).environ() for pid, _, _ in pods]
+    assert [(e["RANK"], e["WORLD_SIZE"], e["POD_NAME"], e["POD_INCARNATION"]) for e in env] == [
+        ("0", "2", "job-del-0", "0"), ("1", "2", "job-del-1", "0")]
+    assert env[0]["MASTER_PORT"] == env[1]["MASTER_PORT"]
+    assert env[0]["REPORT_TOKEN"] == "secret-token"
+    assert not any("MIGRATOR_ADMIN_TOKEN" in e for e in env)
+
+    backend.delete("job-del")
+    status = backend.status("job-del")
+    assert (status.present, status.finished, status.reason) == (False, True, "deleted")
+    assert_no_processes(jobs_dir / "job-del")
+    assert list(checkpoints.glob(f"step-*/{MARKER}"))
+    assert backend.tail_logs("job-del", 0, 5)
+    backend.delete("job-del")  # idempotent
+    assert backend.active_jobs() == []
+    with pytest.raises(WorkloadNotFound):
+        backend.kill_pod("job-del", 0, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fate", ["dead", "hung"])
+def test_delete_kills_the_pods_of_a_dead_or_hung_supervisor(
+        fate: str, backend: LocalBackend, make_launch: Callable[..., Launch], jobs_dir: Path,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(local, "DELETE_TIMEOUT", 0.5)
+    backend.launch(make_launch("job-orphans", replicas=1, epochs=20))
+    wait_for(lambda: backend.status("job-orphans").pods[0].phase == "Running", "pod 0 to run")
+    supervisor_pid = recorded_processes(jobs_dir / "job-orphans")[0][0]
+    os.kill(supervisor_pid, signal.SIGKILL if fate == "dead" else signal.SIGSTOP)
+    if fate == "dead":
+        wait_for(lambda: not backend.status("job-orphans").present, "the supervisor to die")
+    with caplog.at_level("WARNING", logger="api.backends.local"):
+        backend.delete("job-orphans")
+    assert "pod job-orphans-0 left behind: SIGKILL" in caplog.text
+    assert ("supervisor did not stop" in caplog.text) == (fate == "hung")
+    assert_no_processes(jobs_dir / "job-orphans")
+
+
+LAUNCH_FROM_CHILD = """
+import json, sys
+from pathlib import Path
+from api.backends import local
+from api.backends.base import Launch
+from api.backends.local import LocalBackend
+doc = json.loads(sys.argv[2])
+paths = {k: Path(doc[k]) for k in ("checkpoint_dir", "model_dir", "inputs_dir", "cache_dir")}
+LocalBackend(Path(sys.argv[1])).launch(Launch(**{**doc, **paths}))
+"""
+
+
+@pytest.mark.slow
+def test_supervisor_outlives_its_launcher_and_is_re_adopted(
+        make_launch: Callable[..., Launch], jobs_dir: Path, sink: ReportSink) -> None:
+    launch = make_launch("job-adopt", replicas=1, epochs=20, checkpoint_every_steps=1000)
+    document = {k: str(v) if isinstance(v, Path) else v for k, v in vars(launch).items()}
+    launcher = subprocess.run([sys.executable, "-c", LAUNCH_FROM_CHILD, str(jobs_dir),
+                               json.dumps(document)], cwd=ROOT, timeout=60, check=True)
+    assert launcher.returncode == 0  # the launching process is gone
+
+    adopter = LocalBackend(jobs_dir)
+    assert adopter.active_jobs() == ["job-adopt"]
+    running = wait_for(lambda: (s := adopter.status("job-adopt")).pods[0].phase == "Running"
+                       and s, "pod 0 to run")
+    assert running.present
+    supervisor_pid = recorded_processes(jobs_dir / "job-adopt")[0][0]
+    assert os.getsid(supervisor_pid) == supervisor_pid  # its own session: no terminal signals
+    wait_for(lambda: sink.records("job-adopt-0", "metric"), "the first training step")
+
+    # A graceful kill: the trainer checkpoints and exits 0 on SIGTERM, and still counts as failed.
+    adopter.kill_pod("job-adopt", 0, grace_seconds=5)
+    restarted = wait_for(lambda: (s := adopter.status("job-adopt")).pods[0].restarts == 1
+                         and s.pods[0].phase == "Running" and s, "pod 0 to restart", timeout=30)
+    assert restarted.pods[0].exit_code == 0
+    assert [r["data"]["type"] for r in sink.records("job-adopt-0", "event")
+            if r["data"]["type"] == "sigterm"] == ["sigterm"]
+    LocalBackend(jobs_dir).delete("job-adopt")
+    assert adopter.status("job-adopt").reason == "deleted"
+    assert_no_processes(jobs_dir / "job-adopt")
+
+
+def fake_live_job(jobs_dir: Path, job_id: str, replicas: int = 2,
+                  started: float | None = None) -> Path:
+    """A job dir whose recorded supervisor is this test process (alive, never reused)."""
+    job_dir = jobs_dir / job_id
+    (job_dir / "commands").mkdir(parents=True)
+    (job_dir / "launch.json").write_text(json.dumps({"job_id": job_id, "replicas": replicas}))
+    me = psutil.Process()
+    pods = [{"ordinal": i, "name": f"{job_id}-{i}", "pid": None, "pid_started": None,
+             "phase": "Pending", "restarts": 0, "started_at": None, "exit_code": None}
+            for i in range(replicas)]
+    (job_dir / STATE_FILE).write_text(json.dumps({
+        "supervisor_pid": me.pid, "supervisor_started": started or me.create_time(),
+        "generation": 0, "finished": False, "reason": None, "pods": pods}))
+    return job_dir
+
+
+@pytest.fixture
+def fake_jobs(tmp_path: Path) -> Path:
+    """Outside jobs_dir: its finalizer must never treat this test process as a supervisor."""
+    return tmp_path / "fake-jobs"
+
+
+def test_unknown_jobs_and_ordinals_are_not_found(fake_jobs: Path) -> None:
+    backend, jobs_dir = LocalBackend(fake_jobs), fake_jobs
+    assert backend.status("nope") == WorkloadStatus(present=False)
+    assert backend.tail_logs("nope", 0, 10) == []
+    backend.delete("nope")
+    with pytest.raises(WorkloadNotFound):
+        backend.kill_pod("nope", 0, 0)
+    job_dir = fake_live_job(jobs_dir, "job-live")
+    with pytest.raises(WorkloadNotFound):
+        backend.kill_pod("job-live", 2, 0)
+    with pytest.raises(WorkloadNotFound):
+        backend.kill_pod("job-live", -1, 0)
+    backend.kill_pod("job-live", 1, 3)
+    [command] = (job_dir / "commands").glob("*.json")
+    assert json.loads(command.read_text()) == {"op": "kill", "ordinal": 1, "grace_seconds": 3.0}
+    assert backend.active_jobs() == ["job-live"]
+    with pytest.raises(BackendError):
+        backend.launch(Launch("job-live", 1, "restart", {}, "http://127.0.0.1:9/", "t",
+                              jobs_dir, jobs_dir, jobs_dir, jobs_dir))
+
+
+def test_a_reused_pid_is_not_a_live_supervisor(fake_jobs: Path) -> None:
+    backend, jobs_dir = LocalBackend(fake_jobs), fake_jobs
+    fake_live_job(jobs_dir, "job-stale", started=psutil.Process().create_time() - 3600)
+    status = backend.status("job-stale")
+    assert (status.present, status.finished) == (False, False)
+    assert [p.phase for p in status.pods] == ["Pending", "Pending"]
+    assert backend.active_jobs() == []
+    with pytest.raises(WorkloadNotFound):
+        backend.kill_pod("job-stale", 0, 0)
+    backend.delete("job-stale")  # kills nothing: the recorded process is not that supervisor
+
+
+@pytest.mark.parametrize("job_id", ["../jobs", "a/b", "/etc", "Job-1", "", ".", "..", "a b",
+                                    "job\n"])
+def test_path_like_job_ids_are_rejected(backend: LocalBackend, job_id: str) -> None:
+    for call in (lambda: backend.status(job_id), lambda: backend.kill_pod(job_id, 0, 0),
+                 lambda: backend.delete(job_id), lambda: backend.tail_logs(job_id, 0, 5)):
+        with pytest.raises(WorkloadNotFound):
+            call()
+
+
+def test_tail_logs_reads_only_the_end(backend: LocalBackend, jobs_dir: Path) -> None:
+    logs = jobs_dir / "job-log" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "job-log-0.log").write_text("".join(f"line {i}\n" for i in range(200_000)))
+    assert backend.tail_logs("job-log", 0, 3) == ["line 199997", "line 199998", "line 199999"]
+    assert backend.tail_logs("job-log", 0, 0) == []
+    assert backend.tail_logs("job-log", 1, 3) == []
