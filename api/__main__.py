@@ -23,11 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = Settings(host=args.host, port=args.port)
     except ValidationError as exc:
-        print(f"invalid settings: {exc}", file=sys.stderr)  # noqa: T201
+        print(f"invalid settings: {exc}", file=sys.stderr)
         return 2
     app = create_app(settings)
     url = f"http://{args.host}:{args.port}"
-    print(f"Live Migrator control plane on {url} ({settings.backend} backend, data in "  # noqa: T201
+    print(f"Live Migrator control plane on {url} ({settings.backend} backend, data in "
           f"{settings.data_dir.resolve()})\nLog in: {url}/?token={app.state.admin_token}\n"
           f"API token for curl: -H 'Authorization: Bearer {app.state.admin_token}'",
           flush=True)

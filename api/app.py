@@ -45,7 +45,7 @@ def make_backend(settings: Settings) -> Backend:
     if settings.backend == "local":
         from api.backends.local import LocalBackend
 
-        return LocalBackend(settings.jobs_dir)
+        return LocalBackend(settings.jobs_dir, max_restarts=settings.restart_budget)
     raise RuntimeError("MIGRATOR_BACKEND=kubernetes is not available in this version yet")
 
 
