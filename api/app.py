@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import secrets
@@ -15,10 +16,11 @@ from api.backends.base import Backend
 from api.broker import Broker
 from api.db import init_db, make_engine
 from api.errors import add_exception_handlers
-from api.metrics import install_collector, measure_latency
+from api.metrics import LatencyMiddleware, install_collector
 from api.reconciler import Reconciler
 from api.routes import checkpoints, health, jobs, models, pods, reports, stream
 from api.services.models import Predictor
+from api.services.reports import ReportWriter
 from api.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -60,13 +62,21 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         init_db(engine)
         broker.bind(asyncio.get_running_loop())
         install_collector(engine, lambda: broker.clients)
+        writer = ReportWriter(engine, broker.publish)
+        app.state.report_writer = writer
+        writer.start()
         reconciler = Reconciler(engine, settings, chosen, broker.publish)
         reconciler.start()
+        # Everything loaded so far (torch among it) lives as long as the process: keep it out of
+        # the collector's full passes, whose pauses otherwise set the API's tail latency.
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:
             broker.close()
             await reconciler.stop()
+            writer.stop()
             engine.dispose()
 
     app = FastAPI(title="Live Migrator", version="0.1.0", lifespan=lifespan,
@@ -79,7 +89,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     app.state.admin_token = admin_token(settings)
     app.state.predictor = Predictor(settings.predict_cache_size)
     add_exception_handlers(app)
-    app.middleware("http")(measure_latency)
+    app.add_middleware(LatencyMiddleware)
     for module in (jobs, pods, reports, stream, checkpoints, models):
         app.include_router(module.router)
     app.include_router(health.router)

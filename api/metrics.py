@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, func, select
-from starlette.requests import Request
-from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 REPORTS_INGESTED = Counter("migrator_report_records_ingested_total",
                            "Trainer report records stored")
@@ -51,12 +50,28 @@ def install_collector(engine: Engine, clients: Callable[[], int]) -> None:
         _collector.engine, _collector.clients = engine, clients
 
 
-async def measure_latency(request: Request,
-                          call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-    start = time.perf_counter()
-    response = await call_next(request)
-    route = request.scope.get("route")
-    path = getattr(route, "path", "unmatched")
-    REQUEST_LATENCY.labels(request.method, path, str(response.status_code)).observe(
-        time.perf_counter() - start)
-    return response
+class LatencyMiddleware:
+    """Request latency by route template; plain ASGI, so it adds no task or stream per request."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_and_record(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_record)
+        finally:
+            path = getattr(scope.get("route"), "path", "unmatched")
+            REQUEST_LATENCY.labels(scope["method"], path, str(status)).observe(
+                time.perf_counter() - start)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import subprocess
 import sys
@@ -43,21 +44,58 @@ def start_server(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise SystemExit("the server did not start")
 
 
-async def reporter(client: httpx.AsyncClient, url: str, token: str, pod: str, points: int,
-                   stop: float, counts: list[int]) -> None:
-    seq, step = 0, 0
-    headers = {"Authorization": f"Bearer {token}"}
-    while time.monotonic() < stop:
-        records = []
-        for _ in range(points):
-            seq, step = seq + 1, step + 1
-            records.append({"seq": seq, "kind": "metric", "time": time.time(),
-                            "data": {"step": step, "epoch": 1, "loss": 0.4,
-                                     "samples_per_second": 100.0, "samples_seen": step * 16}})
-        response = await client.post(url, headers=headers,
-                                     json={"pod": pod, "incarnation": "bench", "records": records})
-        response.raise_for_status()
-        counts.append(points)
+class RawConnection:
+    """A minimal keep-alive HTTP/1.1 client: the load generator must cost far less than the
+    server it measures (httpx spends about as much CPU per request as the server does)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, url: str) -> RawConnection:
+        host, port = url.removeprefix("http://").split(":")
+        return cls(*await asyncio.open_connection(host, int(port)))
+
+    async def post(self, path: str, token: str, body: bytes) -> int:
+        self.writer.write(
+            f"POST {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            .encode() + body)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        await self.reader.readexactly(length)
+        return status
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def reporter(url: str, path: str, token: str, pod: str, points: int, stop: float,
+                   counts: list[int], interval: float = 0.0) -> None:
+    """Post reports until `stop`: back to back, or one every `interval` seconds (paced)."""
+    connection = await RawConnection.open(url)
+    seq, due = 0, time.monotonic()
+    try:
+        while time.monotonic() < stop:
+            if interval:
+                due += interval
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+            records = []
+            for _ in range(points):
+                seq += 1
+                records.append({"seq": seq, "kind": "metric", "time": time.time(),
+                                "data": {"step": seq, "epoch": 1, "loss": 0.4,
+                                         "samples_per_second": 100.0, "samples_seen": seq * 16}})
+            body = json.dumps({"pod": pod, "incarnation": f"bench-{stop}",
+                               "records": records}).encode()
+            status = await connection.post(path, token, body)
+            if status != 200:
+                raise SystemExit(f"report rejected with HTTP {status}")
+            counts.append(points)
+    finally:
+        connection.close()
 
 
 async def prober(client: httpx.AsyncClient, url: str, stop: float,
@@ -70,10 +108,26 @@ async def prober(client: httpx.AsyncClient, url: str, stop: float,
         await asyncio.sleep(0.05)
 
 
-async def run(url: str, data_dir: Path, args: argparse.Namespace) -> tuple[float, list[float]]:
-    async with httpx.AsyncClient(base_url=url, timeout=30,
-                                 limits=httpx.Limits(max_connections=64)) as client:
-        pods: list[tuple[str, str, str]] = []  # (report url, token, pod name)
+async def phase(url: str, pods: list[tuple[str, str, str]], args: argparse.Namespace,
+                probe: str, paced: float | None) -> tuple[float, list[float]]:
+    """Report for args.seconds (back to back, or paced to `paced` points/s in all) while
+    probing GET latency; return (points/s stored, GET latencies)."""
+    interval = len(pods) * args.points / paced if paced else 0.0
+    counts: list[int] = []
+    latencies: list[float] = []
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        start = time.monotonic()
+        stop = start + args.seconds
+        await asyncio.gather(prober(client, probe, stop, latencies),
+                             *(reporter(url, u, t, p, args.points, stop, counts, interval)
+                               for u, t, p in pods))
+        return sum(counts) / (time.monotonic() - start), latencies
+
+
+async def run(url: str, data_dir: Path, args: argparse.Namespace,
+              ) -> dict[str, tuple[float, list[float]]]:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        pods: list[tuple[str, str, str]] = []  # (report path, token, pod name)
         while len(pods) < args.reporters:
             replicas = min(16, args.reporters - len(pods))
             response = await client.post("/api/v1/jobs", headers=ADMIN,
@@ -83,18 +137,11 @@ async def run(url: str, data_dir: Path, args: argparse.Namespace) -> tuple[float
             token = (data_dir / "bench-tokens" / job_id).read_text()
             pods += [(f"/api/v1/jobs/{job_id}/reports", token, f"{job_id}-{o}")
                      for o in range(replicas)]
-        counts: list[int] = []
-        latencies: list[float] = []
-        warmup_stop = time.monotonic() + 2
-        await asyncio.gather(*(reporter(client, u, t, p, args.points, warmup_stop, [])
-                               for u, t, p in pods))
-        start = time.monotonic()
-        stop = start + args.seconds
-        probe_job = pods[0][0].removesuffix("/reports")
-        await asyncio.gather(prober(client, probe_job, stop, latencies),
-                             *(reporter(client, u, t, p, args.points, stop, counts)
-                               for u, t, p in pods))
-        return sum(counts) / (time.monotonic() - start), latencies
+    probe = pods[0][0].removesuffix("/reports")
+    warmup = argparse.Namespace(**{**vars(args), "seconds": 2})
+    await phase(url, pods, warmup, probe, None)
+    return {"max": await phase(url, pods, args, probe, None),
+            "paced": await phase(url, pods, args, probe, args.target)}
 
 
 def main() -> None:
@@ -102,22 +149,26 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15)
     parser.add_argument("--reporters", type=int, default=20)
     parser.add_argument("--points", type=int, default=20)
+    parser.add_argument("--target", type=float, default=10_000,
+                        help="points/s of the paced phase (the goal's load)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         server, url = start_server(Path(scratch))
         try:
-            rate, latencies = asyncio.run(run(url, Path(scratch), args))
+            results = asyncio.run(run(url, Path(scratch), args))
         finally:
             server.terminate()
             server.wait(timeout=30)
-    p99 = statistics.quantiles(latencies, n=100)[98] * 1000
+    rate, _ = results["max"]
+    paced_rate, latencies = results["paced"]
+    p50, p99 = (statistics.quantiles(latencies, n=100)[i] * 1000 for i in (49, 98))
     print("| figure | measured | goal | ratio to goal |")
     print("|---|---|---|---|")
-    print(f"| metric points/s ({args.reporters} reporters x {args.points} points/report) "
-          f"| {rate:,.0f} | >= 10,000 | {rate / 10_000:.2f} |")
-    print(f"| p99 GET /api/v1/jobs/{{id}} under that load ({len(latencies)} probes) "
-          f"| {p99:.1f} ms | < 50 ms | {p99 / 50:.2f} |")
-
+    print(f"| sustained metric points/s, {args.reporters} reporters x {args.points} points per "
+          f"report, back to back | {rate:,.0f} | >= 10,000 | {rate / 10_000:.2f} |")
+    print(f"| p99 GET /api/v1/jobs/{{id}} while {paced_rate:,.0f} points/s are ingested "
+          f"({len(latencies)} probes, p50 {p50:.1f} ms) | {p99:.1f} ms | < 50 ms | "
+          f"{p99 / 50:.2f} |")
 
 if __name__ == "__main__":
     main()

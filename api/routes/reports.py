@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 from pydantic import ValidationError
-from starlette.concurrency import run_in_threadpool
 
-from api.db import session_scope
-from api.deps import BrokerDep, EngineDep, SettingsDep, TokenDep
+from api.deps import SettingsDep, TokenDep
 from api.errors import InvalidSpec, PayloadTooLarge
 from api.metrics import REPORTS_INGESTED
 from api.models import ReportAccepted, ReportBatch
 from api.routes import API_PREFIX
-from api.services import reports as service
-from api.services.jobs import event_item
+from api.services.reports import ReportWriter
 
 router = APIRouter(prefix=API_PREFIX + "/jobs/{job_id}/reports", tags=["reports"])
 
@@ -31,8 +30,8 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 @router.post("", response_model=ReportAccepted)
-async def post_report(job_id: str, request: Request, token: TokenDep, engine: EngineDep,
-                      settings: SettingsDep, broker: BrokerDep) -> ReportAccepted:
+async def post_report(job_id: str, request: Request, token: TokenDep,
+                      settings: SettingsDep) -> ReportAccepted:
     body = await _read_body(request, settings.max_report_bytes)
     try:
         batch = ReportBatch.model_validate_json(body)
@@ -41,12 +40,7 @@ async def post_report(job_id: str, request: Request, token: TokenDep, engine: En
         field = ".".join(str(part) for part in errors[0]["loc"]) if errors else "body"
         raise InvalidSpec(field or "body", errors[0]["msg"] if errors else "invalid") from None
 
-    def store() -> ReportAccepted:
-        with session_scope(engine) as session:
-            job = service.authenticate(session, job_id, token)
-            events, duplicates = service.ingest(session, job, batch)
-            broker.publish(job_id, [event_item(e) for e in events])
-        REPORTS_INGESTED.inc(len(events))
-        return ReportAccepted(accepted=len(batch.records) - duplicates, duplicates=duplicates)
-
-    return await run_in_threadpool(store)
+    writer: ReportWriter = request.app.state.report_writer
+    events, duplicates = await asyncio.wrap_future(writer.submit(job_id, token, batch))
+    REPORTS_INGESTED.inc(len(events))
+    return ReportAccepted(accepted=len(batch.records) - duplicates, duplicates=duplicates)
