@@ -42,6 +42,9 @@ class JobStatus(StrEnum):
         return self in (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled)
 
 
+# Largest integer a client may send where it reaches the database (SQLite's INTEGER is 64-bit).
+MAX_INT = 2**62
+
 ACTIVE_STATUSES = (JobStatus.starting, JobStatus.running, JobStatus.degraded)
 
 
@@ -60,8 +63,8 @@ class JobCreate(BaseModel):
                          description="rotten_tomatoes, imdb, sst2, yelp_polarity, or a file "
                                      "under the inputs dir")
     preset: Literal["seed"] | None = None
-    max_train_samples: int | None = Field(default=None, ge=1)
-    max_eval_samples: int | None = Field(default=None, ge=1)
+    max_train_samples: int | None = Field(default=None, ge=1, le=MAX_INT)
+    max_eval_samples: int | None = Field(default=None, ge=1, le=MAX_INT)
     replicas: int = Field(default=2, ge=1, le=16)
     epochs: int = Field(default=1, ge=1, le=100)
     batch_size: int = Field(default=16, ge=1, le=1024)
@@ -215,7 +218,7 @@ class Incarnation(SQLModel, table=True):
 
 
 class ReportRecord(BaseModel):
-    seq: int = Field(ge=1)
+    seq: int = Field(ge=1, le=MAX_INT)
     kind: Literal["metric", "eval", "checkpoint", "event", "samples"]
     time: float
     data: dict[str, Any]
@@ -224,7 +227,7 @@ class ReportRecord(BaseModel):
 class ReportBatch(BaseModel):
     pod: str = Field(min_length=1, max_length=100)
     incarnation: str = Field(min_length=1, max_length=100)
-    dropped: int = Field(default=0, ge=0)
+    dropped: int = Field(default=0, ge=0, le=MAX_INT)
     records: list[ReportRecord] = Field(max_length=10_000)
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response, status
 
 from api.deps import AdminDep, BackendDep, BrokerDep, SessionDep, SettingsDep
-from api.models import Accepted, EventsPublic, JobCreate, JobPublic, JobsPublic, JobStatus
+from api.models import MAX_INT, Accepted, EventsPublic, JobCreate, JobPublic, JobsPublic, JobStatus
 from api.routes import API_PREFIX
 from api.services import jobs as service
 
@@ -24,7 +24,7 @@ def create_job(spec: JobCreate, response: Response, session: SessionDep, setting
 
 
 @router.get("", response_model=JobsPublic)
-def list_jobs(session: SessionDep, offset: Annotated[int, Query(ge=0)] = 0,
+def list_jobs(session: SessionDep, offset: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
               limit: Annotated[int, Query(ge=1, le=200)] = 50,
               status: JobStatus | None = None) -> JobsPublic:
     return service.list_jobs(session, offset, limit, status)
@@ -45,7 +45,8 @@ def cancel_job(job_id: str, session: SessionDep, backend: BackendDep,
 
 
 @router.get("/{job_id}/events", response_model=EventsPublic)
-def list_events(job_id: str, session: SessionDep, after: Annotated[int, Query(ge=0)] = 0,
+def list_events(job_id: str, session: SessionDep,
+                after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
                 limit: Annotated[int, Query(ge=1, le=1000)] = 200,
                 type: Annotated[list[str] | None, Query()] = None) -> EventsPublic:
     return service.list_events(session, job_id, after, limit, type)

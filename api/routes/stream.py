@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.db import session_scope
 from api.deps import AdminDep, BrokerDep, EngineDep
-from api.models import Event
+from api.models import MAX_INT, Event
 from api.routes import API_PREFIX
 from api.services.jobs import event_item, get_job
 
@@ -45,7 +45,7 @@ def _sse(item: dict[str, Any]) -> ServerSentEvent:
 @router.get("", response_class=EventSourceResponse)
 async def stream(job_id: str, engine: EngineDep, broker: BrokerDep,
                  last_event_id: Annotated[str | None, Header()] = None,
-                 after: Annotated[int | None, Query(ge=0)] = None,
+                 after: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None,
                  ) -> AsyncIterator[ServerSentEvent]:
     last = after or 0
     if last_event_id is not None and last_event_id.strip().isdigit():
