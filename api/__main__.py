@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 import uvicorn
 from pydantic import ValidationError
 
 from api.app import create_app
+from api.logs import configure_logging
 from api.settings import Settings
 
 
@@ -18,13 +18,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
-                                                   "%(message)s")
     try:
         settings = Settings(host=args.host, port=args.port)
     except ValidationError as exc:
         print(f"invalid settings: {exc}", file=sys.stderr)
         return 2
+    configure_logging(settings.log_format)
     app = create_app(settings)
     url = f"http://{args.host}:{args.port}"
     print(f"Live Migrator control plane on {url} ({settings.backend} backend, data in "

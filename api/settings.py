@@ -33,6 +33,8 @@ class Settings(BaseSettings):
     """Group restarts a job may use before it is marked failed."""
     predict_cache_size: int = 2
     """Models kept in memory for predictions."""
+    log_format: Literal["text", "json"] = "text"
+    """`json`: one JSON object per log line, for log collectors."""
 
     @property
     def resolved_inputs_dir(self) -> Path:
