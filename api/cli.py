@@ -65,8 +65,11 @@ def progress_line(job: dict[str, Any]) -> str:
 
 
 def watch(client: Client, job_id: str, interval: float = 1.0) -> dict[str, Any]:
-    """Print progress and new job/pod/checkpoint events until the job finishes."""
-    after = 0
+    """Print new job/pod/checkpoint events and the progress line until the job finishes.
+
+    On a terminal the progress line is redrawn in place; otherwise it is printed when it changes.
+    """
+    after, shown, tty = 0, "", sys.stdout.isatty()
     while True:
         job = client.request("GET", f"/api/v1/jobs/{job_id}")
         events = client.request("GET", f"/api/v1/jobs/{job_id}/events",
@@ -75,9 +78,17 @@ def watch(client: Client, job_id: str, interval: float = 1.0) -> dict[str, Any]:
             after = event["id"]
             data = event["data"]
             text = data.get("message") or f"checkpoint {data.get('path')} (step {data.get('step')})"
-            print(f"  [{event['type']}] {text}")
-        print(progress_line(job), flush=True)
+            source = f"{data['pod']}: " if "pod" in data else ""
+            print(("\r\033[K" if tty else "") + f"  [{event['type']}] {source}{text}")
+        line = progress_line(job)
+        if tty:
+            print(f"\r\033[K{line}", end="", flush=True)
+        elif line != shown:
+            print(line, flush=True)
+        shown = line
         if job["status"] in FINISHED:
+            if tty:
+                print()
             return job
         time.sleep(interval)
 

@@ -76,6 +76,11 @@ class Reconciler:
         model_dir = self._finished_model_dir(job, status)
         if model_dir is not None:
             self._delete_workload(job)
+            for pod in pods_of(session, job.id):
+                # The pods finished their work; the workload deletion only ended the processes.
+                if pod.phase in ("Pending", "Running"):
+                    pod.phase = "Succeeded"
+                    session.add(pod)
             model = register_model(session, self.settings, job, model_dir)
             self._finish(session, job, JobStatus.succeeded, None,
                          f"succeeded: model {model.id} registered, workload deleted")

@@ -73,6 +73,7 @@ def test_completion_registers_the_model_and_deletes_the_workload(
     reconcile(client, backend)
     state = job_state(client, job["id"])
     assert state["status"] == "succeeded" and backend.deleted == [job["id"]]
+    assert [p["phase"] for p in state["pods"]] == ["Succeeded", "Succeeded"]
     model = client.get(f"/api/v1/models/{state['model_id']}", headers=AUTH).json()
     assert (model["name"], model["job_id"]) == ("my model", job["id"])
     assert model["metrics"]["test"]["accuracy"] == 0.9 and model["size_bytes"] > 0
