@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,9 @@ COLLECTIVE_TIMEOUT = timedelta(seconds=60)
 
 class Group:
     """torchrun's static world (WORLD_SIZE/RANK env), or a world of one without torchrun."""
+
+    shards_evaluation = True
+    """Participants evaluate disjoint shards and sum the results."""
 
     def __init__(self, device: DeviceChoice, environ: Mapping[str, str] = os.environ) -> None:
         self.device = device
@@ -43,6 +47,11 @@ class Group:
         return self._rank
 
     @property
+    def healing(self) -> bool:
+        """True while this participant is fetching live state and must not train on data."""
+        return False
+
+    @property
     def participants(self) -> int:
         """Participants in the current step."""
         return self.world_size
@@ -51,6 +60,13 @@ class Group:
     def is_primary(self) -> bool:
         """The lowest-ranked participant writes shared state (checkpoints, model, job metrics)."""
         return self._rank == 0
+
+    def start_step(self) -> None:
+        """Form the group for the next step (a static world is always the same)."""
+
+    def register_state(self, load: Callable[[dict[str, Any]], None],
+                       save: Callable[[], dict[str, Any]]) -> None:
+        """What a joining participant fetches from a live peer (a static world never heals)."""
 
     def wrap(self, model: nn.Module) -> nn.Module:
         if self.world_size == 1:

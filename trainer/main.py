@@ -43,6 +43,17 @@ def build_reporter(config: TrainConfig, pod: str) -> Reporter:
     return reporter
 
 
+def make_group(config: TrainConfig, pod: str, environ: Mapping[str, str]) -> Group:
+    """A torchft replica group when the job is live and a lighthouse is given, else torchrun's."""
+    device = choose_device(int(environ.get("LOCAL_RANK", "0")))
+    lighthouse = environ.get("TORCHFT_LIGHTHOUSE")
+    if config.spec.fault_tolerance == "live" and lighthouse:
+        from trainer.engine.live import LiveGroup
+
+        return LiveGroup(device, replica_id=pod, lighthouse=lighthouse, environ=environ)
+    return Group(device, environ)
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> int:
     try:
         config = load_config(argv, environ)
@@ -57,7 +68,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
     try:
         from trainer.train import Trainer
 
-        group = Group(choose_device(int(environ.get("LOCAL_RANK", "0"))), environ)
+        group = make_group(config, pod, environ)
         trainer = Trainer(config, group, reporter)
         trainer.train()
     except (DataError, ModelError) as exc:

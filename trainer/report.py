@@ -17,7 +17,7 @@ Record kinds and their `data`:
 - `event`: type (`started`, `resumed`, `epoch_end`, `sigterm`, `completed`, `failed`), message,
   plus type-specific fields (`completed` carries model_dir and the test metrics)
 - `samples` (debug, `log_sample_ids`): step, epoch, cursor, rank, ids - the sample ids this
-  participant used in a committed step
+  participant used in a committed step - and window, the ids of all participants of that step
 """
 
 from __future__ import annotations

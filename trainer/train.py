@@ -60,7 +60,10 @@ class LinearSchedule:
 class StepResult:
     committed: bool
     loss: float
-    samples: int
+    assignment: Assignment
+    """The step's window as committed (after a heal: as the live peers assigned it)."""
+    used: np.ndarray
+    """Sample ids this participant trained on (none while healing)."""
     stop_requested: bool
 
 
@@ -146,6 +149,7 @@ class Trainer:
         latest = checkpoint.latest_checkpoint(runtime.checkpoint_dir)
         if latest is not None:
             self.resume(latest)
+        group.register_state(self._load_live_state, self._live_state)
 
     # --- state ---------------------------------------------------------------------------
 
@@ -163,6 +167,18 @@ class Trainer:
         self.step = int(state["progress"]["step"])
         self.samples_seen = int(state["progress"]["samples_seen"])
         self.metrics = state["metrics"]
+
+    def _live_state(self) -> dict[str, Any]:
+        """What a pod that (re)joins a live group fetches from a peer."""
+        return {"model": unwrap(self.model).state_dict(), "trainer": self.state_dict()}
+
+    def _load_live_state(self, state: dict[str, Any]) -> None:
+        unwrap(self.model).load_state_dict(state["model"])
+        self.load_state_dict(state["trainer"])
+        logger.info("healed from a live peer: epoch %d, step %d, cursor %d",
+                    self.sampler.epoch + 1, self.step, self.sampler.cursor)
+        self.reporter.event("healed", "fetched the live state from a peer", step=self.step,
+                            epoch=self.sampler.epoch + 1, cursor=self.sampler.cursor)
 
     def resume(self, info: checkpoint.CheckpointInfo) -> None:
         # Loaded on the CPU: RNG states must stay there, and load_state_dict copies to the device.
@@ -185,16 +201,20 @@ class Trainer:
         torch.manual_seed(int.from_bytes(hashlib.blake2b(repr(key).encode(),
                                                          digest_size=7).digest(), "little"))
 
-    def train_step(self, assignment: Assignment) -> StepResult:
-        """Compute, synchronise and (if the group agrees) commit one step."""
+    def train_step(self) -> StepResult:
+        """Form the step's group, compute and synchronise, and commit if the group agrees."""
+        self.group.start_step()
+        participants = self.group.participants
+        assignment = self.sampler.assign(self.group.rank, participants)
         self._seed_step(assignment)
         indices, weight = assignment.indices, 1.0
-        if len(indices) == 0:  # fewer samples left than participants: join the collective idly
+        used = np.empty(0, dtype=np.int64) if self.group.healing else assignment.indices
+        if len(indices) == 0 or self.group.healing:
+            # Nothing to train on (fewer samples left than participants, or this pod is still
+            # fetching the live state): join the collective with a zero-weight sample.
             indices, weight = self.sampler.order(assignment.epoch)[:1], 0.0
         batch = {k: v.to(self.device.device, non_blocking=True)
                  for k, v in self.train_data.batch(indices).items()}
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.schedule.lr_at(self.samples_seen)
         self.model.train()
         autocast = (torch.autocast(self.device.device.type, dtype=self.device.autocast_dtype)
                     if self.device.autocast_dtype else contextlib.nullcontext())
@@ -205,19 +225,23 @@ class Trainer:
                                                      reduction="sum")
         # Gradients are averaged over participants; scaling by participants/window makes the
         # result the mean over every sample of the step, however unevenly they were split.
-        (loss_sum * (self.group.participants / assignment.window)).backward()
+        (loss_sum * (participants / assignment.window)).backward()
         if self.config.spec.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.spec.max_grad_norm)
         stats = self.group.all_reduce_sum(torch.tensor(
             [loss_sum.item(), float(self._stop_requested)], dtype=torch.float64))
-        committed = self.group.should_commit()
+        committed = self.group.should_commit()  # a healing pod loads the live state here
         if committed:
+            # Read after should_commit: a pod that just healed holds the peers' progress.
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.schedule.lr_at(self.samples_seen)
             self.optimizer.step()
+            assignment = self.sampler.assign(self.group.rank, participants)
             self.sampler.commit(assignment)
             self.step += 1
             self.samples_seen += assignment.window
         self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(committed, float(stats[0]) / assignment.window, assignment.window,
+        return StepResult(committed, float(stats[0]) / assignment.window, assignment, used,
                           bool(stats[1] > 0))
 
     def train(self) -> dict[str, Any]:
@@ -256,12 +280,12 @@ class Trainer:
         while self.sampler.epoch < spec.epochs:
             if max_steps is not None and self.step >= max_steps:
                 return False
-            assignment = self.sampler.assign(self.group.rank, self.group.participants)
-            result = self.train_step(assignment)
+            result = self.train_step()
             if not result.committed:
                 continue
+            assignment = result.assignment
             now = time.perf_counter()
-            window_samples += result.samples
+            window_samples += assignment.window
             throughput = window_samples / max(now - window_start, 1e-9)
             if now - window_start > 5.0:
                 window_start, window_samples = now, 0
@@ -273,7 +297,9 @@ class Trainer:
             if self.config.runtime.log_sample_ids:
                 self.reporter.emit("samples", step=self.step, epoch=assignment.epoch + 1,
                                    cursor=assignment.cursor, rank=self.group.rank,
-                                   ids=assignment.indices.tolist())
+                                   ids=result.used.tolist(), window=self.sampler.order(
+                                       assignment.epoch)[assignment.cursor:assignment.cursor
+                                                         + assignment.window].tolist())
             self._log_progress(assignment, result, throughput)
             epoch_ended = self.sampler.epoch != assignment.epoch
             if epoch_ended:
@@ -329,7 +355,8 @@ class Trainer:
         """Accuracy, loss and F1 (positive class) over the split, sharded across participants."""
         model = unwrap(self.model)
         model.eval()
-        rank, participants = self.group.rank, self.group.participants
+        rank, participants = ((self.group.rank, self.group.participants)
+                              if self.group.shards_evaluation else (0, 1))
         shard = np.arange(rank, len(data), participants)
         # loss sum, correct, count, true positives, false positives, false negatives
         totals = torch.zeros(6, dtype=torch.float64)

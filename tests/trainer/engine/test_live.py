@@ -1,0 +1,102 @@
+"""Live fault tolerance with real processes: a torchft lighthouse, three pods, a real SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.api.live import free_port
+from tests.conftest import Processes
+from tests.factories import make_reviews_csv
+
+pytestmark = pytest.mark.slow
+
+LIGHTHOUSE = Path(sys.executable).with_name("torchft_lighthouse")
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for(condition, timeout: float = 120, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def test_survivors_keep_training_and_a_killed_pod_rejoins_live(
+        inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
+    make_reviews_csv(inputs_dir / "reviews.csv", rows=2000)
+    port = free_port()
+    processes.start([str(LIGHTHOUSE), "--min_replicas", "1", "--bind", f"127.0.0.1:{port}",
+                     "--quorum_tick_ms", "100", "--join_timeout_ms", "1000",
+                     "--heartbeat_timeout_ms", "1000"], {}, tmp_path / "lighthouse.log")
+    reports = tmp_path / "reports.jsonl"
+    spec = {"model": "tiny", "dataset": "reviews.csv", "epochs": 6, "batch_size": 8,
+            "learning_rate": 0.003, "checkpoint_every_steps": 25, "fault_tolerance": "live"}
+
+    def start(ordinal: int, incarnation: int):
+        env = {"TRAINER_CONFIG": json.dumps(spec), "JOB_ID": "live",
+               "POD_NAME": f"live-{ordinal}",
+               "POD_INCARNATION": str(incarnation), "POD_ADDRESS": "127.0.0.1",
+               "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{port}", "INPUTS_DIR": str(inputs_dir),
+               "CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+               "MODEL_DIR": str(tmp_path / "model"),
+               "TRAINER_CACHE_DIR": str(tmp_path / "cache"), "METRICS_FILE": str(reports),
+               "LOG_SAMPLE_IDS": "true", "OMP_NUM_THREADS": "1"}
+        return processes.start([sys.executable, "-m", "trainer"], env,
+                               tmp_path / f"pod-{ordinal}-{incarnation}.log")
+
+    pods = [start(ordinal, 0) for ordinal in range(3)]
+
+    def steps(pod: str, after: float = 0.0, participants: int | None = None) -> list[int]:
+        return [r["data"]["step"] for r in records(reports)
+                if r["kind"] == "metric" and r["pod"] == pod and r["time"] > after
+                and participants in (None, r["data"]["participants"])]
+
+    wait_for(lambda: len(steps("live-0", participants=3)) >= 10,
+             what="three pods training together")
+    pods[1].send_signal(signal.SIGKILL)
+    killed_at = time.time()
+    pods[1].wait(timeout=10)
+    # The survivors keep committing steps while pod 1 is down.
+    wait_for(lambda: all(len(steps(pod, killed_at, 2)) >= 5 for pod in ("live-0", "live-2")),
+             60, "survivors to commit steps without pod 1")
+    restarted = start(1, 1)
+    for process in (pods[0], pods[2], restarted):
+        assert process.wait(timeout=240) == 0
+
+    everything = records(reports)
+    survivor_steps = [r for r in everything if r["kind"] == "metric" and r["pod"] == "live-0"
+                      and killed_at < r["time"]]
+    assert survivor_steps and min(r["data"]["participants"] for r in survivor_steps) == 2
+    events = [r for r in everything if r["kind"] == "event"]
+    assert any(e["pod"] == "live-1" and e["incarnation"] == "1" and e["data"]["type"] == "healed"
+               for e in events)
+    completed = {e["pod"]: e["data"]["checksum"] for e in events
+                 if e["data"]["type"] == "completed"}
+    assert set(completed) == {"live-0", "live-1", "live-2"}
+    assert len(set(completed.values())) == 1, completed  # identical replicas after healing
+    # Exactly once: pod 0 took part in every committed step; per epoch, the windows of its
+    # committed steps cover the split once, and every pod trained only inside those windows.
+    by_epoch: dict[int, Counter[int]] = {}
+    windows: set[tuple[int, int]] = set()
+    for r in everything:
+        if r["kind"] == "samples" and r["pod"] == "live-0":
+            by_epoch.setdefault(r["data"]["epoch"], Counter()).update(r["data"]["window"])
+            windows |= {(r["data"]["epoch"], i) for i in r["data"]["window"]}
+    assert all((r["data"]["epoch"], i) in windows for r in everything if r["kind"] == "samples"
+               for i in r["data"]["ids"])
+    train_size = next(e["data"]["samples"]["train"] for e in events
+                      if e["data"]["type"] == "started")
+    assert sorted(by_epoch) == [1, 2, 3, 4, 5, 6]
+    for epoch, counts in by_epoch.items():
+        assert counts == Counter(range(train_size)), f"epoch {epoch}"

@@ -1,0 +1,101 @@
+"""Live fault tolerance with torchft: every pod is its own replica group under a lighthouse.
+
+The membership is decided per step by a quorum: when a pod dies the survivors carry on without
+it (its step is aborted and redone), and a new pod heals from a live peer (weights, optimizer,
+sampler cursor, progress) before it participates. `start_step` runs the quorum, `rank` is None
+while this pod is healing, `should_commit` applies a healed state and says whether the step counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainer.distributed import Group
+from trainer.model import DeviceChoice
+
+logger = logging.getLogger(__name__)
+
+# Short timeouts: a dead peer must cost the survivors about a second, not minutes.
+COLLECTIVE_TIMEOUT = timedelta(seconds=5)
+QUORUM_TIMEOUT = timedelta(seconds=60)
+CONNECT_TIMEOUT = timedelta(seconds=10)
+
+
+class LiveGroup(Group):
+    """One torchft replica group (this process) of a job coordinated by a lighthouse."""
+
+    shards_evaluation = False  # peers may vanish mid-evaluation: each evaluates the whole split
+
+    def __init__(self, device: DeviceChoice, replica_id: str, lighthouse: str,
+                 environ: Mapping[str, str] = os.environ) -> None:
+        from torchft.manager import Manager
+        from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
+
+        self.device = device
+        self.world_size = 1
+        self.local_rank = 0
+        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        pg = (ProcessGroupNCCL(timeout=COLLECTIVE_TIMEOUT) if device.backend == "nccl"
+              else ProcessGroupGloo(timeout=COLLECTIVE_TIMEOUT))
+        self.manager = Manager(
+            pg=pg, load_state_dict=None, state_dict=None, min_replica_size=1,
+            replica_id=replica_id, lighthouse_addr=lighthouse, store_addr="127.0.0.1",
+            store_port=self._store.port, rank=0, world_size=1, timeout=COLLECTIVE_TIMEOUT,
+            quorum_timeout=QUORUM_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
+            # The address peers heal from: 127.0.0.1 locally, the pod IP on Kubernetes.
+            hostname=environ.get("POD_ADDRESS") or socket.gethostname(),
+            quorum_retries=int(environ.get("TORCHFT_QUORUM_RETRIES", "10")))
+        self._participants = 0
+        self._quorum_rank: int | None = None
+        logger.info("replica %s joined lighthouse %s", replica_id, lighthouse)
+
+    @property
+    def rank(self) -> int:
+        """This participant's rank in the current step (0 while healing: it trains on nothing)."""
+        return self._quorum_rank if self._quorum_rank is not None else 0
+
+    @property
+    def healing(self) -> bool:
+        return self._quorum_rank is None
+
+    @property
+    def participants(self) -> int:
+        return self._participants
+
+    @property
+    def is_primary(self) -> bool:
+        return self._quorum_rank == 0
+
+    def register_state(self, load: Callable[[dict[str, Any]], None],
+                       save: Callable[[], dict[str, Any]]) -> None:
+        self.manager.register_state_dict_fn("trainer", load, save)
+
+    def start_step(self) -> None:
+        self.manager.start_quorum()
+        self._participants = self.manager.num_participants()
+        self._quorum_rank = self.manager.participating_rank()
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        from torchft.ddp import DistributedDataParallel
+
+        return DistributedDataParallel(self.manager, model)
+
+    def all_reduce_sum(self, values: torch.Tensor) -> torch.Tensor:
+        # Step statistics stay local: a collective outside the gradient sync would need its own
+        # failure handling, and each pod reports its own loss anyway.
+        return values
+
+    def should_commit(self) -> bool:
+        return bool(self.manager.should_commit())
+
+    def close(self) -> None:
+        self.manager.shutdown(wait=False)
