@@ -18,7 +18,7 @@ from api.settings import Settings
 
 DEMO_SPEC = {"name": "demo: MiniLM on Rotten Tomatoes", "model": "minilm",
              "dataset": "rotten_tomatoes", "max_train_samples": 2000, "max_eval_samples": 500,
-             "replicas": 2, "epochs": 1, "batch_size": 16, "fault_tolerance": "restart"}
+             "replicas": 2, "epochs": 1, "batch_size": 16, "fault_tolerance": "live"}
 
 
 def wait_healthy(url: str, server: subprocess.Popen[bytes], timeout: float = 60) -> None:

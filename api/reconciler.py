@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from api.settings import Settings
 logger = logging.getLogger(__name__)
 
 LOG_LINES_ON_FAILURE = 20
+COMPLETION_GRACE = 15.0
+"""Seconds the other pods get to report completion after the primary did."""
 
 
 class Reconciler:
@@ -73,7 +76,7 @@ class Reconciler:
     def reconcile_job(self, session: Session, job: Job, status: WorkloadStatus) -> None:
         first_new = self._last_event_id(session)
         self._sync_pods(session, job, status)
-        model_dir = self._finished_model_dir(job, status)
+        model_dir = self._finished_model_dir(session, job, status)
         if model_dir is not None:
             self._delete_workload(job)
             for pod in pods_of(session, job.id):
@@ -140,11 +143,23 @@ class Reconciler:
             add_event(session, job.id, "log", pod=name, level="error", lines=lines,
                       message=f"last {len(lines)} log lines of {name}")
 
-    def _finished_model_dir(self, job: Job, status: WorkloadStatus) -> Path | None:
-        """The exported model, once the primary reported completion or all pods succeeded."""
+    def _finished_model_dir(self, session: Session, job: Job,
+                            status: WorkloadStatus) -> Path | None:
+        """The exported model, once the job is over: every pod succeeded, or the primary
+        reported completion and every pod has reported too (or had COMPLETION_GRACE seconds)."""
         expected = self.settings.jobs_dir / job.id / "model"
-        done = job.completed_model_dir is not None or (status.finished and not status.reason)
-        return expected if done and (expected / "config.json").is_file() else None
+        if not (expected / "config.json").is_file():
+            return None
+        if status.finished and not status.reason:
+            return expected
+        if job.completed_model_dir is None:
+            return None
+        completions = [e for e in session.exec(select(Event).where(
+            Event.job_id == job.id, Event.type == "job")) if e.data.get("type") == "completed"]
+        everyone = {e.data.get("pod") for e in completions} >= {
+            f"{job.id}-{o}" for o in range(int(job.spec["replicas"]))}
+        first = min((e.time for e in completions), default=time.time())
+        return expected if everyone or time.time() - first > COMPLETION_GRACE else None
 
     def _delete_workload(self, job: Job) -> None:
         try:

@@ -76,6 +76,8 @@ class Pod:
     """The supervisor signalled this incarnation, so it failed even if it exited 0."""
     kill_at: float | None = None
     """Monotonic time at which a signalled incarnation gets SIGKILL."""
+    restart_at: float | None = None
+    """Live mode: monotonic time at which this failed pod is recreated."""
 
     @property
     def alive(self) -> bool:
@@ -94,6 +96,11 @@ class Supervisor:
         self.job_id: str = launch["job_id"]
         self.max_restarts = int(launch.get("max_restarts", DEFAULT_MAX_RESTARTS))
         self.pods = [Pod(i, f"{self.job_id}-{i}") for i in range(int(launch["replicas"]))]
+        # Live mode: a torchft lighthouse coordinates the pods and one pod's failure restarts
+        # only that pod; otherwise the static world restarts as a whole.
+        self.live = launch.get("fault_tolerance") == "live"
+        self.lighthouse: subprocess.Popen[bytes] | None = None
+        self.lighthouse_port = free_port() if self.live else 0
         self.started = psutil.Process().create_time()
         self.generation = 0
         self.mode: Mode = "running"
@@ -125,6 +132,7 @@ class Supervisor:
             self.stop_group("finishing", "deleted")
         self.run_commands()
         self.reap()
+        self.ensure_lighthouse()
         if self.mode == "running":
             self.check_group()
         self.advance()
@@ -146,7 +154,26 @@ class Supervisor:
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self._sigterm = True  # acted on by the loop: a handler must not touch the pods' state
 
+    def ensure_lighthouse(self) -> None:
+        """Start the job's lighthouse, or restart it on its port if it died."""
+        if not self.live or self.mode == "finishing" or (
+                self.lighthouse is not None and self.lighthouse.poll() is None):
+            return
+        if self.lighthouse is not None:
+            logger.warning("lighthouse exited with code %s: restarting it",
+                           self.lighthouse.returncode)
+        with (self.job_dir / LOGS_DIR / "lighthouse.log").open("ab") as handle:
+            self.lighthouse = subprocess.Popen(
+                [str(Path(sys.executable).with_name("torchft_lighthouse")), "--min_replicas", "1",
+                 "--bind", f"127.0.0.1:{self.lighthouse_port}", "--quorum_tick_ms", "100",
+                 "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "1000"],
+                cwd=self.job_dir, stdin=subprocess.DEVNULL, stdout=handle,
+                stderr=subprocess.STDOUT, start_new_session=True)
+        logger.info("lighthouse on 127.0.0.1:%d (pid %d)", self.lighthouse_port,
+                    self.lighthouse.pid)
+
     def start_generation(self) -> None:
+        self.ensure_lighthouse()
         port = free_port()
         logger.info("generation %d: starting %d pods (master port %d)", self.generation,
                     len(self.pods), port)
@@ -164,9 +191,13 @@ class Supervisor:
                "REPORT_URL": launch["report_url"], "REPORT_TOKEN": launch["report_token"],
                "CHECKPOINT_DIR": launch["checkpoint_dir"], "MODEL_DIR": launch["model_dir"],
                "INPUTS_DIR": launch["inputs_dir"], "TRAINER_CACHE_DIR": launch["cache_dir"],
-               "WORLD_SIZE": str(replicas), "RANK": str(pod.ordinal), "LOCAL_RANK": "0",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // replicas))}
+        if self.live:
+            env |= {"TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{self.lighthouse_port}",
+                    "POD_ADDRESS": "127.0.0.1", "TORCHFT_QUORUM_RETRIES": "10"}
+        else:
+            env |= {"WORLD_SIZE": str(replicas), "RANK": str(pod.ordinal), "LOCAL_RANK": "0",
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         log = self.job_dir / LOGS_DIR / f"{pod.name}.log"
         with log.open("ab") as handle:
             pod.process = subprocess.Popen(
@@ -256,6 +287,8 @@ class Supervisor:
         if bad:
             self.stop_group("finishing", f"pod {bad[0].name} failed: bad input: "
                                          f"{self.last_log_line(bad[0])}")
+        elif self.live:
+            self.recreate_failed(failed)
         elif self.generation >= self.max_restarts:
             self.stop_group("finishing", f"restart budget spent: {self.max_restarts} restarts; "
                                          f"pod {failed[0].name} exited with code "
@@ -263,6 +296,23 @@ class Supervisor:
         else:
             logger.info("pod %s failed: restarting every pod", failed[0].name)
             self.stop_group("restarting", None)
+
+    def recreate_failed(self, failed: list[Pod]) -> None:
+        """Live mode: recreate each failed pod alone, after a backoff; the others train on."""
+        now = time.monotonic()
+        for pod in failed:
+            if pod.restarts >= self.max_restarts:
+                self.stop_group("finishing", f"restart budget spent: pod {pod.name} restarted "
+                                             f"{pod.restarts} times, last exit code "
+                                             f"{pod.exit_code}")
+                return
+            if pod.restart_at is None:
+                pod.restart_at = now + BACKOFF_SECONDS
+                logger.info("pod %s failed: recreating it alone", pod.name)
+            elif now >= pod.restart_at:
+                pod.restart_at = None
+                pod.restarts += 1
+                self.start_pod(pod, 0)
 
     def advance(self) -> None:
         """Once no pod is left running: finish, or start the next generation after a backoff."""
@@ -288,7 +338,11 @@ class Supervisor:
             f"exit code {pod.exit_code}"
 
     def kill_leftovers(self) -> None:
-        """Never leave an orphan pod, whatever ended the loop."""
+        """Never leave an orphan pod or lighthouse, whatever ended the loop."""
+        if self.lighthouse is not None and self.lighthouse.poll() is None:
+            signal_group(self.lighthouse.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.lighthouse.wait(timeout=STOP_GRACE_SECONDS)
         for pod in self.pods:
             if pod.process is not None and pod.alive:
                 logger.warning("pod %s still running at exit: SIGKILL", pod.name)

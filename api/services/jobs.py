@@ -103,11 +103,6 @@ def create_job(session: Session, settings: Settings, backend: Backend, spec: Job
     for ordinal in range(spec.replicas):
         session.add(Pod(job_id=job.id, ordinal=ordinal, name=f"{job.id}-{ordinal}"))
     add_event(session, job.id, "job", status="pending", message="job created", spec=job.spec)
-    if spec.fault_tolerance == "live":
-        add_event(session, job.id, "job", status="pending",
-                  message="live fault tolerance is not available in this version yet: the job "
-                          "runs with restart semantics (after a failure every pod restarts from "
-                          "the newest complete checkpoint)")
     session.commit()
     directory = job_dir(settings, job.id)
     launch = Launch(job_id=job.id, replicas=spec.replicas, fault_tolerance=spec.fault_tolerance,

@@ -79,3 +79,25 @@ def test_completion_registers_the_model_and_deletes_the_workload(
     assert model["metrics"]["test"]["accuracy"] == 0.9 and model["size_bytes"] > 0
     reconcile(client, backend)  # finished jobs are left alone
     assert backend.deleted == [job["id"]]
+
+
+def test_completion_waits_for_every_pod_to_report(client: TestClient, backend: FakeBackend,
+                                                  tiny_model_dir: Path) -> None:
+    import time
+
+    job = create_job(client)
+    shutil.copytree(tiny_model_dir, backend.launches[0].model_dir)
+
+    def completed(pod: int, primary: bool) -> None:
+        report(client, backend, job["id"], [{"seq": 1, "kind": "event", "time": time.time(),
+                                            "data": {"type": "completed", "primary": primary,
+                                                     "model_dir": "x", "checksum": "c"}}],
+               pod=pod)
+
+    completed(0, primary=True)
+    reconcile(client, backend)
+    assert job_state(client, job["id"])["status"] == "running"  # pod 1 may still be reporting
+    assert backend.deleted == []
+    completed(1, primary=False)
+    reconcile(client, backend)
+    assert job_state(client, job["id"])["status"] == "succeeded"

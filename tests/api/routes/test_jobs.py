@@ -39,15 +39,6 @@ def test_create_with_defaults_launches_the_pods(client: TestClient,
     assert len(launch.report_token) > 30 and launch.report_token not in response.text
 
 
-def test_live_mode_says_it_runs_as_restart(client: TestClient) -> None:
-    job = create_job(client)
-    events = client.get(f"/api/v1/jobs/{job['id']}/events", headers=AUTH).json()["data"]
-    assert any("restart semantics" in e["data"]["message"] for e in events)
-    quiet = create_job(client, fault_tolerance="restart")
-    events = client.get(f"/api/v1/jobs/{quiet['id']}/events", headers=AUTH).json()["data"]
-    assert not any("restart semantics" in e["data"]["message"] for e in events)
-
-
 @pytest.mark.parametrize(("spec", "field"), [
     ({"replicas": 0}, "replicas"),
     ({"learning_rate": 2}, "learning_rate"),
