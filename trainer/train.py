@@ -228,8 +228,11 @@ class Trainer:
         (loss_sum * (participants / assignment.window)).backward()
         if self.config.spec.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.spec.max_grad_norm)
+        # Loss over the samples counted: all participants' in a static world, this pod's in a
+        # live one (whose statistics stay local).
         stats = self.group.all_reduce_sum(torch.tensor(
-            [loss_sum.item(), float(self._stop_requested)], dtype=torch.float64))
+            [loss_sum.item(), weight * len(indices), float(self._stop_requested)],
+            dtype=torch.float64))
         committed = self.group.should_commit()  # a healing pod loads the live state here
         if committed:
             # Read after should_commit: a pod that just healed holds the peers' progress.
@@ -241,8 +244,8 @@ class Trainer:
             self.step += 1
             self.samples_seen += assignment.window
         self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(committed, float(stats[0]) / assignment.window, assignment, used,
-                          bool(stats[1] > 0))
+        loss_total, counted, stops = stats.tolist()
+        return StepResult(committed, loss_total / max(counted, 1.0), assignment, used, stops > 0)
 
     def train(self) -> dict[str, Any]:
         """Run the remaining epochs, evaluate on test, export; return the final metrics."""

@@ -123,3 +123,9 @@ def test_two_processes_under_torchrun_match_one_with_twice_the_batch(
     expected, actual = weights(single), weights(pair)
     for name, tensor in expected.items():
         torch.testing.assert_close(actual[name], tensor, atol=2e-5, rtol=1e-4)
+    # The reported loss is the mean over every sample of the step, on both ranks alike.
+    single_losses = [m["data"]["loss"] for m in events(single, "metric")]
+    for pod in ("local-0", "local-1"):
+        pair_losses = [m["data"]["loss"] for m in events(pair, "metric") if m["pod"] == pod]
+        torch.testing.assert_close(torch.tensor(pair_losses), torch.tensor(single_losses),
+                                   atol=1e-4, rtol=1e-4)
