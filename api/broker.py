@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 Item = dict[str, Any]
+QUEUE_SIZE = 1000
+"""Events a client may have in flight before it is flagged to catch up from the database."""
 
 
 @dataclass(eq=False)
 class Subscription:
     job_id: str
-    queue: asyncio.Queue[Item | None] = field(default_factory=lambda: asyncio.Queue(1000))
+    queue: asyncio.Queue[Item | None] = field(default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
     lagged: bool = False
     """Events were discarded for this client; it must re-read from the database."""
 

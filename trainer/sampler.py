@@ -66,10 +66,6 @@ class GlobalSampler:
             return True
         return False
 
-    def steps_left_in_epoch(self, participants: int) -> int:
-        remaining = self.num_samples - self.cursor
-        return -(-remaining // (self.batch_size * participants))
-
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "cursor": self.cursor, "num_samples": self.num_samples,
                 "seed": self.seed}

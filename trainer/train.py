@@ -256,8 +256,7 @@ class Trainer:
     def fit(self) -> bool:
         """Train through the remaining epochs; False when stopped early by SIGTERM."""
         self.reporter.event("started", "training started", step=self.step,
-                            epoch=self.sampler.epoch + 1, participants=self.group.participants,
-                            samples=self.data_sizes)
+                            epoch=self.sampler.epoch + 1, samples=self.data_sizes)
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
             return not self._run_epochs(self.config.spec, self.config.runtime.max_steps)

@@ -121,6 +121,17 @@ def test_kill_a_pod(client: TestClient, backend: FakeBackend) -> None:
     assert late.status_code == 409 and "not running" in late.json()["detail"]
 
 
+def test_pod_logs(client: TestClient, backend: FakeBackend) -> None:
+    job = create_job(client)
+    backend.logs[(job["id"], 1)] = [f"line {i}" for i in range(10)]
+    path = f"/api/v1/jobs/{job['id']}/pods"
+    assert client.get(f"{path}/1/logs?lines=3", headers=AUTH).json() == {
+        "lines": ["line 7", "line 8", "line 9"]}
+    assert client.get(f"{path}/0/logs", headers=AUTH).json() == {"lines": []}
+    assert client.get(f"{path}/5/logs", headers=AUTH).status_code == 404
+    assert client.get(f"{path}/1/logs?lines=0", headers=AUTH).status_code == 422
+
+
 def test_launch_failure_keeps_the_job_as_failed(client: TestClient,
                                                 backend: FakeBackend) -> None:
     backend.fail_launch = "supervisor would not start"

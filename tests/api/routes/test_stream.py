@@ -73,7 +73,11 @@ def metric_steps_until(events, last_step: int) -> list[int]:
     raise AssertionError("stream ended early")
 
 
-def test_slow_client_slows_nobody_and_catches_up(server) -> None:
+def test_slow_client_slows_nobody_and_catches_up(server, monkeypatch) -> None:
+    import api.broker
+
+    # Small queues: every batch of 500 overflows them, so the catch-up path surely runs.
+    monkeypatch.setattr(api.broker, "QUEUE_SIZE", 50)
     url, backend = server
     with httpx.Client(base_url=url, timeout=30) as http, \
             httpx.Client(base_url=url, timeout=30) as slow_http:
