@@ -299,6 +299,12 @@ class Supervisor:
 
     def recreate_failed(self, failed: list[Pod]) -> None:
         """Live mode: recreate each failed pod alone, after a backoff; the others train on."""
+        if any(pod.phase == "Succeeded" for pod in self.pods):
+            # A live pod exits 0 only when the group finished training: a pod recreated now
+            # would find no peer to heal from and train alone from an older checkpoint.
+            if not any(pod.alive for pod in self.pods):
+                self.mode, self.final_reason = "finishing", None
+            return
         now = time.monotonic()
         for pod in failed:
             if pod.restarts >= self.max_restarts:

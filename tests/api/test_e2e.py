@@ -164,7 +164,7 @@ def test_api_killed_mid_job_loses_no_report(control_plane: ControlPlane) -> None
 
 def test_live_job_survives_a_killed_pod_without_restarting_the_others(
         control_plane: ControlPlane) -> None:
-    make_reviews_csv(control_plane.inputs_dir / "reviews.csv", rows=1200)
+    make_reviews_csv(control_plane.inputs_dir / "reviews.csv", rows=2400)
     spec = {**SPEC, "replicas": 3, "epochs": 4, "fault_tolerance": "live"}
     job_id = control_plane.http.post("/api/v1/jobs", json=spec).json()["id"]
     wait_for(lambda: control_plane.job(job_id)["progress"]["step"] >= 10, what="training")
