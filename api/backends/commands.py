@@ -1,0 +1,86 @@
+"""What each process of a job runs: pure functions shared by every backend.
+
+The local supervisor and the Kubernetes manifests start the same programs with the same flags
+and environment, so a job behaves alike on one machine and on a cluster:
+- live mode: a torchft lighthouse per job, and pods that run `python -m trainer` as one replica
+  group each;
+- restart mode: a standalone rendezvous store per job (never hosted by an agent, so no pod's
+  death takes it down), and pods that run torchrun's elastic agent (`trainer.engine.elastic`)
+  around `python -m trainer`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from api.backends.base import Launch
+
+LIGHTHOUSE_PORT = 29510
+STORE_PORT = 29400
+QUORUM_RETRIES = 10
+"""torchft retries a failed quorum request this often, so a lighthouse restart is survived."""
+# Dead peers must cost seconds: the lighthouse drops a replica after 1 s without heartbeats;
+# the rendezvous drops a node after 5 missed 1 s keep-alives and waits 2 s for late joiners.
+LIGHTHOUSE_TIMEOUT_MS = 1000
+RENDEZVOUS_CONF = ("is_host=false,keep_alive_interval=1,keep_alive_max_attempt=5,"
+                   "last_call_timeout=2,join_timeout=600")
+ELASTIC_MAX_RESTARTS = 100
+"""Worker restarts one restart-mode pod's agent allows; every peer failure costs survivors one.
+The job's own restart budget is enforced on pod restarts by the backend."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a job's coordinator (lighthouse or rendezvous store) listens, as pods reach it."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def lighthouse_argv(bind: str, executable: str = "torchft_lighthouse") -> list[str]:
+    """The lighthouse of a live job, listening on `bind` (`host:port`)."""
+    timeout = str(LIGHTHOUSE_TIMEOUT_MS)
+    return [executable, "--min_replicas", "1", "--bind", bind, "--quorum_tick_ms", "100",
+            "--join_timeout_ms", timeout, "--heartbeat_timeout_ms", timeout]
+
+
+def store_argv(port: int, python: str = "python") -> list[str]:
+    """The rendezvous store of a restart job, listening on every interface."""
+    return [python, "-m", "trainer.engine.store", "--port", str(port)]
+
+
+def pod_argv(launch: Launch, coordinator: Endpoint, local_addr: str,
+             python: str = "python") -> list[str]:
+    """A trainer pod's command. `local_addr` is how peers reach this pod (restart mode)."""
+    if launch.fault_tolerance == "live":
+        return [python, "-m", "trainer"]
+    return [python, "-m", "trainer.engine.elastic", f"--nnodes=1:{launch.replicas}",
+            "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={coordinator}",
+            f"--rdzv-id={launch.job_id}", f"--rdzv-conf={RENDEZVOUS_CONF}",
+            f"--max-restarts={ELASTIC_MAX_RESTARTS}", "--monitor-interval=0.2",
+            f"--local-addr={local_addr}", "-m", "trainer"]
+
+
+def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: str,
+            threads: int) -> dict[str, str]:
+    """A trainer pod's environment, without secrets' values other than the report token.
+
+    `pod_address` is how peers reach this pod (heal sources in live mode).
+    """
+    env = {"TRAINER_CONFIG": json.dumps(launch.spec), "JOB_ID": launch.job_id,
+           "POD_NAME": pod_name, "REPORT_URL": launch.report_url,
+           "REPORT_TOKEN": launch.report_token, "CHECKPOINT_DIR": str(launch.checkpoint_dir),
+           "MODEL_DIR": str(launch.model_dir), "INPUTS_DIR": str(launch.inputs_dir),
+           "TRAINER_CACHE_DIR": str(launch.cache_dir), "OMP_NUM_THREADS": str(max(1, threads))}
+    if launch.fault_tolerance == "live":
+        env |= {"TORCHFT_LIGHTHOUSE": f"http://{coordinator}", "POD_ADDRESS": pod_address,
+                "TORCHFT_QUORUM_RETRIES": str(QUORUM_RETRIES)}
+    else:
+        # Workers get their own process-group store on the lowest rank: the rendezvous store
+        # stays the agents' alone.
+        env |= {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    return env

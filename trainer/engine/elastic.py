@@ -1,0 +1,68 @@
+"""Restart mode's pod entry point: torchrun's elastic agent, except that bad input is final.
+
+Takes torchrun's own flags (`python -m trainer.engine.elastic --nnodes 1:3 ... -m trainer`).
+When a peer dies the survivors' workers fail their collective, write an emergency checkpoint,
+and the agents restart them in a new rendezvous round from the newest complete checkpoint; a
+recreated pod joining makes them restart once more. A worker exiting with the trainer's
+bad-input code ends the pod at once with that code: no retry fixes a missing dataset.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from torch.distributed import run as torchrun
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher import api as launcher_api
+
+from trainer.main import EXIT_BAD_INPUT, EXIT_FAILED
+
+logger = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+
+
+class BadInputIsFinal(LocalElasticAgent):
+    """Torchrun's agent; a worker failure with the bad-input exit code leaves no restarts."""
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        result = super()._monitor_workers(worker_group)
+        if result.is_failed() and any(failure.exitcode == EXIT_BAD_INPUT
+                                      for failure in result.failures.values()):
+            self._remaining_restarts = 0
+        return result
+
+
+def die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent (the agent) dies, as a pod's death would.
+
+    Torchrun starts workers in sessions of their own, so killing the agent's process group
+    would otherwise leave the worker training on alone.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    libc: Any = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = torchrun.parse_args(list(argv) if argv is not None else None)
+    launcher_api.LocalElasticAgent = BadInputIsFinal  # type: ignore[misc]  # torchrun's agent class
+    try:
+        torchrun.run(args)
+    except ChildFailedError as exc:
+        codes = {failure.exitcode for failure in exc.failures.values()}
+        logger.error("workers failed with exit codes %s", sorted(codes))
+        return EXIT_BAD_INPUT if EXIT_BAD_INPUT in codes else EXIT_FAILED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
