@@ -2,7 +2,9 @@
 
 Write order: `step-N.tmp/` (files fsynced) -> rename to `step-N/` -> `COMPLETE` marker (fsynced).
 A process killed at any point leaves either no `step-N/` or one without its marker, and both are
-ignored by `latest_checkpoint` and removed by the next save. "Latest" is the highest step number,
+ignored by `latest_checkpoint` and removed by the next save. Emergency saves (`shared=True`) may
+race with other survivors writing the same step: each stages in a directory of its own, the first
+rename wins, and the content is identical anyway. "Latest" is the highest step number,
 never a file time. Retention keeps the last K complete checkpoints plus the best by validation
 accuracy.
 """
@@ -64,14 +66,21 @@ def strip_module_prefix(state: dict[str, Any]) -> dict[str, Any]:
 
 def save_checkpoint(directory: Path, step: int, model_state: dict[str, Any],
                     trainer_state: dict[str, Any], meta: dict[str, Any],
-                    keep: int = 3) -> CheckpointInfo:
-    """Write `step-<step>/` atomically, then apply retention. Only the primary calls this."""
+                    keep: int = 3, shared: bool = False) -> CheckpointInfo:
+    """Write `step-<step>/` atomically, then apply retention.
+
+    Only the primary calls this, except for emergency saves after a peer failure, when every
+    survivor may (`shared=True`: no cleanup, no retention, concurrent writers of a step agree).
+    """
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"step-{step}"
     if (final / MARKER).is_file():
         return read_info(final)
-    _remove_incomplete(directory)
-    staging = directory / f"step-{step}.tmp"
+    if shared:
+        staging = directory / f"step-{step}.tmp-{os.getpid()}"
+    else:
+        _remove_incomplete(directory)
+        staging = directory / f"step-{step}.tmp"
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir()
@@ -81,12 +90,20 @@ def save_checkpoint(directory: Path, step: int, model_state: dict[str, Any],
     _write_durable(staging / STATE_FILE, lambda h: torch.save(trainer_state, h))
     _write_durable(staging / META_FILE, lambda h: h.write(json.dumps(meta, indent=2).encode()))
     _fsync_path(staging)
-    staging.rename(final)
+    try:
+        staging.rename(final)
+    except OSError:
+        if not shared or not final.is_dir():
+            raise
+        # Another survivor renamed its copy first; renamed directories are always whole.
+        shutil.rmtree(staging, ignore_errors=True)
+        meta = read_info(final).meta
     _fsync_path(directory)
     _write_durable(final / MARKER, lambda h: h.write(b"ok\n"))
     _fsync_path(final)
     info = CheckpointInfo(final, step, meta)
-    apply_retention(directory, keep)
+    if not shared:
+        apply_retention(directory, keep)
     return info
 
 
@@ -135,7 +152,7 @@ def _delete(path: Path) -> None:
 def _remove_incomplete(directory: Path) -> None:
     for path in directory.iterdir():
         incomplete = _NAME.match(path.name) and not (path / MARKER).exists()
-        if incomplete or (path.name.startswith("step-") and path.name.endswith(".tmp")):
+        if incomplete or (path.name.startswith("step-") and ".tmp" in path.name):
             logger.info("removing incomplete checkpoint %s", path.name)
             shutil.rmtree(path, ignore_errors=True)
 

@@ -55,6 +55,15 @@ def write_json_atomic(path: Path, data: Any, mode: int = 0o644) -> None:
     tmp.replace(path)
 
 
+def launch_from_document(document: dict[str, Any]) -> Launch:
+    """The Launch that `LocalBackend` wrote into a job's launch.json."""
+    fields = {f.name: f for f in dataclasses.fields(Launch)}
+    values = {name: document[name] for name in fields}
+    for name in ("checkpoint_dir", "model_dir", "inputs_dir", "cache_dir"):
+        values[name] = Path(values[name])
+    return Launch(**values)
+
+
 def same_process(pid: int | None, started: float | None) -> psutil.Process | None:
     """The live process `pid` if it is the one created at `started`, not a reused pid."""
     if pid is None or started is None:

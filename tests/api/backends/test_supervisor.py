@@ -203,7 +203,9 @@ def test_restart_budget_spent(tmp_path: Path, inputs_dir: Path, sink: ReportSink
                       {"op": "kill", "ordinal": 0, "grace_seconds": 0})
     assert process.wait(timeout=30) == 0
     final = state(job_dir)
-    assert final["finished"] and final["reason"].startswith("restart budget spent: 0 restarts")
+    assert final["finished"]
+    assert final["reason"] == ("restart budget spent: pod job-budget-0 restarted 0 times, last "
+                               f"exit code {-signal.SIGKILL}")
     assert [(p["phase"], p["restarts"], p["exit_code"]) for p in final["pods"]] == [
         ("Failed", 0, -signal.SIGKILL)]
 
