@@ -97,18 +97,27 @@ class Reconciler:
             self._finish(session, job, JobStatus.failed,
                          "the workload vanished (its supervisor or StatefulSet is gone)")
         elif job.status in (JobStatus.running, JobStatus.degraded):
-            running = sum(p.phase == "Running" for p in status.pods)
-            wanted = JobStatus.degraded if running < int(job.spec["replicas"]) else \
-                JobStatus.running
-            if wanted != job.status:
-                job.status = wanted
-                add_event(session, job.id, "job", status=wanted.value,
-                          message=f"{running} of {job.spec['replicas']} pods running")
+            self._update_degraded(session, job, status)
         session.add(job)
         session.commit()
         new = session.exec(select(Event).where(Event.job_id == job.id,
                                                col(Event.id) > first_new).order_by(col(Event.id)))
         self.publish(job.id, [event_item(e) for e in new])
+
+    @staticmethod
+    def _update_degraded(session: Session, job: Job, status: WorkloadStatus) -> None:
+        """Degraded while fewer pods than asked run, or take part in the latest step."""
+        replicas = int(job.spec["replicas"])
+        running = sum(p.phase == "Running" for p in status.pods)
+        participants = int(job.metrics.get("participants", replicas))
+        wanted = JobStatus.degraded if min(running, participants) < replicas else \
+            JobStatus.running
+        if wanted != job.status:
+            job.status = wanted
+            add_event(session, job.id, "job", status=wanted.value, running=running,
+                      participants=participants,
+                      message=f"{running} of {replicas} pods running, {participants} "
+                              "training")
 
     @staticmethod
     def _last_event_id(session: Session) -> int:
