@@ -282,7 +282,13 @@ class LocalBackend:
             with contextlib.suppress(psutil.Error):  # a zombie of another parent never "ends"
                 supervisor.wait(timeout=DELETE_TIMEOUT)
             state = self._state(job_dir) or state  # it may have started pods meanwhile
-        for pod in state["pods"]:
-            if same_process(pod["pid"], pod["pid_started"]) is not None:
-                logger.warning("job %s: pod %s left behind: SIGKILL", job_id, pod["name"])
-                signal_group(pod["pid"], signal.SIGKILL)
+        coordinator = state.get("coordinator") or {}
+        leftovers = [(pod["name"], pod["pid"], pod["pid_started"]) for pod in state["pods"]]
+        leftovers.append((coordinator.get("name"), coordinator.get("pid"),
+                          coordinator.get("pid_started")))
+        for name, pid, started in leftovers:
+            if same_process(pid, started) is not None:
+                logger.warning("job %s: %s left behind: SIGKILL", job_id,
+                               f"pod {name}" if name in {p["name"] for p in state["pods"]}
+                               else name)
+                signal_group(pid, signal.SIGKILL)

@@ -107,6 +107,8 @@ class Supervisor:
         self.coordinator: subprocess.Popen[bytes] | None = None
         """The torchft lighthouse (live) or the rendezvous store (restart), on a fixed port."""
         self.coordinator_endpoint = commands.Endpoint("127.0.0.1", free_port())
+        self.coordinator_started: float | None = None
+        self.coordinator_restarts = -1
         self.started = psutil.Process().create_time()
         self.mode: Mode = "running"
         self.final_reason: str | None = None
@@ -146,9 +148,15 @@ class Supervisor:
         self.write_state()
 
     def state(self) -> dict[str, Any]:
+        coordinator = self.coordinator
         return {"supervisor_pid": os.getpid(), "supervisor_started": self.started,
                 "finished": self.finished, "reason": self.reason,
-                "pods": [pod.to_json() for pod in self.pods]}
+                "pods": [pod.to_json() for pod in self.pods],
+                "coordinator": {"name": "lighthouse" if self.live else "store",
+                                "endpoint": str(self.coordinator_endpoint),
+                                "pid": coordinator.pid if coordinator else None,
+                                "pid_started": self.coordinator_started,
+                                "restarts": max(self.coordinator_restarts, 0)}}
 
     def write_state(self) -> None:
         """Write state.json when it changed since the last write."""
@@ -178,6 +186,9 @@ class Supervisor:
             self.coordinator = subprocess.Popen(
                 argv, cwd=self.job_dir, stdin=subprocess.DEVNULL, stdout=handle,
                 stderr=subprocess.STDOUT, start_new_session=True)
+        self.coordinator_restarts += 1
+        with contextlib.suppress(psutil.Error):
+            self.coordinator_started = psutil.Process(self.coordinator.pid).create_time()
         logger.info("%s on %s (pid %d)", name, endpoint, self.coordinator.pid)
 
     def start_pod(self, pod: Pod) -> None:

@@ -155,8 +155,8 @@ def test_delete_mid_training_stops_everything_and_keeps_checkpoints(
     backend.launch(make_launch("job-del", epochs=5))
     checkpoints = jobs_dir / "job-del" / "checkpoints"
     wait_for(lambda: (checkpoints / "step-5" / MARKER).exists(), "the step-5 checkpoint")
-    pods = [psutil.Process(pid) for pid, _, group in recorded_processes(jobs_dir / "job-del")
-            if group]
+    pods = [psutil.Process(pod["pid"]) for pod in
+            json.loads((jobs_dir / "job-del" / STATE_FILE).read_text())["pods"]]
     env = [pod.environ() for pod in pods]
     assert [(e["POD_NAME"], e["POD_INCARNATION"]) for e in env] == [
         ("job-del-0", "0"), ("job-del-1", "0")]

@@ -83,7 +83,11 @@ def recorded_processes(job_dir: Path) -> list[tuple[int, float, bool]]:
     except (OSError, ValueError):
         return []
     found = [(state["supervisor_pid"], state["supervisor_started"], False)]
-    return found + [(p["pid"], p["pid_started"], True) for p in state["pods"] if p["pid"]]
+    found += [(p["pid"], p["pid_started"], True) for p in state["pods"] if p["pid"]]
+    coordinator = state.get("coordinator") or {}
+    if coordinator.get("pid"):
+        found.append((coordinator["pid"], coordinator["pid_started"], True))
+    return found
 
 
 def kill_everything(jobs_dir: Path) -> None:
