@@ -20,14 +20,15 @@ from tests.api.live import free_port
 from tests.conftest import Processes
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 180, what: str = "condition") -> Any:
+def wait_for(condition: Callable[[], Any], timeout: float = 180, what: str = "condition",
+             interval: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
         if value:
             return value
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
+        time.sleep(interval)
 
 
 class ControlPlane:
