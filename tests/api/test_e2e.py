@@ -10,7 +10,6 @@ import psutil
 import pytest
 
 from tests.api.control_plane import ControlPlane, wait_for
-from tests.factories import make_reviews_csv
 
 pytestmark = pytest.mark.slow
 
