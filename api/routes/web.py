@@ -7,11 +7,14 @@ only, or as one fixed file; nothing joins a request path by hand.
 
 from __future__ import annotations
 
+import os
+from os import PathLike
 from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.types import Scope
 
 from api.errors import NotFound
 
@@ -31,6 +34,18 @@ PAGE_HEADERS = {
 }
 
 
+class RevalidatedFiles(StaticFiles):
+    """Static files the browser revalidates (ETag) before each use: after an upgrade, the page
+    never runs a mix of old and new modules from its heuristic cache."""
+
+    def file_response(self, full_path: PathLike[str] | str, stat_result: os.stat_result,
+                      scope: Scope, status_code: int = 200) -> Response:
+        response = super().file_response(full_path, stat_result, scope, status_code)
+        response.headers["Cache-Control"] = "no-cache"
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
+
+
 def mount_web(app: FastAPI, web_dir: Path = WEB_DIR) -> None:
     """Serve the dashboard at `/`; a missing uPlot (no `make setup`) is a 404 saying so."""
     index = web_dir / "index.html"
@@ -42,10 +57,10 @@ def mount_web(app: FastAPI, web_dir: Path = WEB_DIR) -> None:
         return FileResponse(index, media_type="text/html", headers=PAGE_HEADERS)
 
     if (web_dir / "static").is_dir():  # an image built without web/ serves the API only
-        app.mount("/static", StaticFiles(directory=web_dir / "static"), name="static")
+        app.mount("/static", RevalidatedFiles(directory=web_dir / "static"), name="static")
     uplot = web_dir / UPLOT_DIST
     if uplot.is_dir():
-        app.mount("/vendor/uplot", StaticFiles(directory=uplot), name="uplot")
+        app.mount("/vendor/uplot", RevalidatedFiles(directory=uplot), name="uplot")
     else:
         @app.get("/vendor/uplot/{name}", include_in_schema=False)
         def uplot_missing(name: str) -> None:

@@ -207,13 +207,28 @@ export function showJob(main, id) {
     if (view.flushes % 500 === 0) performance.clearMeasures('dashboard:frame');
   }
 
-  function enqueue(message) {
-    if (stopped) return;
-    const id = Number(message.lastEventId);
+  function push(id, type, data) {
     if (id && id <= view.lastId) return; // a replayed duplicate
     if (id) view.lastId = id;
-    view.queue.push({ id, type: message.type, data: JSON.parse(message.data) });
+    view.queue.push({ id, type, data });
     if (!view.frame) view.frame = requestAnimationFrame(flush);
+  }
+
+  function enqueue(message) {
+    if (!stopped) push(Number(message.lastEventId), message.type, JSON.parse(message.data));
+  }
+
+  /** The history in pages of 1,000 (several times faster than replaying it as single events),
+   * applied while the next page loads; the stream then goes on from the last one. */
+  async function loadHistory() {
+    let after = 0;
+    for (;;) {
+      const page = await api(`/api/v1/jobs/${encodeURIComponent(id)}/events?after=${after}&limit=1000`);
+      if (stopped) return;
+      for (const event of page.data) push(event.id, event.type, { time: event.time, ...event.data });
+      if (page.next_after === null) return;
+      after = page.next_after;
+    }
   }
 
   function connect() {
@@ -290,7 +305,10 @@ export function showJob(main, id) {
     if (state.job === view) state.job = null;
   }
 
-  poll().then(() => { if (!stopped) connect(); });
+  // The job and its history at once, then live; a failed history read still goes live from
+  // the start (the stream replays everything too, only slower).
+  poll();
+  loadHistory().catch(() => {}).then(() => { if (!stopped) connect(); });
   checkpoints.refresh(id);
   return stop;
 }

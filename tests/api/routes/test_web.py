@@ -17,6 +17,9 @@ def test_the_page_needs_no_token_and_runs_only_its_own_scripts(client: TestClien
     assert page.headers["referrer-policy"] == "no-referrer"  # the login URL holds the token
     script = client.get("/static/app.js")
     assert script.status_code == 200 and "javascript" in script.headers["content-type"]
+    assert script.headers["cache-control"] == "no-cache"  # revalidated: no stale module mix
+    again = client.get("/static/app.js", headers={"If-None-Match": script.headers["etag"]})
+    assert again.status_code == 304
     assert client.get("/static/style.css").headers["content-type"].startswith("text/css")
 
 
