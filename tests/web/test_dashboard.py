@@ -183,6 +183,7 @@ def test_series_combine_pods_and_cut_pauses(control_plane: ControlPlane, page: A
     x, y = result["speed"]
     assert len(x) == 22 and y[0] == 15 and y[-2] is None and y[-1] == 5  # merged; a gap
     assert x == sorted(x) and result["at"] == 20
+    assert page.console.unexpected() == []
 
 
 def test_the_stream_reconnects_after_a_control_plane_restart_and_misses_nothing(

@@ -55,7 +55,7 @@ const DEFINITIONS = [
   { key: 'loss', title: 'Training loss', x: 'step', label: 'loss', color: '--c1', digits: 4 },
   { key: 'speed', title: 'Throughput (samples/s)', x: 'time', label: 'samples/s', color: '--c2', digits: 1 },
   { key: 'accuracy', title: 'Validation accuracy', x: 'epoch', label: 'accuracy', color: '--c3', digits: 3, points: true, range: [0, 1], epochs: true },
-  { key: 'participants', title: 'Participants', x: 'time', label: 'participants', color: '--c4', digits: 0, stepped: true },
+  { key: 'participants', title: 'Participants', x: 'time', label: 'participants', color: '--c4', digits: 0, stepped: true, counts: true },
 ];
 
 function options(uPlot, definition, width, markers, toX, epochs) {
@@ -73,7 +73,9 @@ function options(uPlot, definition, width, markers, toX, epochs) {
       x: definition.epochs
         ? { time: false, range: (u, min, max) => [0.5, Math.max(max ?? 1, epochs() ?? 1) + 0.5] }
         : { time: definition.x === 'time' },
-      y: definition.range ? { range: definition.range } : { auto: true },
+      y: definition.range ? { range: definition.range }
+        : definition.counts ? { range: (u, min, max) => [0, Math.max(max ?? 1, 1) + 0.5] }
+          : { auto: true },
     },
     axes: [
       {
@@ -82,7 +84,12 @@ function options(uPlot, definition, width, markers, toX, epochs) {
         labelSize: 16,
         incrs: definition.x === 'time' ? undefined : COUNTS,
       },
-      { ...axis, size: 50, values: (u, ticks) => ticks.map((t) => format(u, t)) },
+      {
+        ...axis,
+        size: 50,
+        values: (u, ticks) => ticks.map((t) => format(u, t)),
+        incrs: definition.counts ? COUNTS : undefined,
+      },
     ],
     series: [
       { label: definition.x, value: definition.x === 'time' ? undefined : (u, v) => (v ?? '–') },

@@ -20,6 +20,12 @@ function ordinalOf(podName) {
   return match ? Number(match[1]) : null;
 }
 
+/** How a pod rejoins: a live group heals it from a peer (a pod recreated there may first load a
+ * checkpoint: not a rejoin yet); a restarted group resumes from the checkpoint. */
+function rejoinType(job) {
+  return job.spec.fault_tolerance === 'restart' ? 'resumed' : 'healed';
+}
+
 function newView(id) {
   return {
     id,
@@ -167,18 +173,19 @@ export function showJob(main, id) {
         pod.phase = data.phase;
         pod.restarts = Math.max(pod.restarts, data.restarts ?? 0);
       }
-    } else if (type === 'job' && (data.type === 'healed' || data.type === 'resumed')) {
+    } else if (type === 'job' && data.type === rejoinType(view.job)) {
       const ordinal = ordinalOf(data.pod);
       const kill = view.kills.get(ordinal);
-      if (data.type === 'healed' || kill) {
+      // A heal at step 0 is a pod joining at start-up, not a comeback.
+      if ((data.type === 'healed' && data.step !== 0) || kill) {
         view.rejoins.set(ordinal, { time, step: data.step });
         view.markers.push({ time, kind: 'rejoin', label: `rejoin ${ordinal ?? ''}` });
         if (kill && time >= kill.time) context = { afterKill: time - kill.time };
       }
     } else if (type === 'job' && data.type === 'quorum' && Number.isFinite(data.participants)) {
       view.series.participants.add(time, `q${event.id}`, [data.participants]);
-    } else if (type === 'job' && data.status && view.job && !data.type) {
-      view.job.status = data.status;
+    } else if (type === 'job' && data.status && !data.type && !event.historic) {
+      view.job.status = data.status; // history is older than the polled job: only live moves
     } else if (type === 'checkpoint') {
       checkpoints.refreshSoon(view.id);
     }
@@ -188,6 +195,7 @@ export function showJob(main, id) {
 
   function flush() {
     view.frame = 0;
+    if (!view.job) return; // events wait for the job (its spec and pods); poll() flushes them
     const start = performance.now();
     const batch = view.queue;
     view.queue = [];
@@ -207,10 +215,10 @@ export function showJob(main, id) {
     if (view.flushes % 500 === 0) performance.clearMeasures('dashboard:frame');
   }
 
-  function push(id, type, data) {
+  function push(id, type, data, historic = false) {
     if (id && id <= view.lastId) return; // a replayed duplicate
     if (id) view.lastId = id;
-    view.queue.push({ id, type, data });
+    view.queue.push({ id, type, data, historic });
     if (!view.frame) view.frame = requestAnimationFrame(flush);
   }
 
@@ -225,7 +233,9 @@ export function showJob(main, id) {
     for (;;) {
       const page = await api(`/api/v1/jobs/${encodeURIComponent(id)}/events?after=${after}&limit=1000`);
       if (stopped) return;
-      for (const event of page.data) push(event.id, event.type, { time: event.time, ...event.data });
+      for (const event of page.data) {
+        push(event.id, event.type, { time: event.time, ...event.data }, true);
+      }
       if (page.next_after === null) return;
       after = page.next_after;
     }
@@ -262,6 +272,7 @@ export function showJob(main, id) {
       const job = await api(`/api/v1/jobs/${encodeURIComponent(id)}`);
       if (stopped) return;
       view.job = job;
+      if (view.queue.length && !view.frame) view.frame = requestAnimationFrame(flush);
       pods.render();
       renderSummary();
       result.show(job);

@@ -77,6 +77,8 @@ export class Pods {
       await api(`/api/v1/jobs/${encodeURIComponent(view.id)}/pods/${ordinal}/kill`,
         { method: 'POST', body: { grace_seconds: 0 } });
       notice(this.status, `Pod ${ordinal} killed; watch it come back.`);
+      clearTimeout(this.clearing);
+      this.clearing = setTimeout(() => notice(this.status, ''), 10_000);
     } catch (error) {
       if (!error.unauthorized) notice(this.status, `Pod ${ordinal} was not killed: ${error.message}`, 'error');
     }
