@@ -124,7 +124,10 @@ def test_a_job_from_the_form_to_a_model(control_plane: ControlPlane, page: Any,
     page.locator("#try-output[data-label]").wait_for(timeout=60_000)
     assert page.get_attribute("#try-output", "data-label") in ("positive", "negative")
     assert "score" in page.inner_text("#try-output")
-    assert page.locator(".checkpoints a[download]").count() > 0
+    checkpoint = control_plane.http.get(
+        page.locator(".checkpoints a[download]").first.get_attribute("href"),
+        headers={"Authorization": ""})  # the link carries the token itself
+    assert checkpoint.status_code == 200 and checkpoint.content[:2] == b"\x1f\x8b"
     save_artifact(page, artifacts_dir, "dashboard-job.png")
     assert page.console.unexpected(422) == []
 
@@ -141,12 +144,15 @@ def test_a_job_from_the_form_to_a_model(control_plane: ControlPlane, page: Any,
 
 def test_user_text_renders_as_text_and_the_layout_fits_a_phone(control_plane: ControlPlane,
                                                               page: Any) -> None:
+    login(page, control_plane)
+    page.wait_for_selector("table.jobs")
     created = control_plane.http.post("/api/v1/jobs", json={**SPEC, "name": XSS, "replicas": 1})
     assert created.status_code == 201, created.text
     job_id = created.json()["id"]
     assert control_plane.http.delete(f"/api/v1/jobs/{job_id}").status_code == 202
-    login(page, control_plane)
-    link = page.locator(f"tr[data-job='{job_id}'] a")
+    link = page.locator(f"tr[data-job='{job_id}'] a")  # the list updates by itself
+    link.wait_for(timeout=10_000)
+    page.locator(f"tr[data-job='{job_id}'] .badge[data-status=cancelled]").wait_for()
     assert link.inner_text() == XSS
     assert page.locator("main img").count() == 0
 
