@@ -50,14 +50,15 @@ export function describe(type, data, context = {}) {
     let text = data.message ?? generic(data);
     if (tag === 'healed') {
       const extra = [];
-      if (data.source) extra.push(`from ${data.source}`);
+      if (data.source && !text.includes(String(data.source))) extra.push(`from ${data.source}`);
       if (data.bytes !== undefined) extra.push(`${number(data.bytes / 1e6, 1)} MB`);
       if (data.seconds !== undefined) extra.push(`in ${duration(data.seconds)}`);
       if (context.afterKill !== undefined) extra.push(`${duration(context.afterKill)} after the kill`);
       if (data.step !== undefined) extra.push(`at step ${data.step}`);
       if (extra.length) text += ` (${extra.join(', ')})`;
     } else if (tag === 'quorum' && data.participants !== undefined) {
-      text = `${data.participants} participants` + (data.step !== undefined ? ` at step ${data.step}` : '')
+      text = `${data.participants} participant${data.participants === 1 ? '' : 's'}`
+        + (data.step !== undefined ? ` at step ${data.step}` : '')
         + (Array.isArray(data.replica_ids) ? `: ${data.replica_ids.join(', ')}` : '');
     }
     const tone = ['failed', 'sigterm'].includes(tag) ? 'bad'
