@@ -136,6 +136,7 @@ export class Charts {
 
   async start() {
     this.uPlot = await loadUPlot();
+    if (this.destroyed) return; // the page was left while uPlot loaded
     if (!this.uPlot) {
       this.container.prepend(h('p.error', { role: 'alert' },
         'Charts unavailable: uPlot is not installed on the server (run make setup).'));
@@ -189,6 +190,7 @@ export class Charts {
   }
 
   destroy() {
+    this.destroyed = true;
     this.resizeObserver.disconnect();
     this.scheme.removeEventListener('change', this.onScheme);
     for (const chart of this.charts.values()) chart.destroy();
