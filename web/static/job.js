@@ -46,6 +46,8 @@ function newView(id) {
     rejoins: new Map(), // ordinal -> {time, step}
     podSteps: new Map(), // pod name -> highest step it reported
     latest: null, // the newest metric point
+    loadingHistory: false,
+    chartsAt: 0, // when the charts were last redrawn
     flushes: 0,
   };
 }
@@ -205,7 +207,12 @@ export function showJob(main, id) {
       if (entry) entries.push(entry);
     }
     timeline.add(entries);
-    charts.render();
+    // While the history pours in, redraw the charts a few times a second, not after each page:
+    // every redraw of a growing history competes with reading the rest of it.
+    if (!view.loadingHistory || start - view.chartsAt > 250) {
+      charts.render();
+      view.chartsAt = start;
+    }
     pods.render();
     renderSummary();
     // The job just ended: fetch it now for its model and final pod states.
@@ -230,14 +237,20 @@ export function showJob(main, id) {
    * applied while the next page loads; the stream then goes on from the last one. */
   async function loadHistory() {
     let after = 0;
-    for (;;) {
-      const page = await api(`/api/v1/jobs/${encodeURIComponent(id)}/events?after=${after}&limit=1000`);
-      if (stopped) return;
-      for (const event of page.data) {
-        push(event.id, event.type, { time: event.time, ...event.data }, true);
+    view.loadingHistory = true;
+    try {
+      for (;;) {
+        const page = await api(`/api/v1/jobs/${encodeURIComponent(id)}/events?after=${after}&limit=1000`);
+        if (stopped) return;
+        if (page.next_after === null) view.loadingHistory = false; // the last page: draw it
+        for (const event of page.data) {
+          push(event.id, event.type, { time: event.time, ...event.data }, true);
+        }
+        if (page.next_after === null) return;
+        after = page.next_after;
       }
-      if (page.next_after === null) return;
-      after = page.next_after;
+    } finally {
+      view.loadingHistory = false;
     }
   }
 
