@@ -19,6 +19,7 @@ from api.errors import add_exception_handlers
 from api.metrics import LatencyMiddleware, install_collector
 from api.reconciler import Reconciler
 from api.routes import checkpoints, health, jobs, models, pods, reports, stream
+from api.routes.web import mount_web
 from api.services.models import Predictor
 from api.services.reports import ReportWriter
 from api.settings import Settings
@@ -93,6 +94,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     for module in (jobs, pods, reports, stream, checkpoints, models):
         app.include_router(module.router)
     app.include_router(health.router)
+    mount_web(app)
     return app
 
 
