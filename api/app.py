@@ -63,10 +63,10 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         init_db(engine)
         broker.bind(asyncio.get_running_loop())
         install_collector(engine, lambda: broker.clients)
-        writer = ReportWriter(engine, broker.publish)
+        writer = ReportWriter(engine, broker.publish, broker.ordering)
         app.state.report_writer = writer
         writer.start()
-        reconciler = Reconciler(engine, settings, chosen, broker.publish)
+        reconciler = Reconciler(engine, settings, chosen, broker.publish, broker.ordering)
         reconciler.start()
         # Everything loaded so far (torch among it) lives as long as the process: keep it out of
         # the collector's full passes, whose pauses otherwise set the API's tail latency.

@@ -11,7 +11,9 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
@@ -32,8 +34,11 @@ COMPLETION_GRACE = 15.0
 
 class Reconciler:
     def __init__(self, engine: Engine, settings: Settings, backend: Backend,
-                 publish: Callable[[str, list[dict]], None]) -> None:
+                 publish: Callable[[str, list[dict]], None],
+                 ordering: AbstractContextManager[Any] | None = None) -> None:
         self.engine, self.settings, self.backend, self.publish = engine, settings, backend, publish
+        self.ordering = ordering or contextlib.nullcontext()
+        """Held from the first write to the publish (Broker.ordering)."""
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -71,7 +76,8 @@ class Reconciler:
                 except BackendError as exc:
                     logger.warning("job %s: cannot observe pods: %s", job.id, exc)
                     continue
-                self.reconcile_job(session, job, status)
+                with self.ordering:
+                    self.reconcile_job(session, job, status)
 
     def reconcile_job(self, session: Session, job: Job, status: WorkloadStatus) -> None:
         first_new = self._last_event_id(session)

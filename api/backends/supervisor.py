@@ -80,6 +80,8 @@ class Pod:
     exit_code: int | None = None
     stopped: bool = False
     """The supervisor signalled this incarnation, so it failed even if it exited 0."""
+    signalled_at: float | None = None
+    """Unix time the supervisor first signalled this incarnation (a kill, a stop)."""
     kill_at: float | None = None
     """Monotonic time at which a signalled incarnation gets SIGKILL."""
     restart_at: float | None = None
@@ -93,7 +95,8 @@ class Pod:
         return {"ordinal": self.ordinal, "name": self.name,
                 "pid": self.process.pid if self.process else None,
                 "pid_started": self.pid_started, "phase": self.phase, "restarts": self.restarts,
-                "started_at": self.started_at, "exit_code": self.exit_code}
+                "started_at": self.started_at, "signalled_at": self.signalled_at,
+                "exit_code": self.exit_code}
 
 
 class Supervisor:
@@ -212,6 +215,7 @@ class Supervisor:
         except psutil.Error:  # it died at once; reap() records how
             pod.pid_started = None
         pod.phase, pod.started_at, pod.stopped, pod.kill_at = "Running", time.time(), False, None
+        pod.signalled_at = None
         logger.info("pod %s started: pid %d, restarts %d", pod.name, pod.process.pid,
                     pod.restarts)
 
@@ -248,6 +252,7 @@ class Supervisor:
         if pod.process is None or not pod.alive:
             return
         pod.stopped = True
+        pod.signalled_at = pod.signalled_at or time.time()
         if grace <= 0:
             signal_group(pod.process.pid, signal.SIGKILL)
             return
