@@ -174,6 +174,7 @@ def main() -> None:
     parser.add_argument("--modes", default="live,restart")
     parser.add_argument("--parts", default="kills,chaos")
     parser.add_argument("--model", default="minilm")
+    parser.add_argument("--data-dir", type=Path, help="keep jobs, logs and database here")
     args = parser.parse_args()
     modes, parts = args.modes.split(","), args.parts.split(",")
     spec = {"model": args.model, "dataset": "rotten_tomatoes", "replicas": 3,
@@ -181,8 +182,8 @@ def main() -> None:
     kill_results: dict[str, list[dict[str, float]]] = {}
     chaos_results: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as scratch:
-        data_dir, port = Path(scratch), free_port()
-        env = {**os.environ, "MIGRATOR_DATA_DIR": scratch, "MIGRATOR_ADMIN_TOKEN": TOKEN,
+        data_dir, port = args.data_dir or Path(scratch), free_port()
+        env = {**os.environ, "MIGRATOR_DATA_DIR": str(data_dir), "MIGRATOR_ADMIN_TOKEN": TOKEN,
                "MIGRATOR_RECONCILE_INTERVAL": "0.5", "MIGRATOR_RESTART_BUDGET": "100"}
         server = subprocess.Popen([sys.executable, "-m", "api", "--port", str(port)], env=env,
                                   stdout=subprocess.DEVNULL, start_new_session=True)

@@ -16,7 +16,10 @@ import logging
 import os
 import re
 import shutil
+import threading
 import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,7 +80,7 @@ def save_checkpoint(directory: Path, step: int, model_state: dict[str, Any],
     if (final / MARKER).is_file():
         return read_info(final)
     if shared:
-        staging = directory / f"step-{step}.tmp-{os.getpid()}"
+        staging = directory / f"step-{step}.tmp-{uuid.uuid4().hex[:12]}"
     else:
         _remove_incomplete(directory)
         staging = directory / f"step-{step}.tmp"
@@ -169,3 +172,51 @@ def apply_retention(directory: Path, keep: int) -> list[Path]:
     for path in removed:
         _delete(path)
     return removed
+
+
+def cpu_copy(state: Any) -> Any:
+    """A deep copy of a state dict with every tensor copied to the CPU: a snapshot that later
+    training steps cannot change."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {key: cpu_copy(value) for key, value in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(cpu_copy(value) for value in state)
+    return state
+
+
+class CheckpointWriter:
+    """Writes one checkpoint at a time in a background thread, from a snapshot.
+
+    Training goes on during the write; in a live group that keeps the primary in step with its
+    peers instead of dropping out of a quorum (and healing) at every checkpoint. A failed write
+    is raised by the next `submit` or `wait`, as a synchronous write would have been.
+    """
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, write: Callable[[], CheckpointInfo],
+               done: Callable[[CheckpointInfo], None]) -> None:
+        """Run `write` (which must only touch snapshots) and then `done` with its result."""
+        self.wait()
+
+        def run() -> None:
+            try:
+                done(write())
+            except BaseException as exc:  # handed to the training thread by wait()
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="checkpoint-writer")
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Block until the write in flight (if any) is durable; raise its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error

@@ -127,6 +127,8 @@ class Trainer:
     """Latest evaluation results by split, e.g. {"validation": {"accuracy": ...}}."""
     stop_reason: str | None
     """Why `fit` stopped early: `sigterm` (this process) or `peer` (another participant's)."""
+    checkpoints: checkpoint.CheckpointWriter
+    """Writes the primary's checkpoints in the background while training goes on."""
 
     def __init__(self, config: TrainConfig, group: Group, reporter: Reporter) -> None:
         self.config, self.group, self.reporter = config, group, reporter
@@ -148,6 +150,7 @@ class Trainer:
         self.sampler = GlobalSampler(len(splits.train), spec.batch_size, spec.seed)
         self.step, self.samples_seen, self.epoch_end_pending, self.metrics = 0, 0, False, {}
         self.stop_reason = None
+        self.checkpoints = checkpoint.CheckpointWriter()
         self._stop_requested = False
         self._last_log = 0.0
         self._membership: tuple[int, int] | None = None
@@ -291,7 +294,9 @@ class Trainer:
         try:
             if self.epoch_end_pending:  # resumed from an emergency checkpoint at an epoch end
                 self._end_epoch(self.sampler.epoch - 1)
-            return not self._run_epochs(self.config.spec, self.config.runtime.max_steps)
+            finished = not self._run_epochs(self.config.spec, self.config.runtime.max_steps)
+            self.checkpoints.wait()  # the last checkpoint is durable before anything else
+            return finished
         except Exception:
             if not self.group.recovers_in_place and self.group.participants > 1:
                 self.save_emergency_checkpoint()
@@ -378,23 +383,35 @@ class Trainer:
         self._stop_requested = True
 
     def save_checkpoint(self, epoch_end: bool, emergency: bool = False) -> None:
-        """Checkpoint the committed state (the primary; every survivor in an emergency)."""
+        """Checkpoint the committed state: by the primary in the background, or at once by every
+        survivor in an emergency."""
         if not (self.group.is_primary or emergency):
             return
         # The epoch of the last committed step, counted from 1 (the one just finished at an end).
         epoch = self.sampler.epoch if epoch_end else self.sampler.epoch + 1
-        info = checkpoint.save_checkpoint(
-            self.config.runtime.checkpoint_dir, self.step, unwrap(self.model).state_dict(),
-            self.state_dict(),
-            {"epoch": epoch, "cursor": self.sampler.cursor, "epoch_end": epoch_end,
-             "emergency": emergency,
-             "metrics": {"val_accuracy": self.metrics.get("validation", {}).get("accuracy")}},
-            keep=self.config.spec.keep_checkpoints, shared=emergency)
-        size = sum(p.stat().st_size for p in info.path.iterdir())
-        self.reporter.emit("checkpoint", step=self.step, epoch=epoch,
-                           path=info.path.name, size_bytes=size, epoch_end=epoch_end,
-                           val_accuracy=info.val_accuracy, emergency=emergency)
-        self.reporter.flush()
+        meta = {"epoch": epoch, "cursor": self.sampler.cursor, "epoch_end": epoch_end,
+                "emergency": emergency,
+                "metrics": {"val_accuracy": self.metrics.get("validation", {}).get("accuracy")}}
+        directory, step, keep = (self.config.runtime.checkpoint_dir, self.step,
+                                 self.config.spec.keep_checkpoints)
+
+        def reported(info: checkpoint.CheckpointInfo) -> None:
+            size = sum(p.stat().st_size for p in info.path.iterdir())
+            self.reporter.emit("checkpoint", step=step, epoch=epoch, path=info.path.name,
+                               size_bytes=size, epoch_end=epoch_end,
+                               val_accuracy=info.val_accuracy, emergency=emergency)
+            self.reporter.flush()
+
+        if emergency:
+            self.checkpoints.wait()
+            reported(checkpoint.save_checkpoint(
+                directory, step, unwrap(self.model).state_dict(), self.state_dict(), meta,
+                keep=keep, shared=True))
+            return
+        model_state = checkpoint.cpu_copy(unwrap(self.model).state_dict())
+        trainer_state = checkpoint.cpu_copy(self.state_dict())
+        self.checkpoints.submit(lambda: checkpoint.save_checkpoint(
+            directory, step, model_state, trainer_state, meta, keep=keep), reported)
 
     def save_emergency_checkpoint(self) -> None:
         """After a failed collective: keep the last committed step so a restart loses none.
@@ -407,7 +424,7 @@ class Trainer:
         try:
             self.save_checkpoint(epoch_end=False, emergency=True)
             logger.info("emergency checkpoint at step %d", self.step)
-        except Exception:
+        except Exception:  # the failure being handled matters more; this one is logged
             logger.exception("emergency checkpoint at step %d failed", self.step)
 
     # --- evaluation ----------------------------------------------------------------------
