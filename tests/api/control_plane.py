@@ -62,6 +62,16 @@ class ControlPlane:
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(timeout=10)
 
+    def restart(self) -> None:
+        """SIGKILL the API (its jobs live on under their supervisors) and start it again."""
+        self.kill()
+        self.start()
+
+    def report_token(self, job_id: str) -> str:
+        """The job's report token, from the local backend's launch record."""
+        launch = json.loads((self.data_dir / "jobs" / job_id / "launch.json").read_text())
+        return str(launch["report_token"])
+
     def job(self, job_id: str) -> dict[str, Any]:
         response = self.http.get(f"/api/v1/jobs/{job_id}")
         assert response.status_code == 200, response.text

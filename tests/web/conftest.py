@@ -6,24 +6,15 @@ of a module; each test gets a fresh page whose console errors are collected.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from api.backends.local import LocalBackend
-from tests.api.conftest import ADMIN_TOKEN, AUTH
-from tests.api.live import free_port
+from tests.api.control_plane import ControlPlane
 from tests.conftest import ROOT, Processes
 from tests.factories import make_reviews_csv
 
@@ -47,79 +38,24 @@ def require_browser() -> None:
         pytest.skip("; ".join(problems))
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.1)
-
-
-class ControlPlane:
-    """`python -m api` on a free port, the local backend, the tiny model under its inputs dir."""
-
-    def __init__(self, processes: Processes, root: Path, tiny_model: Path) -> None:
-        self.processes, self.data_dir = processes, root / "data"
-        self.inputs_dir = root / "inputs"
-        self.inputs_dir.mkdir(parents=True)
-        (self.inputs_dir / "tiny").symlink_to(tiny_model)
-        make_reviews_csv(self.inputs_dir / "reviews.csv", rows=4000)
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.http = httpx.Client(base_url=self.url, headers=AUTH, timeout=30)
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {"MIGRATOR_DATA_DIR": str(self.data_dir), "MIGRATOR_ADMIN_TOKEN": ADMIN_TOKEN,
-               "MIGRATOR_INPUTS_DIR": str(self.inputs_dir), "MIGRATOR_RECONCILE_INTERVAL": "0.3"}
-        self.process = process = self.processes.start(
-            [sys.executable, "-m", "api", "--port", self.url.rsplit(":", 1)[1]], env,
-            self.data_dir.parent / "api.log")
-
-        def healthy() -> bool:
-            assert process.poll() is None, "the API exited; see api.log"
-            with contextlib.suppress(httpx.HTTPError):
-                return self.http.get("/healthz").status_code == 200
-            return False
-
-        wait_for(healthy, 60, "the API to start")
-
-    def restart(self) -> None:
-        """SIGKILL the API (its jobs live on under their supervisors) and start it again."""
-        assert self.process is not None
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=10)
-        self.start()
-
-    def report_token(self, job_id: str) -> str:
-        """The job's report token, from the local backend's launch record."""
-        launch = json.loads((self.data_dir / "jobs" / job_id / "launch.json").read_text())
-        return str(launch["report_token"])
-
-    def job(self, job_id: str) -> dict[str, Any]:
-        response = self.http.get(f"/api/v1/jobs/{job_id}")
-        assert response.status_code == 200, response.text
-        return response.json()
-
-    def stop(self) -> None:
-        self.http.close()
-        backend = LocalBackend(self.data_dir / "jobs")
-        for job_dir in (self.data_dir / "jobs").glob("job-*"):
-            backend.delete(job_dir.name)
-        self.processes.cleanup()
-
-
 @pytest.fixture(scope="module")
 def control_plane(tmp_path_factory: pytest.TempPathFactory,
                   tiny_model_dir: Path) -> Iterator[ControlPlane]:
+    """`python -m api` on a free port, the local backend, the tiny model under its inputs dir."""
     require_browser()
-    plane = ControlPlane(Processes(), tmp_path_factory.mktemp("dashboard"), tiny_model_dir)
+    root = tmp_path_factory.mktemp("dashboard")
+    inputs = root / "inputs"
+    inputs.mkdir()
+    (inputs / "tiny").symlink_to(tiny_model_dir)
+    make_reviews_csv(inputs / "reviews.csv", rows=4000)
+    processes = Processes()
+    plane = ControlPlane(processes, root / "data", inputs)
     try:
         plane.start()
         yield plane
     finally:
-        plane.stop()
+        plane.close()
+        processes.cleanup()
 
 
 @pytest.fixture(scope="module")

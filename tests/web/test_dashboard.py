@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from tests.api.conftest import ADMIN_TOKEN
-from tests.web.conftest import ControlPlane, save_artifact, wait_for
+from tests.api.control_plane import ControlPlane, wait_for
+from tests.web.conftest import save_artifact
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
