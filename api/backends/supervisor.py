@@ -111,7 +111,7 @@ class Supervisor:
         """The torchft lighthouse (live) or the rendezvous store (restart), on a fixed port."""
         self.coordinator_endpoint = commands.Endpoint("127.0.0.1", free_port())
         self.coordinator_started: float | None = None
-        self.coordinator_restarts = -1
+        self.coordinator_starts = 0
         self.started = psutil.Process().create_time()
         self.mode: Mode = "running"
         self.final_reason: str | None = None
@@ -159,7 +159,7 @@ class Supervisor:
                                 "endpoint": str(self.coordinator_endpoint),
                                 "pid": coordinator.pid if coordinator else None,
                                 "pid_started": self.coordinator_started,
-                                "restarts": max(self.coordinator_restarts, 0)}}
+                                "restarts": max(self.coordinator_starts - 1, 0)}}
 
     def write_state(self) -> None:
         """Write state.json when it changed since the last write."""
@@ -189,7 +189,7 @@ class Supervisor:
             self.coordinator = subprocess.Popen(
                 argv, cwd=self.job_dir, stdin=subprocess.DEVNULL, stdout=handle,
                 stderr=subprocess.STDOUT, start_new_session=True)
-        self.coordinator_restarts += 1
+        self.coordinator_starts += 1
         with contextlib.suppress(psutil.Error):
             self.coordinator_started = psutil.Process(self.coordinator.pid).create_time()
         logger.info("%s on %s (pid %d)", name, endpoint, self.coordinator.pid)
