@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from api.backends.commands import lighthouse_argv
 from tests.api.live import free_port
 from tests.conftest import Processes
 from tests.factories import make_reviews_csv
@@ -32,28 +33,35 @@ def wait_for(condition, timeout: float = 120, what: str = "condition"):
     return value
 
 
+def start_lighthouse(processes: Processes, log: Path) -> int:
+    port = free_port()
+    processes.start(lighthouse_argv(f"127.0.0.1:{port}", executable=str(LIGHTHOUSE)), {}, log)
+    return port
+
+
+def start_pod(processes: Processes, tmp_path: Path, inputs_dir: Path, port: int,
+              spec: dict, ordinal: int, incarnation: int = 0):
+    env = {"TRAINER_CONFIG": json.dumps(spec), "JOB_ID": "live", "POD_NAME": f"live-{ordinal}",
+           "POD_INCARNATION": str(incarnation), "POD_ADDRESS": "127.0.0.1",
+           "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{port}", "INPUTS_DIR": str(inputs_dir),
+           "CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "MODEL_DIR": str(tmp_path / "model"),
+           "TRAINER_CACHE_DIR": str(tmp_path / "cache"),
+           "METRICS_FILE": str(tmp_path / "reports.jsonl"), "LOG_SAMPLE_IDS": "true",
+           "OMP_NUM_THREADS": "1"}
+    return processes.start([sys.executable, "-m", "trainer"], env,
+                           tmp_path / f"pod-{ordinal}-{incarnation}.log")
+
+
 def test_survivors_keep_training_and_a_killed_pod_rejoins_live(
         inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
     make_reviews_csv(inputs_dir / "reviews.csv", rows=2000)
-    port = free_port()
-    processes.start([str(LIGHTHOUSE), "--min_replicas", "1", "--bind", f"127.0.0.1:{port}",
-                     "--quorum_tick_ms", "100", "--join_timeout_ms", "1000",
-                     "--heartbeat_timeout_ms", "1000"], {}, tmp_path / "lighthouse.log")
+    port = start_lighthouse(processes, tmp_path / "lighthouse.log")
     reports = tmp_path / "reports.jsonl"
     spec = {"model": "tiny", "dataset": "reviews.csv", "epochs": 6, "batch_size": 8,
             "learning_rate": 0.003, "checkpoint_every_steps": 25, "fault_tolerance": "live"}
 
     def start(ordinal: int, incarnation: int):
-        env = {"TRAINER_CONFIG": json.dumps(spec), "JOB_ID": "live",
-               "POD_NAME": f"live-{ordinal}",
-               "POD_INCARNATION": str(incarnation), "POD_ADDRESS": "127.0.0.1",
-               "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{port}", "INPUTS_DIR": str(inputs_dir),
-               "CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
-               "MODEL_DIR": str(tmp_path / "model"),
-               "TRAINER_CACHE_DIR": str(tmp_path / "cache"), "METRICS_FILE": str(reports),
-               "LOG_SAMPLE_IDS": "true", "OMP_NUM_THREADS": "1"}
-        return processes.start([sys.executable, "-m", "trainer"], env,
-                               tmp_path / f"pod-{ordinal}-{incarnation}.log")
+        return start_pod(processes, tmp_path, inputs_dir, port, spec, ordinal, incarnation)
 
     pods = [start(ordinal, 0) for ordinal in range(3)]
 
@@ -100,3 +108,31 @@ def test_survivors_keep_training_and_a_killed_pod_rejoins_live(
     assert sorted(by_epoch) == [1, 2, 3, 4, 5, 6]
     for epoch, counts in by_epoch.items():
         assert counts == Counter(range(train_size)), f"epoch {epoch}"
+
+
+def test_a_survivor_takes_over_checkpoints_and_export_when_the_primary_dies(
+        inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
+    make_reviews_csv(inputs_dir / "reviews.csv", rows=1000)
+    port = start_lighthouse(processes, tmp_path / "lighthouse.log")
+    spec = {"model": "tiny", "dataset": "reviews.csv", "epochs": 4, "batch_size": 8,
+            "learning_rate": 0.003, "checkpoint_every_steps": 10, "fault_tolerance": "live"}
+    primary, survivor = (start_pod(processes, tmp_path, inputs_dir, port, spec, o)
+                         for o in (0, 1))
+    reports = tmp_path / "reports.jsonl"
+    wait_for(lambda: any(r["kind"] == "checkpoint" for r in records(reports)),
+             what="the primary's first checkpoint")
+    primary.send_signal(signal.SIGKILL)  # and it never comes back
+    killed_at = time.time()
+    assert survivor.wait(timeout=240) == 0
+
+    everything = records(reports)
+    assert {r["pod"] for r in everything
+            if r["kind"] == "checkpoint" and r["time"] < killed_at} == {"live-0"}
+    after = [r for r in everything if r["time"] > killed_at]
+    assert any(r["kind"] == "event" and r["data"]["type"] == "primary" for r in after)
+    assert {r["pod"] for r in after if r["kind"] == "checkpoint"} == {"live-1"}
+    completed = [r["data"] for r in after if r["kind"] == "event"
+                 and r["data"]["type"] == "completed"]
+    assert [(c["primary"], c["model_dir"]) for c in completed] == [
+        (True, str(tmp_path / "model"))]
+    assert (tmp_path / "model" / "config.json").is_file()
