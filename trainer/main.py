@@ -11,7 +11,7 @@ from trainer.config import ConfigError, TrainConfig, load_config
 from trainer.data import DataError
 from trainer.distributed import Group
 from trainer.model import ModelError, choose_device
-from trainer.report import HttpSink, JsonlSink, MetricsSink, Reporter
+from trainer.report import HeartbeatFile, HttpSink, JsonlSink, MetricsSink, Reporter
 
 logger = logging.getLogger("trainer")
 
@@ -39,6 +39,8 @@ def build_reporter(config: TrainConfig, pod: str) -> Reporter:
     if runtime.report_url and runtime.report_token:
         sinks.append(HttpSink(runtime.report_url, runtime.report_token, pod,
                               reporter.incarnation))
+    if runtime.heartbeat_file is not None:
+        sinks.append(HeartbeatFile(runtime.heartbeat_file))
     reporter.sinks = sinks
     return reporter
 

@@ -3,8 +3,9 @@
 The thread lists the pods once, then watches from the list's resourceVersion and resumes each
 renewed watch from the last resourceVersion it saw; when the server answers 410 Gone (that
 version was compacted away) it starts again from a fresh list, as client-go's reflector does.
-Besides the current pods it keeps, per pod name, every uid it saw with that pod's highest
-container restart count, so a pod deleted and recreated between two looks is still counted.
+Besides the current pods it keeps, per pod name, every uid it saw since the last `take_uids`
+with that pod's highest container restart count, so a pod deleted and recreated between two
+looks is still counted.
 """
 
 from __future__ import annotations
@@ -67,10 +68,17 @@ class PodWatcher:
             return [pod for pod in self._pods.values()
                     if (pod["metadata"].get("labels") or {}).get(label) == value]
 
-    def uids(self, name: str) -> list[tuple[str, int]]:
-        """Every (uid, highest restart count) seen for the pod `name`, oldest first."""
+    def take_uids(self, name: str) -> list[tuple[str, int]]:
+        """Every (uid, highest restart count) seen for the pod `name` since the last call,
+        oldest first; each is handed out once."""
         with self._lock:
-            return list(self._uids.get(name, {}).items())
+            return list(self._uids.pop(name, {}).items())
+
+    def forget(self, job_id: str) -> None:
+        """Drop the uids kept for a job's pods (its workload is gone)."""
+        with self._lock:
+            for name in [n for n in self._uids if n.rsplit("-", 1)[0] == job_id]:
+                del self._uids[name]
 
     def remember(self, pods: list[Pod]) -> None:
         """Record pods listed directly (while the watch is not synced)."""

@@ -244,7 +244,7 @@ class KubernetesBackend:
             changed = False
             for ordinal in range(replicas):
                 counter = tally.setdefault(ordinal, Incarnations())
-                for uid, count in self.watcher.uids(f"{job_id}-{ordinal}"):
+                for uid, count in self.watcher.take_uids(f"{job_id}-{ordinal}"):
                     changed |= counter.observe(uid, count)
             totals = {ordinal: tally[ordinal].total for ordinal in range(replicas)}
             document = dump_incarnations(tally) if changed else None
@@ -287,6 +287,7 @@ class KubernetesBackend:
             logger.info("job %s: workload deleted (foreground)", job_id)
         with self._lock:
             self._incarnations.pop(job_id, None)
+        self.watcher.forget(job_id)
 
     def _delete_statefulset(self, job_id: str) -> bool:
         try:
