@@ -77,8 +77,8 @@ while :; do
 done
 if [ "$code" -ne 0 ]; then exit "$code"; fi
 echo "trainer finished: holding the pod until the control plane deletes the workload" >&2
-trap 'exit 0' TERM INT
-while :; do sleep 3600 & wait $!; done
+trap 'kill "$sleeper" 2>/dev/null; exit 0' TERM INT
+while :; do sleep 3600 & sleeper=$!; wait "$sleeper"; done
 """
 HEARTBEAT_CHECK = ("import os, sys, time; sys.exit(time.time() - os.stat(os.environ["
                    "'HEARTBEAT_FILE']).st_mtime > float(os.environ['HEARTBEAT_MAX_AGE']))")
