@@ -1,4 +1,4 @@
-"""A job's Kubernetes objects: valid against the official schemas, built from api/backends/commands."""
+"""A job's Kubernetes objects: valid against the official schemas, built from commands.py."""
 
 from __future__ import annotations
 
