@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from api.backends import manifests
 from api.backends.base import (
@@ -20,6 +21,7 @@ from api.backends.kubernetes import KubernetesBackend, cluster_config
 from api.settings import Settings
 from tests.api.backends.k8s_fake import FakeApiServer
 from tests.api.backends.test_supervisor import wait_for
+from tests.conftest import ROOT
 
 NS = "live-migrator"
 BUDGET = 3
@@ -275,3 +277,45 @@ def test_watch_recovers_from_410_gone(backend: KubernetesBackend, settings: Sett
     assert {w.query["timeoutSeconds"] for w in watches} == {"2"}
     # Resumed watches start from the last version seen, not from a fresh list.
     assert len({w.query["resourceVersion"] for w in watches}) == len(watches)
+
+
+def verbs_used(requests: list[Any]) -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) of each request, as the API server authorizes it."""
+    used = set()
+    for request in requests:
+        parts = request.path.strip("/").split("/")
+        group = parts[1] if parts[0] == "apis" else ""
+        rest = parts[parts.index("namespaces") + 2:]
+        resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+        verb = {"POST": "create", "PATCH": "patch", "DELETE": "delete"}.get(request.method)
+        if verb is None:
+            verb = "get" if len(rest) > 1 else (
+                "watch" if request.query.get("watch") == "true" else "list")
+        used.add((group, resource, verb))
+    return used
+
+
+def test_the_role_grants_exactly_the_verbs_the_backend_uses(
+        backends: Callable[[], KubernetesBackend], settings: Settings,
+        fake_k8s: FakeApiServer) -> None:
+    first = backends()
+    for mode, job_id in (("live", "job-0000000a"), ("restart", "job-0000000b")):
+        first.launch(make_launch(settings, job_id=job_id, mode=mode))
+        running(first, job_id)
+    first.kill_pod("job-0000000a", 0, 0)
+    pod_status(first, "job-0000000a", 0, lambda p: p.restarts == 1, "the recreated pod")
+    fake_k8s.cluster.set_log("job-0000000a-0", "hello\n")
+    assert first.tail_logs("job-0000000a", 0, 5) == ["hello"]
+    assert first.active_jobs() == ["job-0000000a", "job-0000000b"]
+    first.delete("job-0000000b")
+    cluster_setup = [r for r in fake_k8s.cluster.requests if "persistentvolumeclaims" in r.path]
+    used = verbs_used([r for r in fake_k8s.cluster.requests if r not in cluster_setup])
+    role = next(d for d in yaml.safe_load_all((ROOT / "k8s/base/rbac.yaml").read_text())
+                if d["kind"] == "Role")
+    granted = {(group, resource, verb) for rule in role["rules"]
+               for group in rule["apiGroups"] for resource in rule["resources"]
+               for verb in rule["verbs"]}
+    # Owner references with blockOwnerDeletion are authorized as an update of the owner's
+    # finalizers (where that admission plugin runs); no request of ours names it.
+    implicit = {("apps", "statefulsets/finalizers", "update")}
+    assert used == granted - implicit
