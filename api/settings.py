@@ -44,8 +44,9 @@ class Settings(BaseSettings):
     """Kubeconfig file; unset: in-cluster config, else $KUBECONFIG or ~/.kube/config."""
     k8s_context: str | None = None
     """Kubeconfig context; unset: the file's current context."""
-    k8s_trainer_image: str = "ghcr.io/live-migrator/trainer:0.1.0"
-    """Image of the trainer pods, the lighthouse and the rendezvous store."""
+    k8s_trainer_image: str = "ghcr.io/live-migrator/live-migrator-trainer:v0.1.0"
+    """Image of the trainer pods, the lighthouse and the rendezvous store (as the images
+    workflow names it: ghcr.io/<owner>/live-migrator-trainer:<tag>)."""
     k8s_image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     k8s_data_claim: str = "migrator-data"
     """RWX PVC with the inputs (local models and datasets), mounted read-only at /inputs."""

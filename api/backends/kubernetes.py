@@ -200,13 +200,15 @@ class KubernetesBackend:
                         self.apps.read_namespaced_stateful_set, job_id, ns)
         except WorkloadNotFound:
             return WorkloadStatus(present=False)
-        if owner["metadata"].get("deletionTimestamp"):
-            return WorkloadStatus(present=False)
         replicas = int(owner["spec"].get("replicas") or 0)
         views = {v.ordinal: v for v in map(view, self._pods(job_id)) if v is not None}
         restarts = self._count_restarts(owner, job_id, replicas)
         pods = [self._pod_status(job_id, ordinal, views.get(ordinal), restarts[ordinal])
                 for ordinal in range(replicas)]
+        if owner["metadata"].get("deletionTimestamp"):
+            # Being deleted (by a cancel or a completion that decided already): it is still
+            # there, and calling it gone now would race that decision. Gone once deleted.
+            return WorkloadStatus(present=True, pods=pods)
         reason = give_up_reason([v for v in views.values() if v.ordinal < replicas],
                                 restarts, self.restart_budget)
         return WorkloadStatus(present=reason is None, pods=pods, finished=reason is not None,

@@ -178,13 +178,20 @@ def test_delete_is_foreground_keeps_volumes_and_is_idempotent(
     launch = make_launch(settings, mode="restart")
     backend.launch(launch)
     running(backend, launch.job_id)
+    fake_k8s.cluster.collect_garbage = False  # look at it while it is being deleted
     backend.delete(launch.job_id)
     delete = [r for r in fake_k8s.cluster.requests if r.method == "DELETE"][-1]
     assert (delete.path, delete.query["propagationPolicy"]) == (
         f"/apis/apps/v1/namespaces/{NS}/statefulsets/{launch.job_id}", "Foreground")
-    assert backend.status(launch.job_id).present is False  # being deleted counts as gone
+    with pytest.raises(WorkloadNotFound, match="being deleted"):
+        backend.kill_pod(launch.job_id, 0, 0)
+    # Still there while being deleted (the control plane decided already: no verdict).
+    deleting = backend.status(launch.job_id)
+    assert (deleting.present, deleting.finished, len(deleting.pods)) == (True, False, 2)
+    fake_k8s.cluster.collect_garbage = True
     wait_for(lambda: sorted({k[0] for k in fake_k8s.cluster.store.objects}) == [
         "persistentvolumeclaims"], "every object but the PVCs to be gone", 10)
+    assert backend.status(launch.job_id).present is False
     backend.delete(launch.job_id)  # again: nothing to do, no error
     assert backend.active_jobs() == []
     assert launch.checkpoint_dir.resolve().is_dir()  # checkpoints stay on their volume

@@ -167,9 +167,11 @@ def cancel(client: TestClient, settings: Settings, fake_k8s: FakeApiServer) -> N
     job_id = start_training(client, fake_k8s)
     checkpoints, _ = manifests.volume_dirs(settings.resolved_volumes_dir, job_id)
     (checkpoints / "step-5").mkdir()
+    fake_k8s.cluster.collect_garbage = False  # a real foreground deletion takes a while
     response = client.delete(f"/api/v1/jobs/{job_id}", headers=AUTH)
     assert response.status_code == 202, response.text
     assert job_state(client, job_id)["status"] == "cancelled"
+    fake_k8s.cluster.collect_garbage = True
     wait_for(lambda: not workload_objects(fake_k8s, job_id), "the workload to be gone", 10)
     assert (settings.jobs_dir / job_id / "checkpoints" / "step-5").is_dir()
     killed = client.post(f"/api/v1/jobs/{job_id}/pods/0/kill", headers=AUTH)

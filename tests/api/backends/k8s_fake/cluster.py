@@ -41,6 +41,8 @@ class FakeCluster:
         self.start_delay, self.max_grace = start_delay, max_grace
         self.start_pods = True
         """False keeps new pods Pending (tests that look at a pod before it runs)."""
+        self.collect_garbage = True
+        """False holds deletions in progress (tests that look at an object being deleted)."""
         self.requests: list[Request] = []
         self.logs: dict[tuple[str, bool], str] = {}
         self._born: dict[str, float] = {}
@@ -186,7 +188,8 @@ class FakeCluster:
         while not self._stop.is_set():
             with self.store.changed:
                 self._kubelet()
-                self._collect_garbage()
+                if self.collect_garbage:
+                    self._collect_garbage()
                 self._reconcile()
                 self.store.changed.wait(TICK)
 
