@@ -10,6 +10,7 @@ looks is still counted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -58,7 +59,13 @@ class PodWatcher:
         self._stop.set()
         current = self._watch
         if current is not None:
-            current.stop()  # shuts the streaming socket down, so the read returns now
+            current.stop()
+            # Watch.stop() shuts the connection's socket, which http.client has already handed
+            # to the response when the server said `Connection: close`; urllib3 (2.3+) can shut
+            # the response's own socket, so the blocked read returns now.
+            response = getattr(current, "_resp", None)
+            with contextlib.suppress(AttributeError, ValueError, RuntimeError, OSError):
+                response.shutdown()  # type: ignore[union-attr]
         if self._thread.is_alive():
             self._thread.join(timeout)
 
