@@ -65,17 +65,19 @@ TERMINATION_GRACE = 30
 # A StatefulSet's pods must restart (restartPolicy Always), but a trainer that finished must not
 # run again: it would retrain from an older checkpoint and overwrite the export the control plane
 # is registering. So the container's first process runs the trainer as a child, forwards
-# SIGTERM/SIGINT to it, passes any failure on, and after a clean exit holds the pod until the
-# control plane deletes the workload. (No "$(" in here: the kubelet would expand it.)
+# SIGTERM/SIGINT to it (its emergency checkpoint), passes any failure or a stop on, and after a
+# clean finish holds the pod until the control plane deletes the workload.
+# (No "$(" in here: the kubelet would expand it.)
 HOLD_SCRIPT = """\
 "$@" &
 child=$!
-trap 'kill -TERM "$child" 2>/dev/null' TERM INT
+stopped=
+trap 'stopped=1; kill -TERM "$child" 2>/dev/null' TERM INT
 while :; do
   wait "$child"; code=$?
   kill -0 "$child" 2>/dev/null || break
 done
-if [ "$code" -ne 0 ]; then exit "$code"; fi
+if [ "$code" -ne 0 ] || [ -n "$stopped" ]; then exit "$code"; fi
 echo "trainer finished: holding the pod until the control plane deletes the workload" >&2
 trap 'kill "$sleeper" 2>/dev/null; exit 0' TERM INT
 while :; do sleep 3600 & sleeper=$!; wait "$sleeper"; done
