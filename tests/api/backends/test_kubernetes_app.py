@@ -135,6 +135,12 @@ def lifecycle(client: TestClient, settings: Settings, fake_k8s: FakeApiServer) -
     assert any(e.get("action") == "kill" and e["ordinal"] == 1 for e in events)
     assert any(e.get("name") == f"{job_id}-1" and e.get("restarts") == 1 for e in events)
 
+    # An OOM kill restarts the container: a pod event names it.
+    cluster.oom_kill(f"{job_id}-0")
+    wait_job(client, job_id, lambda s: s["pods"][0]["restarts"] == 1, "the OOM restart")
+    oom = [e for e in pod_events(client, job_id) if e.get("reason") == "OOMKilled"]
+    assert oom and oom[-1]["exit_code"] == 137 and "OOMKilled" in oom[-1]["message"]
+
     # Completion: the primary's export lands on the models PVC, both pods report.
     _, models = manifests.volume_dirs(settings.resolved_volumes_dir, job_id)
     export = manifests.exported_model_dir(models)
@@ -196,3 +202,17 @@ def test_restarted_api_re_adopts_and_a_410_is_survived(
         assert state["status"] == "running"
         assert any(e.get("name") == f"{job_id}-0" and e.get("restarts") == 1
                    for e in pod_events(second, job_id))
+
+
+def test_bad_input_fails_the_job_and_deletes_the_workload(
+        settings: Settings, fake_k8s: FakeApiServer) -> None:
+    with start(settings) as client:
+        job_id = start_training(client, fake_k8s)
+        fake_k8s.cluster.crash_loop(f"{job_id}-1", 2, message=(
+            f"2026-11-23 10:00:01,456 ERROR job={job_id} pod={job_id}-1 trainer: model "
+            "'tiny': no config.json\n"))
+        state = wait_job(client, job_id, lambda s: s["status"] == "failed", "the job to fail")
+        assert state["reason"] == f"pod {job_id}-1 failed: bad input: model 'tiny': no config.json"
+        crash = [e for e in pod_events(client, job_id) if e.get("reason") == "CrashLoopBackOff"]
+        assert crash and crash[-1]["phase"] == "Failed"
+        wait_for(lambda: not workload_objects(fake_k8s, job_id), "the workload to be gone", 10)
