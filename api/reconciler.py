@@ -11,7 +11,9 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
@@ -32,8 +34,11 @@ COMPLETION_GRACE = 15.0
 
 class Reconciler:
     def __init__(self, engine: Engine, settings: Settings, backend: Backend,
-                 publish: Callable[[str, list[dict]], None]) -> None:
+                 publish: Callable[[str, list[dict]], None],
+                 ordering: AbstractContextManager[Any] | None = None) -> None:
         self.engine, self.settings, self.backend, self.publish = engine, settings, backend, publish
+        self.ordering = ordering or contextlib.nullcontext()
+        """Held from the first write to the publish (Broker.ordering)."""
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -71,7 +76,8 @@ class Reconciler:
                 except BackendError as exc:
                     logger.warning("job %s: cannot observe pods: %s", job.id, exc)
                     continue
-                self.reconcile_job(session, job, status)
+                with self.ordering:
+                    self.reconcile_job(session, job, status)
 
     def reconcile_job(self, session: Session, job: Job, status: WorkloadStatus) -> None:
         first_new = self._last_event_id(session)
@@ -97,18 +103,27 @@ class Reconciler:
             self._finish(session, job, JobStatus.failed,
                          "the workload vanished (its supervisor or StatefulSet is gone)")
         elif job.status in (JobStatus.running, JobStatus.degraded):
-            running = sum(p.phase == "Running" for p in status.pods)
-            wanted = JobStatus.degraded if running < int(job.spec["replicas"]) else \
-                JobStatus.running
-            if wanted != job.status:
-                job.status = wanted
-                add_event(session, job.id, "job", status=wanted.value,
-                          message=f"{running} of {job.spec['replicas']} pods running")
+            self._update_degraded(session, job, status)
         session.add(job)
         session.commit()
         new = session.exec(select(Event).where(Event.job_id == job.id,
                                                col(Event.id) > first_new).order_by(col(Event.id)))
         self.publish(job.id, [event_item(e) for e in new])
+
+    @staticmethod
+    def _update_degraded(session: Session, job: Job, status: WorkloadStatus) -> None:
+        """Degraded while fewer pods than asked run, or take part in the latest step."""
+        replicas = int(job.spec["replicas"])
+        running = sum(p.phase == "Running" for p in status.pods)
+        participants = int(job.metrics.get("participants", replicas))
+        wanted = JobStatus.degraded if min(running, participants) < replicas else \
+            JobStatus.running
+        if wanted != job.status:
+            job.status = wanted
+            add_event(session, job.id, "job", status=wanted.value, running=running,
+                      participants=participants,
+                      message=f"{running} of {replicas} pods running, {participants} "
+                              "training")
 
     @staticmethod
     def _last_event_id(session: Session) -> int:

@@ -1,18 +1,25 @@
-"""Recovery after a killed pod: live (torchft) against restart (whole group from a checkpoint).
+"""Recovery after killed pods: live (torchft) against restart (torchrun elastic), one run.
 
-Both modes run the same job on the same machine in one run, through the real control plane and
-local backend: pod 1 is SIGKILLed every --every seconds, --kills times. Per kill it measures the
-survivors' pause (kill -> next committed step of pod 0), the committed steps recomputed, and the
-rejoin time (recreated pod's process start -> its first committed step). Prints medians per mode
-and the live/restart ratio (goals: live pause <= 1.5 s, ratio <= 0.15, 0 steps lost, rejoin
-<= 10 s).
+Both modes run the same jobs on the same machine through the real control plane and the local
+backend; every kill is a real SIGKILL through `POST .../pods/{ordinal}/kill`.
 
-    PYTHONPATH=. .venv/bin/python -m bench.recovery [--kills 5] [--every 20] [--model minilm]
+1. Kills: pod 1 of 3 is killed every --every seconds, --kills times. Per kill: the survivors'
+   pause (kill -> next committed step of a survivor), the committed steps computed again (the
+   last step committed before the kill minus the first one committed after it, plus one), and
+   the rejoin time (recreated pod's process start -> its first committed step). Goals: live
+   pause <= 1.5 s, live/restart pause ratio <= 0.15, 0 steps lost, rejoin <= 10 s.
+2. Chaos: the demo job (MiniLM, Rotten Tomatoes, 2,000 samples, 2 pods) once undisturbed and
+   once with a pod killed every --chaos-every seconds until it ends, same seed. Goal: the chaos
+   run succeeds with test accuracy within 1 point of the undisturbed one; its time overhead is
+   reported as a ratio.
+
+    PYTHONPATH=. .venv/bin/python -m bench.recovery [--kills 5] [--every 20] [--modes live,restart]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -26,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from api.demo import DEMO_SPEC
 from bench.serve_noop import free_port
 
 TOKEN = "bench-admin-token-0123456789"
@@ -51,43 +59,52 @@ def wait(condition: Any, timeout: float, what: str) -> Any:
     return value
 
 
-def _recreated(state_file: Path, restarts: int) -> float | None:
-    """The start time of pod 1's next incarnation, once there is one."""
-    pod = json.loads(state_file.read_text())["pods"][1]
-    return pod["started_at"] if pod["restarts"] > restarts else None
+def steps(http: httpx.Client, job_id: str) -> list[tuple[float, str, int]]:
+    """(trainer time, pod, step) of every committed step, oldest first."""
+    return sorted((e["time"], e["data"]["pod"], e["data"]["step"])
+                  for e in events(http, job_id, "metric") if e["data"].get("kind") == "metric")
 
 
-def _steps(http: httpx.Client, job_id: str, ordinal: int, since: float) -> list[dict[str, Any]]:
-    """Committed-step metrics of one pod reported after `since`."""
-    return [e for e in events(http, job_id, "metric") if e["data"].get("kind") == "metric"
-            and e["data"]["pod"] == f"{job_id}-{ordinal}" and e["time"] > since]
+def pod_state(data_dir: Path, job_id: str, ordinal: int) -> dict[str, Any]:
+    pod: dict[str, Any] = json.loads(
+        (data_dir / "jobs" / job_id / "state.json").read_text())["pods"][ordinal]
+    return pod
 
 
-def run_mode(http: httpx.Client, data_dir: Path, spec: dict[str, Any], args: argparse.Namespace,
-             ) -> list[dict[str, float]]:
+def kill(http: httpx.Client, data_dir: Path, job_id: str, ordinal: int) -> tuple[float, int]:
+    """SIGKILL a pod through the API; (when the supervisor sent the signal, restarts before)."""
+    before = pod_state(data_dir, job_id, ordinal)
+    http.post(f"/api/v1/jobs/{job_id}/pods/{ordinal}/kill", json={"grace_seconds": 0})
+    signalled = wait(lambda: pod_state(data_dir, job_id, ordinal)["signalled_at"], 30,
+                     "the kill")
+    return signalled, before["restarts"]
+
+
+def run_kills(http: httpx.Client, data_dir: Path, spec: dict[str, Any],
+              args: argparse.Namespace) -> list[dict[str, float]]:
     job_id = http.post("/api/v1/jobs", json=spec).json()["id"]
-    state_file = data_dir / "jobs" / job_id / "state.json"
+    victim, survivors = f"{job_id}-1", {f"{job_id}-0", f"{job_id}-2"}
     wait(lambda: http.get(f"/api/v1/jobs/{job_id}").json()["progress"]["step"] >= 3, 600,
          "training to start")
     kills = []
     for _ in range(args.kills):
         time.sleep(args.every)
-        job = http.get(f"/api/v1/jobs/{job_id}").json()
-        if job["status"] not in ("running", "degraded"):
+        if http.get(f"/api/v1/jobs/{job_id}").json()["status"] not in ("running", "degraded"):
             break
-        before = max((e["data"]["step"] for e in events(http, job_id, "metric")
-                      if e["data"].get("kind") == "metric"), default=0)
-        restarts = json.loads(state_file.read_text())["pods"][1]["restarts"]
-        killed_at = time.time()
-        http.post(f"/api/v1/jobs/{job_id}/pods/1/kill", json={"grace_seconds": 0})
-        started = wait(lambda r=restarts: _recreated(state_file, r), 120, "pod 1 to be recreated")
-        survivor = wait(lambda t=killed_at: _steps(http, job_id, 0, t), 300,
-                        "a committed step after the kill")
-        rejoined = wait(lambda t=started: _steps(http, job_id, 1, t), 300,
-                        "the recreated pod's first step")
-        kills.append({"pause": survivor[0]["time"] - killed_at,
-                      "lost": max(0, before - survivor[0]["data"]["step"] + 1),
-                      "rejoin": rejoined[0]["time"] - started})
+        killed_at, restarts = kill(http, data_dir, job_id, 1)
+        started = wait(lambda r=restarts: (pod := pod_state(data_dir, job_id, 1))["restarts"] > r
+                       and pod["started_at"], 120, "pod 1 to be recreated")
+        wait(lambda s=started: any(pod == victim and t > s
+                                   for t, pod, _ in steps(http, job_id)), 300,
+             "the recreated pod's first step")
+        committed = steps(http, job_id)
+        last_before = max(step for t, _, step in committed if t < killed_at)
+        first_after = min((t, step) for t, pod, step in committed
+                          if t > killed_at and pod in survivors)
+        rejoined = min(t for t, pod, _ in committed if t > started and pod == victim)
+        kills.append({"pause": first_after[0] - killed_at,
+                      "lost": max(0, last_before - first_after[1] + 1),
+                      "rejoin": rejoined - started})
         print(f"  {spec['fault_tolerance']}: kill {len(kills)}: pause "
               f"{kills[-1]['pause']:.2f} s, lost {kills[-1]['lost']}, rejoin "
               f"{kills[-1]['rejoin']:.2f} s", flush=True)
@@ -95,32 +112,30 @@ def run_mode(http: httpx.Client, data_dir: Path, spec: dict[str, Any], args: arg
     return kills
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kills", type=int, default=5)
-    parser.add_argument("--every", type=float, default=20)
-    parser.add_argument("--model", default="minilm")
-    parser.add_argument("--replicas", type=int, default=3)
-    args = parser.parse_args()
-    spec = {"model": args.model, "dataset": "rotten_tomatoes", "replicas": args.replicas,
-            "epochs": 1, "batch_size": 8, "checkpoint_every_steps": 20}
-    results: dict[str, list[dict[str, float]]] = {}
-    with tempfile.TemporaryDirectory() as scratch:
-        port = free_port()
-        env = {**os.environ, "MIGRATOR_DATA_DIR": scratch, "MIGRATOR_ADMIN_TOKEN": TOKEN,
-               "MIGRATOR_RECONCILE_INTERVAL": "0.5"}
-        server = subprocess.Popen([sys.executable, "-m", "api", "--port", str(port)], env=env,
-                                  stdout=subprocess.DEVNULL, start_new_session=True)
-        try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
-                              headers={"Authorization": f"Bearer {TOKEN}"}) as http:
-                wait(lambda: _healthy(http), 60, "the API")
-                for mode in ("live", "restart"):
-                    results[mode] = run_mode(http, Path(scratch), {**spec,
-                                                                   "fault_tolerance": mode}, args)
-        finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=30)
+def run_demo(http: httpx.Client, data_dir: Path, mode: str, kill_every: float | None,
+             ) -> dict[str, Any]:
+    """The demo job to its end, killing pods 1, 0, 1, ... every `kill_every` seconds."""
+    started = time.monotonic()
+    job_id = http.post("/api/v1/jobs", json={**DEMO_SPEC, "fault_tolerance": mode}).json()["id"]
+    victims, next_kill, kills = itertools.cycle([1, 0]), None, 0
+    while (job := http.get(f"/api/v1/jobs/{job_id}").json())["status"] not in (
+            "succeeded", "failed", "cancelled"):
+        if kill_every and job["status"] in ("running", "degraded"):
+            next_kill = next_kill or time.monotonic() + kill_every
+            if time.monotonic() >= next_kill:
+                response = http.post(f"/api/v1/jobs/{job_id}/pods/{next(victims)}/kill",
+                                     json={"grace_seconds": 0})
+                kills += response.status_code == 202
+                next_kill = time.monotonic() + kill_every
+        time.sleep(0.2)
+    result = {"status": job["status"], "reason": job["reason"], "kills": kills,
+              "seconds": time.monotonic() - started,
+              "accuracy": job["metrics"].get("test_accuracy")}
+    print(f"  {mode} demo, {'chaos' if kill_every else 'undisturbed'}: {result}", flush=True)
+    return result
+
+
+def report_kills(results: dict[str, list[dict[str, float]]]) -> None:
     print("\n| mode | kills | survivors' pause (median) | steps lost per kill (max) "
           "| rejoin (median) |")
     print("|---|---|---|---|---|")
@@ -128,9 +143,67 @@ def main() -> None:
         print(f"| {mode} | {len(kills)} | {statistics.median(k['pause'] for k in kills):.2f} s | "
               f"{max(k['lost'] for k in kills)} | "
               f"{statistics.median(k['rejoin'] for k in kills):.2f} s |")
-    ratio = (statistics.median(k["pause"] for k in results["live"])
-             / statistics.median(k["pause"] for k in results["restart"]))
-    print(f"\nlive/restart pause ratio: {ratio:.3f} (goal <= 0.15)")
+    if {"live", "restart"} <= set(results):
+        ratio = (statistics.median(k["pause"] for k in results["live"])
+                 / statistics.median(k["pause"] for k in results["restart"]))
+        print(f"\nlive/restart pause ratio: {ratio:.3f} (goal <= 0.15)")
+
+
+def report_chaos(results: dict[str, tuple[dict[str, Any], dict[str, Any]]]) -> None:
+    print("\n| mode | run | kills | status | test accuracy | wall time |")
+    print("|---|---|---|---|---|---|")
+    for mode, runs in results.items():
+        for name, run in zip(("undisturbed", "chaos"), runs, strict=True):
+            accuracy = f"{100 * run['accuracy']:.2f}%" if run["accuracy"] is not None else "-"
+            print(f"| {mode} | {name} | {run['kills']} | {run['status']} | {accuracy} | "
+                  f"{run['seconds']:.0f} s |")
+    for mode, (calm, chaos) in results.items():
+        if calm["accuracy"] is None or chaos["accuracy"] is None:
+            print(f"\n{mode}: a run did not finish")
+            continue
+        gap = 100 * abs(chaos["accuracy"] - calm["accuracy"])
+        print(f"\n{mode}: accuracy gap {gap:.2f} points (goal <= 1), time overhead ratio "
+              f"chaos/undisturbed {chaos['seconds'] / calm['seconds']:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=5)
+    parser.add_argument("--every", type=float, default=20)
+    parser.add_argument("--chaos-every", type=float, default=20)
+    parser.add_argument("--modes", default="live,restart")
+    parser.add_argument("--parts", default="kills,chaos")
+    parser.add_argument("--model", default="minilm")
+    parser.add_argument("--data-dir", type=Path, help="keep jobs, logs and database here")
+    args = parser.parse_args()
+    modes, parts = args.modes.split(","), args.parts.split(",")
+    spec = {"model": args.model, "dataset": "rotten_tomatoes", "replicas": 3,
+            "epochs": 1, "batch_size": 8, "checkpoint_every_steps": 20}
+    kill_results: dict[str, list[dict[str, float]]] = {}
+    chaos_results: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        data_dir, port = args.data_dir or Path(scratch), free_port()
+        env = {**os.environ, "MIGRATOR_DATA_DIR": str(data_dir), "MIGRATOR_ADMIN_TOKEN": TOKEN,
+               "MIGRATOR_RECONCILE_INTERVAL": "0.5", "MIGRATOR_RESTART_BUDGET": "100"}
+        server = subprocess.Popen([sys.executable, "-m", "api", "--port", str(port)], env=env,
+                                  stdout=subprocess.DEVNULL, start_new_session=True)
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
+                              headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+                wait(lambda: _healthy(http), 60, "the API")
+                for mode in modes if "kills" in parts else []:
+                    kill_results[mode] = run_kills(http, data_dir,
+                                                   {**spec, "fault_tolerance": mode}, args)
+                for mode in modes if "chaos" in parts else []:
+                    chaos_results[mode] = (run_demo(http, data_dir, mode, None),
+                                           run_demo(http, data_dir, mode, args.chaos_every))
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=30)
+    if kill_results:
+        report_kills(kill_results)
+    if chaos_results:
+        report_chaos(chaos_results)
 
 
 def _healthy(http: httpx.Client) -> bool:

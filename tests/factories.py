@@ -13,8 +13,12 @@ NEUTRAL = ["the", "a", "film", "movie", "plot", "actors", "story", "was", "is", 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def make_tiny_model(directory: Path, dropout: float = 0.1, seed: int = 0) -> Path:
-    """A 2-layer BERT with a handwritten vocabulary, saved with save_pretrained."""
+def make_tiny_model(directory: Path, dropout: float = 0.1, seed: int = 0,
+                    vocab_size: int | None = None) -> Path:
+    """A 2-layer BERT with a handwritten vocabulary, saved with save_pretrained.
+
+    `vocab_size` larger than the vocabulary adds unused embedding rows: a bigger checkpoint.
+    """
     import torch
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
 
@@ -24,7 +28,8 @@ def make_tiny_model(directory: Path, dropout: float = 0.1, seed: int = 0) -> Pat
     # transformers 5 ignores vocab_file in the constructor; from_pretrained(dir) reads it.
     tokenizer = BertTokenizer.from_pretrained(directory)
     # Head size 32: CUDA's bf16 SDPA kernels were seen not to learn with a head size of 16.
-    config = BertConfig(vocab_size=len(SPECIAL + POSITIVE + NEGATIVE + NEUTRAL), hidden_size=64,
+    words = len(SPECIAL + POSITIVE + NEGATIVE + NEUTRAL)
+    config = BertConfig(vocab_size=max(words, vocab_size or 0), hidden_size=64,
                         num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
                         max_position_embeddings=64, hidden_dropout_prob=dropout,
                         attention_probs_dropout_prob=dropout)

@@ -57,11 +57,13 @@ def test_hadolint_does_flag_problems(tmp_path: Path) -> None:
 def test_pinned_multi_stage_non_root(name: str) -> None:
     path = ROOT / name
     text = path.read_text()
-    base = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", text, re.MULTILINE)
-    assert base is not None
-    # An exact patch release of a slim Debian image (or a digest), never a moving tag.
-    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", base.group(1))
-    build, final = stages(path)
+    bases = re.findall(r"^ARG \w+_IMAGE=(\S+)$", text, re.MULTILINE)
+    assert bases and all(f"${{{name}}}" in text for name in
+                         re.findall(r"^ARG (\w+_IMAGE)=", text, re.MULTILINE))
+    for base in bases:  # exact patch releases of slim Debian images (or digests), never moving
+        assert re.fullmatch(r"(python|node):\d+\.\d+\.\d+-(bookworm-)?slim(-\w+)?"
+                            r"(@sha256:[0-9a-f]{64})?", base), base
+    build, *_, final = stages(path)
     assert build[0] == "FROM ${PYTHON_IMAGE} AS build" and final[0] == "FROM ${PYTHON_IMAGE}"
     assert f"USER {USER_ID}:{USER_ID}" in final  # the uid the manifests run as
     assert any(f"--uid {USER_ID}" in line for line in final)
@@ -71,8 +73,11 @@ def test_pinned_multi_stage_non_root(name: str) -> None:
     assert "torch==2.13.0" in text
 
 
-def test_api_image_has_a_healthcheck() -> None:
+def test_api_image_has_a_healthcheck_and_the_dashboard() -> None:
     final = stages(ROOT / "Dockerfile.api")[-1]
+    # api/routes/web.py serves web/ next to api/ and uPlot from web/node_modules/uplot/dist.
+    assert "COPY --from=web /web/node_modules/uplot/dist ./web/node_modules/uplot/dist" in final
+    assert "WORKDIR /app" in final
     check = next(line for line in final if line.startswith("HEALTHCHECK"))
     assert "http://127.0.0.1:8000/healthz" in check
     assert any(line.startswith("CMD") and '"api"' in line and '"0.0.0.0"' in line

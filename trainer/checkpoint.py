@@ -2,7 +2,9 @@
 
 Write order: `step-N.tmp/` (files fsynced) -> rename to `step-N/` -> `COMPLETE` marker (fsynced).
 A process killed at any point leaves either no `step-N/` or one without its marker, and both are
-ignored by `latest_checkpoint` and removed by the next save. "Latest" is the highest step number,
+ignored by `latest_checkpoint` and removed by the next save. Emergency saves (`shared=True`) may
+race with other survivors writing the same step: each stages in a directory of its own, the first
+rename wins, and the content is identical anyway. "Latest" is the highest step number,
 never a file time. Retention keeps the last K complete checkpoints plus the best by validation
 accuracy.
 """
@@ -14,7 +16,10 @@ import logging
 import os
 import re
 import shutil
+import threading
 import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,14 +69,21 @@ def strip_module_prefix(state: dict[str, Any]) -> dict[str, Any]:
 
 def save_checkpoint(directory: Path, step: int, model_state: dict[str, Any],
                     trainer_state: dict[str, Any], meta: dict[str, Any],
-                    keep: int = 3) -> CheckpointInfo:
-    """Write `step-<step>/` atomically, then apply retention. Only the primary calls this."""
+                    keep: int = 3, shared: bool = False) -> CheckpointInfo:
+    """Write `step-<step>/` atomically, then apply retention.
+
+    Only the primary calls this, except for emergency saves after a peer failure, when every
+    survivor may (`shared=True`: no cleanup, no retention, concurrent writers of a step agree).
+    """
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"step-{step}"
     if (final / MARKER).is_file():
         return read_info(final)
-    _remove_incomplete(directory)
-    staging = directory / f"step-{step}.tmp"
+    if shared:
+        staging = directory / f"step-{step}.tmp-{uuid.uuid4().hex[:12]}"
+    else:
+        _remove_incomplete(directory)
+        staging = directory / f"step-{step}.tmp"
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir()
@@ -81,12 +93,20 @@ def save_checkpoint(directory: Path, step: int, model_state: dict[str, Any],
     _write_durable(staging / STATE_FILE, lambda h: torch.save(trainer_state, h))
     _write_durable(staging / META_FILE, lambda h: h.write(json.dumps(meta, indent=2).encode()))
     _fsync_path(staging)
-    staging.rename(final)
+    try:
+        staging.rename(final)
+    except OSError:
+        if not shared or not final.is_dir():
+            raise
+        # Another survivor renamed its copy first; renamed directories are always whole.
+        shutil.rmtree(staging, ignore_errors=True)
+        meta = read_info(final).meta
     _fsync_path(directory)
     _write_durable(final / MARKER, lambda h: h.write(b"ok\n"))
     _fsync_path(final)
     info = CheckpointInfo(final, step, meta)
-    apply_retention(directory, keep)
+    if not shared:
+        apply_retention(directory, keep)
     return info
 
 
@@ -135,7 +155,7 @@ def _delete(path: Path) -> None:
 def _remove_incomplete(directory: Path) -> None:
     for path in directory.iterdir():
         incomplete = _NAME.match(path.name) and not (path / MARKER).exists()
-        if incomplete or (path.name.startswith("step-") and path.name.endswith(".tmp")):
+        if incomplete or (path.name.startswith("step-") and ".tmp" in path.name):
             logger.info("removing incomplete checkpoint %s", path.name)
             shutil.rmtree(path, ignore_errors=True)
 
@@ -152,3 +172,51 @@ def apply_retention(directory: Path, keep: int) -> list[Path]:
     for path in removed:
         _delete(path)
     return removed
+
+
+def cpu_copy(state: Any) -> Any:
+    """A deep copy of a state dict with every tensor copied to the CPU: a snapshot that later
+    training steps cannot change."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {key: cpu_copy(value) for key, value in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(cpu_copy(value) for value in state)
+    return state
+
+
+class CheckpointWriter:
+    """Writes one checkpoint at a time in a background thread, from a snapshot.
+
+    Training goes on during the write; in a live group that keeps the primary in step with its
+    peers instead of dropping out of a quorum (and healing) at every checkpoint. A failed write
+    is raised by the next `submit` or `wait`, as a synchronous write would have been.
+    """
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, write: Callable[[], CheckpointInfo],
+               done: Callable[[CheckpointInfo], None]) -> None:
+        """Run `write` (which must only touch snapshots) and then `done` with its result."""
+        self.wait()
+
+        def run() -> None:
+            try:
+                done(write())
+            except BaseException as exc:  # handed to the training thread by wait()
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="checkpoint-writer")
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Block until the write in flight (if any) is durable; raise its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error

@@ -7,8 +7,11 @@ one step to the next, and `should_commit` may refuse a step).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import signal
+import sys
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -23,6 +26,18 @@ from trainer.model import DeviceChoice
 logger = logging.getLogger(__name__)
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent dies, as everything in a dead pod dies.
+
+    Torchrun starts its workers in sessions of their own, so a worker would otherwise outlive
+    its killed agent and train on alone.
+    """
+    if sys.platform.startswith("linux"):
+        libc: Any = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class Group:
@@ -30,6 +45,9 @@ class Group:
 
     shards_evaluation = True
     """Participants evaluate disjoint shards and sum the results."""
+
+    recovers_in_place = False
+    """A failed peer is replaced without restarting this process (live mode)."""
 
     def __init__(self, device: DeviceChoice, environ: Mapping[str, str] = os.environ) -> None:
         self.device = device
@@ -60,6 +78,15 @@ class Group:
     def is_primary(self) -> bool:
         """The lowest-ranked participant writes shared state (checkpoints, model, job metrics)."""
         return self._rank == 0
+
+    @property
+    def quorum_id(self) -> int:
+        """Changes whenever the set of participants changes (a static world never does)."""
+        return 0
+
+    def take_heal_report(self) -> dict[str, Any] | None:
+        """Source, bytes and seconds of the live state fetched since the last call, if any."""
+        return None
 
     def start_step(self) -> None:
         """Form the group for the next step (a static world is always the same)."""

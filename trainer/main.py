@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import uuid
 from collections.abc import Mapping, Sequence
 
 from trainer.config import ConfigError, TrainConfig, load_config
 from trainer.data import DataError
-from trainer.distributed import Group
+from trainer.distributed import Group, die_with_parent
 from trainer.model import ModelError, choose_device
 from trainer.report import HeartbeatFile, HttpSink, JsonlSink, MetricsSink, Reporter
 
@@ -17,6 +18,9 @@ logger = logging.getLogger("trainer")
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_PEER_STOPPED = 3
+"""Stopped because another participant got SIGTERM: not done, so never 0 (torchrun would take
+a 0 for the end of training)."""
 
 
 def configure_logging(job_id: str, pod: str) -> None:
@@ -30,9 +34,13 @@ def configure_logging(job_id: str, pod: str) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def build_reporter(config: TrainConfig, pod: str) -> Reporter:
+def build_reporter(config: TrainConfig, pod: str, environ: Mapping[str, str]) -> Reporter:
     runtime = config.runtime
-    reporter = Reporter(pod, runtime.incarnation or None)
+    incarnation = runtime.incarnation or None
+    if incarnation and "TORCHELASTIC_RUN_ID" in environ:
+        # Torchrun restarts workers inside one pod incarnation: each worker is a new sender.
+        incarnation = f"{incarnation}-{uuid.uuid4().hex[:6]}"
+    reporter = Reporter(pod, incarnation)
     sinks: list[MetricsSink] = []
     if runtime.metrics_file is not None:
         sinks.append(JsonlSink(runtime.metrics_file, pod, reporter.incarnation))
@@ -65,7 +73,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
     rank = int(environ.get("RANK", "0"))
     pod = config.runtime.pod_name or f"{config.runtime.job_id}-{rank}"
     configure_logging(config.runtime.job_id, pod)
-    reporter = build_reporter(config, pod)
+    if "TORCHELASTIC_RUN_ID" in environ:
+        die_with_parent()  # the agent is the pod: a worker must not outlive it
+    reporter = build_reporter(config, pod, environ)
     group = None
     try:
         from trainer.train import Trainer
@@ -73,6 +83,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
         group = make_group(config, pod, environ)
         trainer = Trainer(config, group, reporter)
         trainer.train()
+        if trainer.stop_reason == "peer":
+            return EXIT_PEER_STOPPED
     except (DataError, ModelError) as exc:
         logger.error("%s", exc)
         reporter.event("failed", str(exc), reason="bad_input")

@@ -231,11 +231,13 @@ class Reporter:
         self._lock = threading.Lock()
 
     def emit(self, kind: str, **data: Any) -> None:
+        # Sinks get records in seq order even from several threads (the server drops a seq
+        # below one it already stored as a duplicate); their write returns at once.
         with self._lock:
             self._seq += 1
             record = {"seq": self._seq, "kind": kind, "time": time.time(), "data": data}
-        for sink in self.sinks:
-            sink.write(record)
+            for sink in self.sinks:
+                sink.write(record)
 
     def event(self, type_: str, message: str, **data: Any) -> None:
         self.emit("event", type=type_, message=message, **data)

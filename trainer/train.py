@@ -121,8 +121,14 @@ class Trainer:
     """Committed optimizer steps of the whole job."""
     samples_seen: int
     """Training samples consumed by committed steps, over all epochs."""
+    epoch_end_pending: bool
+    """The last committed step ended an epoch whose evaluation and checkpoint are not done."""
     metrics: dict[str, Any]
     """Latest evaluation results by split, e.g. {"validation": {"accuracy": ...}}."""
+    stop_reason: str | None
+    """Why `fit` stopped early: `sigterm` (this process) or `peer` (another participant's)."""
+    checkpoints: checkpoint.CheckpointWriter
+    """Writes the primary's checkpoints in the background while training goes on."""
 
     def __init__(self, config: TrainConfig, group: Group, reporter: Reporter) -> None:
         self.config, self.group, self.reporter = config, group, reporter
@@ -142,9 +148,13 @@ class Trainer:
         self.schedule = LinearSchedule(spec.learning_rate, spec.warmup_ratio,
                                        spec.epochs * len(splits.train))
         self.sampler = GlobalSampler(len(splits.train), spec.batch_size, spec.seed)
-        self.step, self.samples_seen, self.metrics = 0, 0, {}
+        self.step, self.samples_seen, self.epoch_end_pending, self.metrics = 0, 0, False, {}
+        self.stop_reason = None
+        self.checkpoints = checkpoint.CheckpointWriter()
         self._stop_requested = False
         self._last_log = 0.0
+        self._membership: tuple[int, int] | None = None
+        self._was_primary = False
         self.resumed_from: checkpoint.CheckpointInfo | None = None
         latest = checkpoint.latest_checkpoint(runtime.checkpoint_dir)
         if latest is not None:
@@ -156,7 +166,8 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.schedule.state_dict(),
                 "sampler": self.sampler.state_dict(), "rng": _rng_state(),
-                "progress": {"step": self.step, "samples_seen": self.samples_seen},
+                "progress": {"step": self.step, "samples_seen": self.samples_seen,
+                             "epoch_end_pending": self.epoch_end_pending},
                 "metrics": self.metrics}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -166,19 +177,26 @@ class Trainer:
         _set_rng_state(state["rng"])
         self.step = int(state["progress"]["step"])
         self.samples_seen = int(state["progress"]["samples_seen"])
+        self.epoch_end_pending = bool(state["progress"].get("epoch_end_pending", False))
         self.metrics = state["metrics"]
 
     def _live_state(self) -> dict[str, Any]:
         """What a pod that (re)joins a live group fetches from a peer."""
-        return {"model": unwrap(self.model).state_dict(), "trainer": self.state_dict()}
+        return {"model": unwrap(self.model).state_dict(), "trainer": self.state_dict(),
+                "pod": self.reporter.pod}
 
     def _load_live_state(self, state: dict[str, Any]) -> None:
         unwrap(self.model).load_state_dict(state["model"])
         self.load_state_dict(state["trainer"])
-        logger.info("healed from a live peer: epoch %d, step %d, cursor %d",
-                    self.sampler.epoch + 1, self.step, self.sampler.cursor)
-        self.reporter.event("healed", "fetched the live state from a peer", step=self.step,
-                            epoch=self.sampler.epoch + 1, cursor=self.sampler.cursor)
+        transfer = self.group.take_heal_report() or {}
+        logger.info("healed from %s: epoch %d, step %d, cursor %d, %d bytes in %.2f s",
+                    state["pod"], self.sampler.epoch + 1, self.step, self.sampler.cursor,
+                    transfer.get("bytes", 0), transfer.get("seconds", 0.0))
+        # At step 0 every replica takes the first one's initial weights: a sync, not a heal.
+        self.reporter.event("healed" if self.step else "synced",
+                            f"fetched the live state from {state['pod']}",
+                            source=state["pod"], target=self.reporter.pod, step=self.step,
+                            epoch=self.sampler.epoch + 1, cursor=self.sampler.cursor, **transfer)
 
     def resume(self, info: checkpoint.CheckpointInfo) -> None:
         # Loaded on the CPU: RNG states must stay there, and load_state_dict copies to the device.
@@ -204,6 +222,7 @@ class Trainer:
     def train_step(self) -> StepResult:
         """Form the step's group, compute and synchronise, and commit if the group agrees."""
         self.group.start_step()
+        self._observe_group()
         participants = self.group.participants
         assignment = self.sampler.assign(self.group.rank, participants)
         self._seed_step(assignment)
@@ -247,6 +266,20 @@ class Trainer:
         loss_total, counted, stops = stats.tolist()
         return StepResult(committed, loss_total / max(counted, 1.0), assignment, used, stops > 0)
 
+    def _observe_group(self) -> None:
+        """Report membership changes: quorums and primaries (job-level, so by the primary)."""
+        primary = self.group.is_primary
+        # A healing pod joins a quorum one step before it participates: count both changes.
+        membership = (self.group.quorum_id, self.group.participants)
+        if primary and membership != self._membership:
+            self.reporter.event("quorum", f"{self.group.participants} participants",
+                                quorum_id=membership[0], participants=membership[1],
+                                step=self.step)
+        if primary and not self._was_primary:
+            self.reporter.event("primary", f"{self.reporter.pod} is the primary",
+                                pod=self.reporter.pod, step=self.step)
+        self._membership, self._was_primary = membership, primary
+
     def train(self) -> dict[str, Any]:
         """Run the remaining epochs, evaluate on test, export; return the final metrics."""
         if self.fit():
@@ -254,12 +287,20 @@ class Trainer:
         return self.metrics
 
     def fit(self) -> bool:
-        """Train through the remaining epochs; False when stopped early by SIGTERM."""
+        """Train through the remaining epochs; False when stopped early (see `stop_reason`)."""
         self.reporter.event("started", "training started", step=self.step,
                             epoch=self.sampler.epoch + 1, samples=self.data_sizes)
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
-            return not self._run_epochs(self.config.spec, self.config.runtime.max_steps)
+            if self.epoch_end_pending:  # resumed from an emergency checkpoint at an epoch end
+                self._end_epoch(self.sampler.epoch - 1)
+            finished = not self._run_epochs(self.config.spec, self.config.runtime.max_steps)
+            self.checkpoints.wait()  # the last checkpoint is durable before anything else
+            return finished
+        except Exception:
+            if not self.group.recovers_in_place and self.group.participants > 1:
+                self.save_emergency_checkpoint()
+            raise
         finally:
             signal.signal(signal.SIGTERM, previous)
 
@@ -303,21 +344,29 @@ class Trainer:
                                        assignment.epoch)[assignment.cursor:assignment.cursor
                                                          + assignment.window].tolist())
             self._log_progress(assignment, result, throughput)
-            epoch_ended = self.sampler.epoch != assignment.epoch
-            if epoch_ended:
-                self.metrics["validation"] = self.evaluate(self.validation_data, "validation")
-                self.save_checkpoint(epoch_end=True)
-                self.reporter.event("epoch_end", f"epoch {assignment.epoch + 1} done",
-                                    epoch=assignment.epoch + 1, step=self.step)
+            if self.sampler.epoch != assignment.epoch:
+                self.epoch_end_pending = True
+                self._end_epoch(assignment.epoch)
                 window_start, window_samples = time.perf_counter(), 0
             elif result.stop_requested or (spec.checkpoint_every_steps
                                            and self.step % spec.checkpoint_every_steps == 0):
                 self.save_checkpoint(epoch_end=False)
             if result.stop_requested:
-                self.reporter.event("sigterm", "stopped on SIGTERM after a checkpoint",
+                self.stop_reason = "sigterm" if self._stop_requested else "peer"
+                self.reporter.event("sigterm", "stopped on SIGTERM after a checkpoint"
+                                    if self._stop_requested else
+                                    "stopped with a participant that got SIGTERM",
                                     step=self.step)
                 return True
         return False
+
+    def _end_epoch(self, epoch: int) -> None:
+        """Validation, the epoch-end checkpoint and event for `epoch` (counted from 0)."""
+        self.metrics["validation"] = self.evaluate(self.validation_data, "validation")
+        self.epoch_end_pending = False
+        self.save_checkpoint(epoch_end=True)
+        self.reporter.event("epoch_end", f"epoch {epoch + 1} done", epoch=epoch + 1,
+                            step=self.step)
 
     def _log_progress(self, assignment: Assignment, result: StepResult, throughput: float) -> None:
         now = time.monotonic()
@@ -333,22 +382,50 @@ class Trainer:
         logger.info("SIGTERM: stopping after the current step")
         self._stop_requested = True
 
-    def save_checkpoint(self, epoch_end: bool) -> None:
-        if not self.group.is_primary:
+    def save_checkpoint(self, epoch_end: bool, emergency: bool = False) -> None:
+        """Checkpoint the committed state: by the primary in the background, or at once by every
+        survivor in an emergency."""
+        if not (self.group.is_primary or emergency):
             return
         # The epoch of the last committed step, counted from 1 (the one just finished at an end).
         epoch = self.sampler.epoch if epoch_end else self.sampler.epoch + 1
-        info = checkpoint.save_checkpoint(
-            self.config.runtime.checkpoint_dir, self.step, unwrap(self.model).state_dict(),
-            self.state_dict(),
-            {"epoch": epoch, "cursor": self.sampler.cursor, "epoch_end": epoch_end,
-             "metrics": {"val_accuracy": self.metrics.get("validation", {}).get("accuracy")}},
-            keep=self.config.spec.keep_checkpoints)
-        size = sum(p.stat().st_size for p in info.path.iterdir())
-        self.reporter.emit("checkpoint", step=self.step, epoch=epoch,
-                           path=info.path.name, size_bytes=size, epoch_end=epoch_end,
-                           val_accuracy=info.val_accuracy)
-        self.reporter.flush()
+        meta = {"epoch": epoch, "cursor": self.sampler.cursor, "epoch_end": epoch_end,
+                "emergency": emergency,
+                "metrics": {"val_accuracy": self.metrics.get("validation", {}).get("accuracy")}}
+        directory, step, keep = (self.config.runtime.checkpoint_dir, self.step,
+                                 self.config.spec.keep_checkpoints)
+
+        def reported(info: checkpoint.CheckpointInfo) -> None:
+            size = sum(p.stat().st_size for p in info.path.iterdir())
+            self.reporter.emit("checkpoint", step=step, epoch=epoch, path=info.path.name,
+                               size_bytes=size, epoch_end=epoch_end,
+                               val_accuracy=info.val_accuracy, emergency=emergency)
+            self.reporter.flush()
+
+        if emergency:
+            self.checkpoints.wait()
+            reported(checkpoint.save_checkpoint(
+                directory, step, unwrap(self.model).state_dict(), self.state_dict(), meta,
+                keep=keep, shared=True))
+            return
+        model_state = checkpoint.cpu_copy(unwrap(self.model).state_dict())
+        trainer_state = checkpoint.cpu_copy(self.state_dict())
+        self.checkpoints.submit(lambda: checkpoint.save_checkpoint(
+            directory, step, model_state, trainer_state, meta, keep=keep), reported)
+
+    def save_emergency_checkpoint(self) -> None:
+        """After a failed collective: keep the last committed step so a restart loses none.
+
+        The model and optimizer change only when a step commits, so they hold that step's
+        state whichever collective failed; every survivor writes, since any may be the lowest.
+        """
+        if self.step == 0:
+            return
+        try:
+            self.save_checkpoint(epoch_end=False, emergency=True)
+            logger.info("emergency checkpoint at step %d", self.step)
+        except Exception:  # the failure being handled matters more; this one is logged
+            logger.exception("emergency checkpoint at step %d failed", self.step)
 
     # --- evaluation ----------------------------------------------------------------------
 

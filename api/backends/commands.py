@@ -20,9 +20,11 @@ LIGHTHOUSE_PORT = 29510
 STORE_PORT = 29400
 QUORUM_RETRIES = 10
 """torchft retries a failed quorum request this often, so a lighthouse restart is survived."""
-# Dead peers must cost seconds: the lighthouse drops a replica after 1 s without heartbeats;
-# the rendezvous drops a node after 5 missed 1 s keep-alives and waits 2 s for late joiners.
-LIGHTHOUSE_TIMEOUT_MS = 1000
+# Dead peers must cost seconds: the lighthouse drops a replica after 0.5 s without heartbeats
+# (sent every 0.1 s) and waits up to 1 s for slow ones to join a quorum; the rendezvous drops a
+# node after 5 missed 1 s keep-alives and waits 2 s for late joiners.
+HEARTBEAT_TIMEOUT_MS = 500
+JOIN_TIMEOUT_MS = 1000
 RENDEZVOUS_CONF = ("is_host=false,keep_alive_interval=1,keep_alive_max_attempt=5,"
                    "last_call_timeout=2,join_timeout=600")
 ELASTIC_MAX_RESTARTS = 100
@@ -43,9 +45,9 @@ class Endpoint:
 
 def lighthouse_argv(bind: str, executable: str = "torchft_lighthouse") -> list[str]:
     """The lighthouse of a live job, listening on `bind` (`host:port`)."""
-    timeout = str(LIGHTHOUSE_TIMEOUT_MS)
     return [executable, "--min_replicas", "1", "--bind", bind, "--quorum_tick_ms", "100",
-            "--join_timeout_ms", timeout, "--heartbeat_timeout_ms", timeout]
+            "--join_timeout_ms", str(JOIN_TIMEOUT_MS),
+            "--heartbeat_timeout_ms", str(HEARTBEAT_TIMEOUT_MS)]
 
 
 def store_argv(port: int, python: str = "python") -> list[str]:

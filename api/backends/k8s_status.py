@@ -144,8 +144,13 @@ def dump_incarnations(incarnations: dict[int, Incarnations]) -> str:
 
 
 def last_line(message: str | None) -> str | None:
-    """The last non-blank line of a termination message, without the trainer's log prefix."""
+    """The trainer's last error in a termination message (its launcher may log after it), else
+    the last line; without the trainer's log prefix, as the local supervisor reports it."""
     lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
+    errors = [match for line in lines if (match := TRAINER_LOG_PREFIX.match(line))
+              and match.group("level") == "ERROR"]
+    if errors:
+        return errors[-1].string[errors[-1].end():]
     return TRAINER_LOG_PREFIX.sub("", lines[-1]) if lines else None
 
 

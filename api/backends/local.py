@@ -55,6 +55,15 @@ def write_json_atomic(path: Path, data: Any, mode: int = 0o644) -> None:
     tmp.replace(path)
 
 
+def launch_from_document(document: dict[str, Any]) -> Launch:
+    """The Launch that `LocalBackend` wrote into a job's launch.json."""
+    fields = {f.name: f for f in dataclasses.fields(Launch)}
+    values = {name: document[name] for name in fields}
+    for name in ("checkpoint_dir", "model_dir", "inputs_dir", "cache_dir"):
+        values[name] = Path(values[name])
+    return Launch(**values)
+
+
 def same_process(pid: int | None, started: float | None) -> psutil.Process | None:
     """The live process `pid` if it is the one created at `started`, not a reused pid."""
     if pid is None or started is None:
@@ -273,7 +282,13 @@ class LocalBackend:
             with contextlib.suppress(psutil.Error):  # a zombie of another parent never "ends"
                 supervisor.wait(timeout=DELETE_TIMEOUT)
             state = self._state(job_dir) or state  # it may have started pods meanwhile
-        for pod in state["pods"]:
-            if same_process(pod["pid"], pod["pid_started"]) is not None:
-                logger.warning("job %s: pod %s left behind: SIGKILL", job_id, pod["name"])
-                signal_group(pod["pid"], signal.SIGKILL)
+        coordinator = state.get("coordinator") or {}
+        leftovers = [(pod["name"], pod["pid"], pod["pid_started"]) for pod in state["pods"]]
+        leftovers.append((coordinator.get("name"), coordinator.get("pid"),
+                          coordinator.get("pid_started")))
+        for name, pid, started in leftovers:
+            if same_process(pid, started) is not None:
+                logger.warning("job %s: %s left behind: SIGKILL", job_id,
+                               f"pod {name}" if name in {p["name"] for p in state["pods"]}
+                               else name)
+                signal_group(pid, signal.SIGKILL)

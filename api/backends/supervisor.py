@@ -1,9 +1,12 @@
 """A job's detached supervisor: kubelet + StatefulSet controller of the local backend.
 
-Run as `python -m api.backends.supervisor <job_dir>`. It starts one process group per pod with a
-stable ordinal, restarts the whole group after a failure (a static torch.distributed world cannot
-lose a member), obeys the kill/delete commands dropped into `commands/`, and records everything in
-`state.json` (replaced atomically) so that any API process can observe and re-adopt the job.
+Run as `python -m api.backends.supervisor <job_dir>`. It starts the job's coordinator (the
+torchft lighthouse of a live job, the rendezvous store of a restart job) and one process group per
+pod with a stable ordinal, recreates a pod that failed (after a short backoff) while the others
+carry on, restarts the coordinator if it dies, obeys the kill/delete commands dropped into
+`commands/`, and records everything in `state.json` (replaced atomically) so that any API process
+can observe and re-adopt the job. Recovery inside the group is the pods' business: live pods heal
+from a peer, restart pods are restarted by their torchrun agents from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any, Literal
 
 import psutil
 
+from api.backends import commands
 from api.backends.base import PodPhase
 from api.backends.local import (
     COMMANDS_DIR,
@@ -33,6 +37,7 @@ from api.backends.local import (
     LAUNCH_FILE,
     LOGS_DIR,
     STATE_FILE,
+    launch_from_document,
     signal_group,
     tail_lines,
     write_json_atomic,
@@ -48,11 +53,12 @@ BACKOFF_SECONDS = 1.0
 EXIT_BAD_INPUT = 2
 # The prefix of the trainer's log lines (trainer.main.configure_logging): a reason needs only
 # the message.
-TRAINER_LOG_PREFIX = re.compile(r"^\d{4}-\d\d-\d\d [\d:,.]+ [A-Z]+ job=\S+ pod=\S+ \S+: ")
+TRAINER_LOG_PREFIX = re.compile(
+    r"^\d{4}-\d\d-\d\d [\d:,.]+ (?P<level>[A-Z]+) job=\S+ pod=\S+ \S+: ")
 
 SETTINGS_PREFIX = "MIGRATOR_"  # api.settings.Settings' env prefix
 
-Mode = Literal["running", "restarting", "finishing"]
+Mode = Literal["running", "finishing"]
 
 
 def free_port() -> int:
@@ -74,10 +80,12 @@ class Pod:
     exit_code: int | None = None
     stopped: bool = False
     """The supervisor signalled this incarnation, so it failed even if it exited 0."""
+    signalled_at: float | None = None
+    """Unix time the supervisor first signalled this incarnation (a kill, a stop)."""
     kill_at: float | None = None
     """Monotonic time at which a signalled incarnation gets SIGKILL."""
     restart_at: float | None = None
-    """Live mode: monotonic time at which this failed pod is recreated."""
+    """Monotonic time at which this failed pod is recreated."""
 
     @property
     def alive(self) -> bool:
@@ -87,7 +95,8 @@ class Pod:
         return {"ordinal": self.ordinal, "name": self.name,
                 "pid": self.process.pid if self.process else None,
                 "pid_started": self.pid_started, "phase": self.phase, "restarts": self.restarts,
-                "started_at": self.started_at, "exit_code": self.exit_code}
+                "started_at": self.started_at, "signalled_at": self.signalled_at,
+                "exit_code": self.exit_code}
 
 
 class Supervisor:
@@ -96,16 +105,16 @@ class Supervisor:
         self.job_id: str = launch["job_id"]
         self.max_restarts = int(launch.get("max_restarts", DEFAULT_MAX_RESTARTS))
         self.pods = [Pod(i, f"{self.job_id}-{i}") for i in range(int(launch["replicas"]))]
-        # Live mode: a torchft lighthouse coordinates the pods and one pod's failure restarts
-        # only that pod; otherwise the static world restarts as a whole.
-        self.live = launch.get("fault_tolerance") == "live"
-        self.lighthouse: subprocess.Popen[bytes] | None = None
-        self.lighthouse_port = free_port() if self.live else 0
+        self.launch_spec = launch_from_document(launch)
+        self.live = self.launch_spec.fault_tolerance == "live"
+        self.coordinator: subprocess.Popen[bytes] | None = None
+        """The torchft lighthouse (live) or the rendezvous store (restart), on a fixed port."""
+        self.coordinator_endpoint = commands.Endpoint("127.0.0.1", free_port())
+        self.coordinator_started: float | None = None
+        self.coordinator_starts = 0
         self.started = psutil.Process().create_time()
-        self.generation = 0
         self.mode: Mode = "running"
         self.final_reason: str | None = None
-        self.backoff_until: float | None = None
         self.finished = False
         self.reason: str | None = None
         self._sigterm = False
@@ -115,7 +124,9 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         self.write_state()
         try:
-            self.start_generation()
+            self.ensure_coordinator()
+            for pod in self.pods:
+                self.start_pod(pod)
             self.write_state()
             while not self.finished:
                 time.sleep(POLL_SECONDS)
@@ -132,16 +143,23 @@ class Supervisor:
             self.stop_group("finishing", "deleted")
         self.run_commands()
         self.reap()
-        self.ensure_lighthouse()
+        self.ensure_coordinator()
         if self.mode == "running":
             self.check_group()
-        self.advance()
+        elif not any(pod.alive for pod in self.pods):
+            self.finished, self.reason = True, self.final_reason
         self.write_state()
 
     def state(self) -> dict[str, Any]:
+        coordinator = self.coordinator
         return {"supervisor_pid": os.getpid(), "supervisor_started": self.started,
-                "generation": self.generation, "finished": self.finished, "reason": self.reason,
-                "pods": [pod.to_json() for pod in self.pods]}
+                "finished": self.finished, "reason": self.reason,
+                "pods": [pod.to_json() for pod in self.pods],
+                "coordinator": {"name": "lighthouse" if self.live else "store",
+                                "endpoint": str(self.coordinator_endpoint),
+                                "pid": coordinator.pid if coordinator else None,
+                                "pid_started": self.coordinator_started,
+                                "restarts": max(self.coordinator_starts - 1, 0)}}
 
     def write_state(self) -> None:
         """Write state.json when it changed since the last write."""
@@ -154,61 +172,50 @@ class Supervisor:
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self._sigterm = True  # acted on by the loop: a handler must not touch the pods' state
 
-    def ensure_lighthouse(self) -> None:
-        """Start the job's lighthouse, or restart it on its port if it died."""
-        if not self.live or self.mode == "finishing" or (
-                self.lighthouse is not None and self.lighthouse.poll() is None):
+    def ensure_coordinator(self) -> None:
+        """Start the job's lighthouse or store, or restart it on the same port if it died."""
+        if self.mode == "finishing" or (
+                self.coordinator is not None and self.coordinator.poll() is None):
             return
-        if self.lighthouse is not None:
-            logger.warning("lighthouse exited with code %s: restarting it",
-                           self.lighthouse.returncode)
-        with (self.job_dir / LOGS_DIR / "lighthouse.log").open("ab") as handle:
-            self.lighthouse = subprocess.Popen(
-                [str(Path(sys.executable).with_name("torchft_lighthouse")), "--min_replicas", "1",
-                 "--bind", f"127.0.0.1:{self.lighthouse_port}", "--quorum_tick_ms", "100",
-                 "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "1000"],
-                cwd=self.job_dir, stdin=subprocess.DEVNULL, stdout=handle,
+        name = "lighthouse" if self.live else "store"
+        if self.coordinator is not None:
+            logger.warning("%s exited with code %s: restarting it", name,
+                           self.coordinator.returncode)
+        endpoint = self.coordinator_endpoint
+        argv = (commands.lighthouse_argv(str(endpoint), executable=str(
+                    Path(sys.executable).with_name("torchft_lighthouse"))) if self.live
+                else commands.store_argv(endpoint.port, python=sys.executable))
+        with (self.job_dir / LOGS_DIR / f"{name}.log").open("ab") as handle:
+            self.coordinator = subprocess.Popen(
+                argv, cwd=self.job_dir, stdin=subprocess.DEVNULL, stdout=handle,
                 stderr=subprocess.STDOUT, start_new_session=True)
-        logger.info("lighthouse on 127.0.0.1:%d (pid %d)", self.lighthouse_port,
-                    self.lighthouse.pid)
+        self.coordinator_starts += 1
+        with contextlib.suppress(psutil.Error):
+            self.coordinator_started = psutil.Process(self.coordinator.pid).create_time()
+        logger.info("%s on %s (pid %d)", name, endpoint, self.coordinator.pid)
 
-    def start_generation(self) -> None:
-        self.ensure_lighthouse()
-        port = free_port()
-        logger.info("generation %d: starting %d pods (master port %d)", self.generation,
-                    len(self.pods), port)
-        for pod in self.pods:
-            self.start_pod(pod, port)
-        self.mode = "running"
-
-    def start_pod(self, pod: Pod, port: int) -> None:
-        launch, replicas = self.launch, len(self.pods)
+    def start_pod(self, pod: Pod) -> None:
+        launch = self.launch_spec
         # The control plane's own settings (its admin token, database URL) stay out of the pods:
         # a pod holds only its job's report token.
         inherited = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_PREFIX)}
-        env = {**inherited, "TRAINER_CONFIG": json.dumps(launch["spec"]), "JOB_ID": self.job_id,
-               "POD_NAME": pod.name, "POD_INCARNATION": str(pod.restarts),
-               "REPORT_URL": launch["report_url"], "REPORT_TOKEN": launch["report_token"],
-               "CHECKPOINT_DIR": launch["checkpoint_dir"], "MODEL_DIR": launch["model_dir"],
-               "INPUTS_DIR": launch["inputs_dir"], "TRAINER_CACHE_DIR": launch["cache_dir"],
-               "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // replicas))}
-        if self.live:
-            env |= {"TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{self.lighthouse_port}",
-                    "POD_ADDRESS": "127.0.0.1", "TORCHFT_QUORUM_RETRIES": "10"}
-        else:
-            env |= {"WORLD_SIZE": str(replicas), "RANK": str(pod.ordinal), "LOCAL_RANK": "0",
-                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        threads = (os.cpu_count() or 1) // len(self.pods)
+        env = {**inherited, **commands.pod_env(launch, pod.name, self.coordinator_endpoint,
+                                               "127.0.0.1", threads),
+               "POD_INCARNATION": str(pod.restarts)}
+        argv = commands.pod_argv(launch, self.coordinator_endpoint, "127.0.0.1",
+                                 python=sys.executable)
         log = self.job_dir / LOGS_DIR / f"{pod.name}.log"
         with log.open("ab") as handle:
             pod.process = subprocess.Popen(
-                [sys.executable, "-m", "trainer"], env=env, cwd=self.job_dir,
-                stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
-                start_new_session=True)
+                argv, env=env, cwd=self.job_dir, stdin=subprocess.DEVNULL, stdout=handle,
+                stderr=subprocess.STDOUT, start_new_session=True)
         try:
             pod.pid_started = psutil.Process(pod.process.pid).create_time()
         except psutil.Error:  # it died at once; reap() records how
             pod.pid_started = None
         pod.phase, pod.started_at, pod.stopped, pod.kill_at = "Running", time.time(), False, None
+        pod.signalled_at = None
         logger.info("pod %s started: pid %d, restarts %d", pod.name, pod.process.pid,
                     pod.restarts)
 
@@ -245,6 +252,7 @@ class Supervisor:
         if pod.process is None or not pod.alive:
             return
         pod.stopped = True
+        pod.signalled_at = pod.signalled_at or time.time()
         if grace <= 0:
             signal_group(pod.process.pid, signal.SIGKILL)
             return
@@ -252,7 +260,7 @@ class Supervisor:
         pod.kill_at = min(pod.kill_at or float("inf"), time.monotonic() + grace)
 
     def stop_group(self, mode: Mode, reason: str | None) -> None:
-        """Stop every live pod (SIGTERM, SIGKILL after the grace) and then restart or finish."""
+        """Stop every live pod (SIGTERM, SIGKILL after the grace) and then finish."""
         if self.mode == "finishing":
             return  # the first reason to finish wins; the pods are already being stopped
         self.mode, self.final_reason = mode, reason
@@ -287,21 +295,14 @@ class Supervisor:
         if bad:
             self.stop_group("finishing", f"pod {bad[0].name} failed: bad input: "
                                          f"{self.last_log_line(bad[0])}")
-        elif self.live:
-            self.recreate_failed(failed)
-        elif self.generation >= self.max_restarts:
-            self.stop_group("finishing", f"restart budget spent: {self.max_restarts} restarts; "
-                                         f"pod {failed[0].name} exited with code "
-                                         f"{failed[0].exit_code}")
         else:
-            logger.info("pod %s failed: restarting every pod", failed[0].name)
-            self.stop_group("restarting", None)
+            self.recreate_failed(failed)
 
     def recreate_failed(self, failed: list[Pod]) -> None:
-        """Live mode: recreate each failed pod alone, after a backoff; the others train on."""
+        """Recreate each failed pod alone, after a backoff; the others carry on."""
         if any(pod.phase == "Succeeded" for pod in self.pods):
-            # A live pod exits 0 only when the group finished training: a pod recreated now
-            # would find no peer to heal from and train alone from an older checkpoint.
+            # A pod exits 0 only when the group finished training: a pod recreated now would
+            # find no peer to join and train alone from an older checkpoint.
             if not any(pod.alive for pod in self.pods):
                 self.mode, self.final_reason = "finishing", None
             return
@@ -314,41 +315,28 @@ class Supervisor:
                 return
             if pod.restart_at is None:
                 pod.restart_at = now + BACKOFF_SECONDS
-                logger.info("pod %s failed: recreating it alone", pod.name)
+                logger.info("pod %s failed: recreating it", pod.name)
             elif now >= pod.restart_at:
                 pod.restart_at = None
                 pod.restarts += 1
-                self.start_pod(pod, 0)
-
-    def advance(self) -> None:
-        """Once no pod is left running: finish, or start the next generation after a backoff."""
-        if self.mode == "running" or any(pod.alive for pod in self.pods):
-            return
-        if self.mode == "finishing":
-            self.finished, self.reason = True, self.final_reason
-            return
-        now = time.monotonic()
-        if self.backoff_until is None:
-            self.backoff_until = now + BACKOFF_SECONDS
-        elif now >= self.backoff_until:
-            self.backoff_until = None
-            self.generation += 1
-            for pod in self.pods:
-                pod.restarts += 1
-            self.start_generation()
+                self.start_pod(pod)
 
     def last_log_line(self, pod: Pod) -> str:
-        lines = [line for line in tail_lines(self.job_dir / LOGS_DIR / f"{pod.name}.log", 50)
-                 if line.strip()]
-        return TRAINER_LOG_PREFIX.sub("", lines[-1].strip()) if lines else \
-            f"exit code {pod.exit_code}"
+        """The trainer's last error message (its launcher may log after it), else the last line."""
+        lines = [line.strip() for line in
+                 tail_lines(self.job_dir / LOGS_DIR / f"{pod.name}.log", 50) if line.strip()]
+        errors = [match for line in lines if (match := TRAINER_LOG_PREFIX.match(line))
+                  and match.group("level") == "ERROR"]
+        if errors:
+            return errors[-1].string[errors[-1].end():]
+        return TRAINER_LOG_PREFIX.sub("", lines[-1]) if lines else f"exit code {pod.exit_code}"
 
     def kill_leftovers(self) -> None:
-        """Never leave an orphan pod or lighthouse, whatever ended the loop."""
-        if self.lighthouse is not None and self.lighthouse.poll() is None:
-            signal_group(self.lighthouse.pid, signal.SIGKILL)
+        """Never leave an orphan pod or coordinator, whatever ended the loop."""
+        if self.coordinator is not None and self.coordinator.poll() is None:
+            signal_group(self.coordinator.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.lighthouse.wait(timeout=STOP_GRACE_SECONDS)
+                self.coordinator.wait(timeout=STOP_GRACE_SECONDS)
         for pod in self.pods:
             if pod.process is not None and pod.alive:
                 logger.warning("pod %s still running at exit: SIGKILL", pod.name)

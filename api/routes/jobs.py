@@ -38,8 +38,10 @@ def get_job(job_id: str, session: SessionDep) -> JobPublic:
 @router.delete("/{job_id}", status_code=status.HTTP_202_ACCEPTED, response_model=Accepted)
 def cancel_job(job_id: str, session: SessionDep, backend: BackendDep,
                broker: BrokerDep) -> Accepted:
-    job, event = service.cancel_job(session, backend, job_id)
-    broker.publish(job.id, [service.event_item(event)])
+    job = service.delete_workload(session, backend, job_id)  # seconds: outside the lock
+    with broker.ordering:
+        event = service.mark_cancelled(session, job)
+        broker.publish(job.id, [service.event_item(event)])
     return Accepted(id=job.id, status=job.status.value,
                     detail="workload deleted; checkpoints are kept")
 

@@ -20,8 +20,9 @@ def kill_pod(job_id: str, ordinal: int, session: SessionDep, backend: BackendDep
              broker: BrokerDep, request: Annotated[KillRequest | None, Body()] = None,
              ) -> Accepted:
     grace = (request or KillRequest()).grace_seconds
-    event = service.kill_pod(session, backend, job_id, ordinal, grace)
-    broker.publish(job_id, [service.event_item(event)])
+    with broker.ordering:  # the kill takes milliseconds: its event is written in the lock
+        event = service.kill_pod(session, backend, job_id, ordinal, grace)
+        broker.publish(job_id, [service.event_item(event)])
     return Accepted(id=f"{job_id}-{ordinal}", status="killed",
                     detail=f"pod killed (grace {grace:g} s); its controller recreates it")
 

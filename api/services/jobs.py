@@ -176,7 +176,8 @@ def list_jobs(session: Session, offset: int, limit: int,
                       count=session.exec(count_query).one(), offset=offset, limit=limit)
 
 
-def cancel_job(session: Session, backend: Backend, job_id: str) -> tuple[Job, Event]:
+def delete_workload(session: Session, backend: Backend, job_id: str) -> Job:
+    """The first half of a cancel: the job's pods are gone (its checkpoints stay)."""
     job = get_job(session, job_id)
     if job.status.finished:
         raise Conflict(f"job {job_id} already {job.status.value}")
@@ -184,11 +185,16 @@ def cancel_job(session: Session, backend: Backend, job_id: str) -> tuple[Job, Ev
         backend.delete(job_id)
     except BackendError as exc:
         raise BackendUnavailable(f"could not delete the workload of {job_id}: {exc}") from None
+    return job
+
+
+def mark_cancelled(session: Session, job: Job) -> Event:
+    """The second half of a cancel: the job and its event say so."""
     job.status, job.finished_at, job.reason = JobStatus.cancelled, utc_now(), "cancelled by user"
     event = add_event(session, job.id, "job", status="cancelled",
                       message="cancelled: workload deleted, checkpoints kept")
     session.commit()
-    return job, event
+    return event
 
 
 def check_ordinal(job: Job, ordinal: int) -> None:

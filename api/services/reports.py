@@ -10,6 +10,7 @@ high-water marks) and drops the caches whenever a transaction fails.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import queue
@@ -17,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,8 +95,11 @@ class _Pending:
 class ReportWriter:
     MAX_GROUP = 200
 
-    def __init__(self, engine: Engine, publish: Callable[[str, Items], None]) -> None:
+    def __init__(self, engine: Engine, publish: Callable[[str, Items], None],
+                 ordering: AbstractContextManager[Any] | None = None) -> None:
         self.engine, self.publish = engine, publish
+        self.ordering = ordering or contextlib.nullcontext()
+        """Held from the first write to the publish (Broker.ordering)."""
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="report-writer", daemon=True)
         self._pods: dict[tuple[str, str], PodView] = {}
@@ -132,6 +137,15 @@ class ReportWriter:
             self._write(group)
 
     def _write(self, group: list[_Pending]) -> None:
+        with self.ordering:
+            stored = self._store(group)
+            for pending, items, _ in stored:
+                self.publish(pending.job_id, items)
+        for pending, items, duplicates in stored:
+            pending.done.set_result((items, duplicates))
+
+    def _store(self, group: list[_Pending]) -> list[tuple[_Pending, Items, int]]:
+        """Store the group in one transaction: (batch, its stream items, duplicates skipped)."""
         staged: list[tuple[_Pending, Items, int]] = []
         try:
             with self.engine.begin() as connection:
@@ -156,11 +170,12 @@ class ReportWriter:
             self._seqs.clear()
             for pending, _, _ in staged:
                 pending.done.set_exception(exc)
-            return
+            return []
+        stored = []
         for pending, rows, duplicates in staged:
             mine, items = items[:len(rows)], items[len(rows):]
-            self.publish(pending.job_id, mine)
-            pending.done.set_result((mine, duplicates))
+            stored.append((pending, mine, duplicates))
+        return stored
 
     @staticmethod
     def _jobs(connection: Connection, ids: set[str]) -> dict[str, JobView]:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from fastapi.testclient import TestClient
@@ -9,6 +10,11 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.settings import Settings
 from tests.api.fakes import FakeBackend
+from tests.conftest import Processes
+from tests.factories import make_reviews_csv
+
+if TYPE_CHECKING:
+    from tests.api.control_plane import ControlPlane
 
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -53,3 +59,16 @@ def metric(seq: int, step: int, **data: object) -> dict:
     return {"seq": seq, "kind": "metric", "time": 1_700_000_000.0 + seq,
             "data": {"step": step, "epoch": 1, "loss": 0.5, "samples_seen": step * 16,
                      "samples_per_second": 32.0, "participants": 2, **data}}
+
+
+@pytest.fixture
+def control_plane(tmp_path: Path, inputs_dir: Path, processes: Processes,
+                  ) -> Iterator[ControlPlane]:
+    """`python -m api` on a free port with the local backend; its jobs are deleted at the end."""
+    from tests.api.control_plane import ControlPlane  # it imports this module's tokens
+
+    make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
+    plane = ControlPlane(processes, tmp_path / "data", inputs_dir)
+    plane.start()
+    yield plane
+    plane.close()

@@ -2,105 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import io
-import json
-import os
-import signal
-import sys
 import tarfile
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import psutil
 import pytest
 
-from api.backends.local import LocalBackend
-from tests.api.conftest import ADMIN_TOKEN, AUTH
-from tests.api.live import free_port
-from tests.conftest import Processes
-from tests.factories import make_reviews_csv
+from tests.api.control_plane import ControlPlane, wait_for
 
 pytestmark = pytest.mark.slow
 
 SPEC = {"model": "tiny", "dataset": "reviews.csv", "replicas": 2, "epochs": 3, "batch_size": 8,
         "learning_rate": 0.003, "checkpoint_every_steps": 4, "fault_tolerance": "restart"}
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 180, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
-class ControlPlane:
-    def __init__(self, processes: Processes, data_dir: Path, inputs_dir: Path) -> None:
-        self.processes, self.data_dir, self.inputs_dir = processes, data_dir, inputs_dir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.http = httpx.Client(base_url=self.url, headers=AUTH, timeout=30)
-        self.process = None
-
-    def start(self) -> None:
-        env = {"MIGRATOR_DATA_DIR": str(self.data_dir), "MIGRATOR_ADMIN_TOKEN": ADMIN_TOKEN,
-               "MIGRATOR_INPUTS_DIR": str(self.inputs_dir), "MIGRATOR_RECONCILE_INTERVAL": "0.3"}
-        self.process = self.processes.start(
-            [sys.executable, "-m", "api", "--port", str(self.port)], env,
-            self.data_dir.parent / f"api-{time.monotonic_ns()}.log")
-        wait_for(self._healthy, 60, "the API to start")
-
-    def _healthy(self) -> bool:
-        assert self.process is not None and self.process.poll() is None, "the API exited"
-        with contextlib.suppress(httpx.HTTPError):
-            return self.http.get("/healthz").status_code == 200
-        return False
-
-    def kill(self) -> None:
-        assert self.process is not None
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=10)
-
-    def job(self, job_id: str) -> dict[str, Any]:
-        response = self.http.get(f"/api/v1/jobs/{job_id}")
-        assert response.status_code == 200, response.text
-        return response.json()
-
-    def events(self, job_id: str, kind: str) -> list[dict[str, Any]]:
-        found, after = [], 0
-        while True:
-            page = self.http.get(f"/api/v1/jobs/{job_id}/events",
-                                 params={"after": after, "type": kind, "limit": 1000}).json()
-            found += page["data"]
-            if page["next_after"] is None:
-                return found
-            after = page["next_after"]
-
-    def wait_status(self, job_id: str, *statuses: str, timeout: float = 240) -> dict[str, Any]:
-        return wait_for(lambda: (job := self.job(job_id))["status"] in statuses and job,
-                        timeout, f"job {job_id} to become {statuses}")
-
-    def pod_pids(self, job_id: str) -> list[int]:
-        state = self.data_dir / "jobs" / job_id / "state.json"
-        return [p["pid"] for p in json.loads(state.read_text())["pods"] if p.get("pid")]
-
-
-@pytest.fixture
-def control_plane(tmp_path: Path, inputs_dir: Path, processes: Processes) -> Iterator[ControlPlane]:
-    make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
-    plane = ControlPlane(processes, tmp_path / "data", inputs_dir)
-    plane.start()
-    yield plane
-    plane.http.close()
-    backend = LocalBackend(plane.data_dir / "jobs")
-    for job_dir in (plane.data_dir / "jobs").glob("job-*"):
-        backend.delete(job_dir.name)
 
 
 def test_job_runs_to_a_downloadable_model(control_plane: ControlPlane, tmp_path: Path) -> None:
@@ -160,21 +74,3 @@ def test_api_killed_mid_job_loses_no_report(control_plane: ControlPlane) -> None
         steps = [e["data"]["step"] for e in control_plane.events(job_id, "metric")
                  if e["data"]["pod"] == f"{job_id}-{ordinal}" and e["data"]["kind"] == "metric"]
         assert steps == list(range(1, job["progress"]["step"] + 1)), ordinal
-
-
-def test_live_job_survives_a_killed_pod_without_restarting_the_others(
-        control_plane: ControlPlane) -> None:
-    make_reviews_csv(control_plane.inputs_dir / "reviews.csv", rows=2400)
-    spec = {**SPEC, "replicas": 3, "epochs": 4, "fault_tolerance": "live"}
-    job_id = control_plane.http.post("/api/v1/jobs", json=spec).json()["id"]
-    wait_for(lambda: control_plane.job(job_id)["progress"]["step"] >= 10, what="training")
-    assert control_plane.http.post(f"/api/v1/jobs/{job_id}/pods/1/kill").status_code == 202
-    job = control_plane.wait_status(job_id, "succeeded", "failed")
-    assert job["status"] == "succeeded", job["reason"]
-    assert [p["restarts"] for p in job["pods"]] == [0, 1, 0]  # only the killed pod restarted
-    statuses = [e["data"].get("status") for e in control_plane.events(job_id, "job")]
-    assert "degraded" in statuses
-    reports = [e["data"] for e in control_plane.events(job_id, "job")]
-    assert any(r.get("type") == "healed" and r["pod"] == f"{job_id}-1" for r in reports)
-    checksums = {r["pod"]: r["checksum"] for r in reports if r.get("type") == "completed"}
-    assert len(checksums) == 3 and len(set(checksums.values())) == 1

@@ -46,6 +46,27 @@ def test_pod_changes_become_events_and_status(client: TestClient, backend: FakeB
     assert reconcile(client, backend) == [(job["id"], [])]  # nothing changed, nothing new
 
 
+def test_fewer_participants_than_replicas_is_degraded(client: TestClient,
+                                                     backend: FakeBackend) -> None:
+    job = create_job(client)
+    step = iter(range(1, 100))
+
+    def step_with(participants: int) -> None:
+        report(client, backend, job["id"], [{"seq": next(step), "kind": "metric", "time": 1.0,
+                                            "data": {"step": 1, "participants": participants}}])
+        reconcile(client, backend)
+
+    step_with(2)
+    assert job_state(client, job["id"])["status"] == "running"
+    step_with(1)  # every pod runs, but one is still healing: not yet back in the quorum
+    assert job_state(client, job["id"])["status"] == "degraded"
+    step_with(2)
+    assert job_state(client, job["id"])["status"] == "running"
+    statuses = client.get(f"/api/v1/jobs/{job['id']}/events?type=job", headers=AUTH).json()
+    assert [(e["data"]["status"], e["data"]["participants"]) for e in statuses["data"]
+            if "participants" in e["data"]] == [("degraded", 1), ("running", 2)]
+
+
 def test_controller_giving_up_fails_the_job(client: TestClient, backend: FakeBackend) -> None:
     job = create_job(client)
     backend.finish(job["id"], reason="pod x failed: bad input: unknown dataset")

@@ -2,6 +2,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -11,7 +12,10 @@ from torch import nn
 
 from trainer.checkpoint import (
     MARKER,
+    CheckpointInfo,
+    CheckpointWriter,
     apply_retention,
+    cpu_copy,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -107,7 +111,51 @@ def test_checkpoint_killed_halfway_is_never_resumed_from(tmp_path: Path) -> None
         if process.poll() is None:
             process.kill()
             process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
     assert not (tmp_path / "step-2" / MARKER).exists()
     assert latest_checkpoint(tmp_path).step == 1
     model_state, _, _ = load_checkpoint(latest_checkpoint(tmp_path).path)
     assert torch.equal(model_state["w"], torch.zeros(4))
+
+
+def test_background_writer_snapshots_and_reports_errors(tmp_path: Path) -> None:
+    weights = {"w": torch.zeros(3)}
+    snapshot = cpu_copy({"model": weights, "groups": [{"lr": 0.1}]})
+    weights["w"] += 1  # a later training step changes the live tensors in place
+    assert snapshot["model"]["w"].tolist() == [0.0, 0.0, 0.0]
+
+    writer, started, release, done = CheckpointWriter(), threading.Event(), threading.Event(), []
+
+    def slow_write() -> CheckpointInfo:
+        started.set()
+        assert release.wait(10)
+        return save_checkpoint(tmp_path, 1, snapshot["model"], {}, {})
+
+    writer.submit(slow_write, done.append)
+    assert started.wait(10) and not done  # submit returned while the write is in flight
+    release.set()
+    writer.wait()
+    assert [info.step for info in done] == [1] and latest_checkpoint(tmp_path).step == 1
+
+    def failing_write() -> CheckpointInfo:
+        raise OSError("disk full")
+
+    writer.submit(failing_write, done.append)
+    with pytest.raises(OSError, match="disk full"):
+        writer.wait()
+    writer.wait()  # reported once
+
+
+def test_survivors_writing_the_same_emergency_step_agree(tmp_path: Path) -> None:
+    def write(value: float) -> None:
+        save_checkpoint(tmp_path, 5, {"w": torch.full((2,), value)}, {}, {}, shared=True)
+
+    writers = [threading.Thread(target=write, args=(1.0,)) for _ in range(4)]
+    for thread in writers:
+        thread.start()
+    for thread in writers:
+        thread.join()
+    assert [info.step for info in list_checkpoints(tmp_path)] == [5]
+    assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+    assert load_checkpoint(tmp_path / "step-5")[0]["w"].tolist() == [1.0, 1.0]

@@ -9,24 +9,20 @@ bad-input code ends the pod at once with that code: no retry fixes a missing dat
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher import api as launcher_api
 
 from trainer.main import EXIT_BAD_INPUT, EXIT_FAILED
 
 logger = logging.getLogger(__name__)
-
-PR_SET_PDEATHSIG = 1
 
 
 class BadInputIsFinal(LocalElasticAgent):
@@ -40,18 +36,6 @@ class BadInputIsFinal(LocalElasticAgent):
         return result
 
 
-def die_with_parent() -> None:
-    """Linux: SIGKILL this process when its parent (the agent) dies, as a pod's death would.
-
-    Torchrun starts workers in sessions of their own, so killing the agent's process group
-    would otherwise leave the worker training on alone.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    libc: Any = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = torchrun.parse_args(list(argv) if argv is not None else None)
     launcher_api.LocalElasticAgent = BadInputIsFinal  # type: ignore[misc]  # torchrun's agent class
@@ -61,6 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         codes = {failure.exitcode for failure in exc.failures.values()}
         logger.error("workers failed with exit codes %s", sorted(codes))
         return EXIT_BAD_INPUT if EXIT_BAD_INPUT in codes else EXIT_FAILED
+    except SignalException as exc:
+        # The agent stopped its workers (each checkpoints on SIGTERM) and exits as killed.
+        logger.info("stopped by %s", exc.sigval.name)
+        return 128 + int(exc.sigval)
     return 0
 
 

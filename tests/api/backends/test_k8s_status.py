@@ -123,5 +123,9 @@ def test_restart_budget() -> None:
 
 def test_last_line() -> None:
     assert last_line(None) is None
+    launcher_after = ("2026-11-23 10:00:01,456 ERROR job=j pod=j-0 trainer: dataset 'x': gone\n"
+                      "2026-11-23 10:00:02,000 INFO job=j pod=j-0 agent: workers exited\n"
+                      "[E] workers failed with exit codes [2]\n")
+    assert last_line(launcher_after) == "dataset 'x': gone"
     assert last_line("trainer: invalid configuration: epochs: must be at least 1\n") == \
         "trainer: invalid configuration: epochs: must be at least 1"

@@ -96,29 +96,41 @@ def test_two_pods_run_to_completion(backend: LocalBackend, make_launch: Callable
     assert (jobs_dir / "job-ok" / "model" / "config.json").is_file()
     assert_no_processes(jobs_dir / "job-ok")
     assert backend.active_jobs() == []
-    assert sink.incarnations("job-ok-0") == sink.incarnations("job-ok-1") == {"0"}
-    assert any("joined process group: rank 1 of 2" in line
-               for line in backend.tail_logs("job-ok", 1, 200))
+    # One worker per pod, started by its torchrun agent in the pod's first incarnation.
+    for pod in ("job-ok-0", "job-ok-1"):
+        assert [i.split("-")[0] for i in sink.incarnations(pod)] == ["0"]
+    ranks = {line.split("joined process group: ")[1] for ordinal in (0, 1)
+             for line in backend.tail_logs("job-ok", ordinal, 200)
+             if "joined process group: " in line}
+    assert ranks == {"rank 0 of 2 (gloo)", "rank 1 of 2 (gloo)"}
 
 
 @pytest.mark.slow
-def test_sigkilled_pod_restarts_the_group_and_the_job_finishes(
+def test_sigkilled_pod_is_recreated_alone_and_the_survivor_restarts_its_worker(
         backend: LocalBackend, make_launch: Callable[..., Launch], jobs_dir: Path,
         inputs_dir: Path, sink: ReportSink) -> None:
     make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
-    backend.launch(make_launch("job-kill", epochs=3))
-    wait_for(lambda: (jobs_dir / "job-kill" / "checkpoints" / "step-5" / MARKER).exists(),
-             "the step-5 checkpoint")
+    backend.launch(make_launch("job-kill", epochs=3, checkpoint_every_steps=1000))
+    wait_for(lambda: len(sink.records("job-kill-0", "metric")) >= 5, "five steps")
+    survivor = recorded_processes(jobs_dir / "job-kill")[1][0]
     backend.kill_pod("job-kill", 1, grace_seconds=0)
 
     restarted = wait_for(lambda: (s := backend.status("job-kill")).pods[1].restarts == 1 and s,
-                         "pod 1 to restart", timeout=30)
+                         "pod 1 to be recreated", timeout=30)
     assert restarted.present
-    status = wait_finished(backend, "job-kill", timeout=90)
+    status = wait_finished(backend, "job-kill", timeout=120)
     assert status.reason is None
-    assert [(p.phase, p.restarts) for p in status.pods] == [("Succeeded", 1), ("Succeeded", 1)]
+    assert [(p.phase, p.restarts) for p in status.pods] == [("Succeeded", 0), ("Succeeded", 1)]
+    assert recorded_processes(jobs_dir / "job-kill")[1][0] == survivor  # pod 0 was not touched
     assert (jobs_dir / "job-kill" / "model" / "config.json").is_file()
-    assert sink.incarnations("job-kill-1") == {"0", "1"}
+    assert {i.split("-")[0] for i in sink.incarnations("job-kill-1")} == {"0", "1"}
+    # Pod 0's agent restarted its worker (peer lost, then peer back) from the emergency
+    # checkpoint of its last committed step: no step was lost or done twice.
+    assert len(sink.incarnations("job-kill-0")) >= 2
+    steps = sorted(r["data"]["step"] for r in sink.records("job-kill-0", "metric"))
+    assert steps == list(range(1, steps[-1] + 1))
+    emergency = [r for r in sink.records("job-kill-0", "checkpoint") if r["data"]["emergency"]]
+    assert emergency
     assert_no_processes(jobs_dir / "job-kill")
 
 
@@ -143,13 +155,17 @@ def test_delete_mid_training_stops_everything_and_keeps_checkpoints(
     backend.launch(make_launch("job-del", epochs=5))
     checkpoints = jobs_dir / "job-del" / "checkpoints"
     wait_for(lambda: (checkpoints / "step-5" / MARKER).exists(), "the step-5 checkpoint")
-    pods = [p for p in recorded_processes(jobs_dir / "job-del") if p[2]]
-    env = [psutil.Process(pid).environ() for pid, _, _ in pods]
-    assert [(e["RANK"], e["WORLD_SIZE"], e["POD_NAME"], e["POD_INCARNATION"]) for e in env] == [
-        ("0", "2", "job-del-0", "0"), ("1", "2", "job-del-1", "0")]
-    assert env[0]["MASTER_PORT"] == env[1]["MASTER_PORT"]
+    pods = [psutil.Process(pod["pid"]) for pod in
+            json.loads((jobs_dir / "job-del" / STATE_FILE).read_text())["pods"]]
+    env = [pod.environ() for pod in pods]
+    assert [(e["POD_NAME"], e["POD_INCARNATION"]) for e in env] == [
+        ("job-del-0", "0"), ("job-del-1", "0")]
     assert env[0]["REPORT_TOKEN"] == "secret-token"
     assert not any("MIGRATOR_ADMIN_TOKEN" in e for e in env)
+    # Each pod is a torchrun agent whose worker joined one elastic world of two.
+    workers = [pod.children()[0].environ() for pod in pods]
+    assert sorted((w["RANK"], w["WORLD_SIZE"]) for w in workers) == [("0", "2"), ("1", "2")]
+    assert workers[0]["MASTER_PORT"] == workers[1]["MASTER_PORT"]
 
     backend.delete("job-del")
     status = backend.status("job-del")
@@ -212,11 +228,12 @@ def test_supervisor_outlives_its_launcher_and_is_re_adopted(
     assert os.getsid(supervisor_pid) == supervisor_pid  # its own session: no terminal signals
     wait_for(lambda: sink.records("job-adopt-0", "metric"), "the first training step")
 
-    # A graceful kill: the trainer checkpoints and exits 0 on SIGTERM, and still counts as failed.
+    # A graceful kill: the worker checkpoints on SIGTERM and the agent exits as terminated; the
+    # pod counts as failed and is recreated.
     adopter.kill_pod("job-adopt", 0, grace_seconds=5)
     restarted = wait_for(lambda: (s := adopter.status("job-adopt")).pods[0].restarts == 1
                          and s.pods[0].phase == "Running" and s, "pod 0 to restart", timeout=30)
-    assert restarted.pods[0].exit_code == 0
+    assert restarted.pods[0].exit_code == 128 + signal.SIGTERM
     assert [r["data"]["type"] for r in sink.records("job-adopt-0", "event")
             if r["data"]["type"] == "sigterm"] == ["sigterm"]
     LocalBackend(jobs_dir).delete("job-adopt")
@@ -236,7 +253,7 @@ def fake_live_job(jobs_dir: Path, job_id: str, replicas: int = 2,
             for i in range(replicas)]
     (job_dir / STATE_FILE).write_text(json.dumps({
         "supervisor_pid": me.pid, "supervisor_started": started or me.create_time(),
-        "generation": 0, "finished": False, "reason": None, "pods": pods}))
+        "finished": False, "reason": None, "pods": pods}))
     return job_dir
 
 

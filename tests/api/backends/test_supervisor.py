@@ -83,7 +83,11 @@ def recorded_processes(job_dir: Path) -> list[tuple[int, float, bool]]:
     except (OSError, ValueError):
         return []
     found = [(state["supervisor_pid"], state["supervisor_started"], False)]
-    return found + [(p["pid"], p["pid_started"], True) for p in state["pods"] if p["pid"]]
+    found += [(p["pid"], p["pid_started"], True) for p in state["pods"] if p["pid"]]
+    coordinator = state.get("coordinator") or {}
+    if coordinator.get("pid"):
+        found.append((coordinator["pid"], coordinator["pid_started"], True))
+    return found
 
 
 def kill_everything(jobs_dir: Path) -> None:
@@ -203,7 +207,9 @@ def test_restart_budget_spent(tmp_path: Path, inputs_dir: Path, sink: ReportSink
                       {"op": "kill", "ordinal": 0, "grace_seconds": 0})
     assert process.wait(timeout=30) == 0
     final = state(job_dir)
-    assert final["finished"] and final["reason"].startswith("restart budget spent: 0 restarts")
+    assert final["finished"]
+    assert final["reason"] == ("restart budget spent: pod job-budget-0 restarted 0 times, last "
+                               f"exit code {-signal.SIGKILL}")
     assert [(p["phase"], p["restarts"], p["exit_code"]) for p in final["pods"]] == [
         ("Failed", 0, -signal.SIGKILL)]
 

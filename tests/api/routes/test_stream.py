@@ -1,3 +1,4 @@
+import threading
 from collections.abc import Iterator
 
 import httpx
@@ -91,3 +92,42 @@ def test_slow_client_slows_nobody_and_catches_up(server, monkeypatch) -> None:
             with http.stream("GET", stream_url, headers=AUTH) as fast:
                 assert metric_steps_until(sse_events(fast), 3000) == list(range(1, 3001))
             assert metric_steps_until(slow_events, 3000) == list(range(1, 3001))
+
+
+def test_concurrent_writers_lose_no_event_on_the_stream(server) -> None:
+    """Reports and kills write events from different threads: the stream gets every one."""
+    url, backend = server
+    with httpx.Client(base_url=url, timeout=30) as http:
+        job_id = start_job(http)
+        with http.stream("GET", f"/api/v1/jobs/{job_id}/stream", headers=AUTH) as response:
+            events = sse_events(response)
+            next(events)
+
+            def report() -> None:
+                with httpx.Client(base_url=url, timeout=30) as client:
+                    for step in range(1, 301):
+                        post_metrics(client, backend, job_id, step, 1)
+
+            def kill() -> None:
+                with httpx.Client(base_url=url, timeout=30, headers=AUTH) as client:
+                    for _ in range(150):
+                        assert client.post(f"/api/v1/jobs/{job_id}/pods/0/kill").status_code \
+                            == 202
+
+            threads = [threading.Thread(target=report), threading.Thread(target=kill)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            stored, after = [], 0
+            while page := http.get(f"/api/v1/jobs/{job_id}/events", headers=AUTH,
+                                   params={"after": after, "limit": 1000}).json()["data"]:
+                stored += [e["id"] for e in page]
+                after = stored[-1]
+            received = []
+            for event in events:
+                received.append(int(event["id"]))
+                if received[-1] == stored[-1]:
+                    break
+            first = stored.index(received[0])
+            assert received == stored[first:]

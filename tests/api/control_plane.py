@@ -1,0 +1,108 @@
+"""The real control plane in a process of its own (`python -m api`, local backend), for tests."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from api.backends.local import LocalBackend
+from tests.api.conftest import ADMIN_TOKEN, AUTH
+from tests.api.live import free_port
+from tests.conftest import Processes
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 180, what: str = "condition",
+             interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(interval)
+
+
+class ControlPlane:
+    def __init__(self, processes: Processes, data_dir: Path, inputs_dir: Path,
+                 env: dict[str, str] | None = None) -> None:
+        self.processes, self.data_dir, self.inputs_dir = processes, data_dir, inputs_dir
+        self.env = env or {}
+        """More environment for the API process, inherited by supervisors and pods."""
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.http = httpx.Client(base_url=self.url, headers=AUTH, timeout=30)
+        self.process = None
+
+    def start(self) -> None:
+        env = {"MIGRATOR_DATA_DIR": str(self.data_dir), "MIGRATOR_ADMIN_TOKEN": ADMIN_TOKEN,
+               "MIGRATOR_INPUTS_DIR": str(self.inputs_dir), "MIGRATOR_RECONCILE_INTERVAL": "0.3",
+               **self.env}
+        self.process = self.processes.start(
+            [sys.executable, "-m", "api", "--port", str(self.port)], env,
+            self.data_dir.parent / f"api-{time.monotonic_ns()}.log")
+        wait_for(self._healthy, 60, "the API to start")
+
+    def _healthy(self) -> bool:
+        assert self.process is not None and self.process.poll() is None, "the API exited"
+        with contextlib.suppress(httpx.HTTPError):
+            return self.http.get("/healthz").status_code == 200
+        return False
+
+    def kill(self) -> None:
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def restart(self) -> None:
+        """SIGKILL the API (its jobs live on under their supervisors) and start it again."""
+        self.kill()
+        self.start()
+
+    def report_token(self, job_id: str) -> str:
+        """The job's report token, from the local backend's launch record."""
+        launch = json.loads((self.data_dir / "jobs" / job_id / "launch.json").read_text())
+        return str(launch["report_token"])
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        response = self.http.get(f"/api/v1/jobs/{job_id}")
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def events(self, job_id: str, kind: str) -> list[dict[str, Any]]:
+        found, after = [], 0
+        while True:
+            page = self.http.get(f"/api/v1/jobs/{job_id}/events",
+                                 params={"after": after, "type": kind, "limit": 1000}).json()
+            found += page["data"]
+            if page["next_after"] is None:
+                return found
+            after = page["next_after"]
+
+    def wait_status(self, job_id: str, *statuses: str, timeout: float = 240) -> dict[str, Any]:
+        return wait_for(lambda: (job := self.job(job_id))["status"] in statuses and job,
+                        timeout, f"job {job_id} to become {statuses}")
+
+    def state(self, job_id: str) -> dict[str, Any]:
+        """The job's supervisor state (pods' and coordinator's pids, restarts)."""
+        state: dict[str, Any] = json.loads(
+            (self.data_dir / "jobs" / job_id / "state.json").read_text())
+        return state
+
+    def pod_pids(self, job_id: str) -> list[int]:
+        return [p["pid"] for p in self.state(job_id)["pods"] if p.get("pid")]
+
+    def close(self) -> None:
+        """Delete every job's workload (no pod outlives the test) and close the client."""
+        self.http.close()
+        backend = LocalBackend(self.data_dir / "jobs")
+        for job_dir in (self.data_dir / "jobs").glob("job-*"):
+            backend.delete(job_dir.name)

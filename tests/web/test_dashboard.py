@@ -1,0 +1,227 @@
+"""The dashboard in real headless Chromium against the real control plane and real pods."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.api.conftest import ADMIN_TOKEN
+from tests.api.control_plane import ControlPlane, wait_for
+from tests.web.conftest import save_artifact
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+XSS = "<img src=x onerror=alert(1)>"
+# Two samples per pod and step: steps cost about what they cost with eight (the tiny model's step
+# is mostly synchronisation), so the job lasts long enough for a killed pod to come back (its new
+# process needs seconds to import torch) and rejoin before training ends.
+SPEC = {"model": "tiny", "dataset": "reviews.csv", "replicas": 2, "epochs": 3,
+        "batch_size": 2, "learning_rate": 0.003, "checkpoint_every_steps": 200}
+
+
+def login(page: Any, plane: ControlPlane, hash_: str = "#/") -> None:
+    page.goto(f"{plane.url}/?token={ADMIN_TOKEN}{hash_}")
+    page.wait_for_selector("#logout:not([hidden])")
+
+
+def js(page: Any, expression: str) -> Any:
+    """Evaluate in the page (CDP, outside the page's CSP, which forbids string evaluation)."""
+    return page.evaluate(f"() => {expression}")
+
+
+def chart_points(page: Any, chart: str) -> int:
+    return int(js(page, f"document.querySelector('[data-chart={chart}]')?.dataset.points ?? 0"))
+
+
+def pod_state(page: Any, ordinal: int) -> dict[str, str]:
+    row = page.locator(f"tr[data-ordinal='{ordinal}']")
+    return {"phase": row.get_attribute("data-phase") or "",
+            "rejoined": row.get_attribute("data-rejoined") or "",
+            "restarts": row.locator("td").nth(3).inner_text()}
+
+
+def test_login_with_the_token_url_and_a_wrong_token(control_plane: ControlPlane,
+                                                    page: Any) -> None:
+    page.goto(f"{control_plane.url}/?token=not-the-admin-token-at-all")
+    prompt = page.locator("#login-message")
+    assert "refused" in prompt.inner_text()
+    assert "token=" not in page.url
+    assert js(page, "sessionStorage.getItem('migrator.token')") is None
+
+    page.goto(f"{control_plane.url}/")  # no token at all: the prompt says where to find one
+    assert "login URL" in prompt.inner_text()
+
+    page.goto(f"{control_plane.url}/?token={ADMIN_TOKEN}")
+    page.wait_for_selector("table.jobs")
+    assert page.url == f"{control_plane.url}/"  # the token left the address bar ...
+    assert js(page, "sessionStorage.getItem('migrator.token')") == ADMIN_TOKEN  # ... for here
+    page.reload()
+    page.wait_for_selector("table.jobs")  # still logged in, from session storage
+
+    page.click("#logout")
+    page.fill("#token", ADMIN_TOKEN)  # the prompt itself logs in too
+    page.keyboard.press("Enter")
+    page.wait_for_selector("table.jobs")
+    assert page.console.unexpected(403) == []
+
+
+def test_a_job_from_the_form_to_a_model(control_plane: ControlPlane, page: Any,
+                                        artifacts_dir: Path) -> None:
+    login(page, control_plane, "#/new")
+    page.wait_for_selector("#field-replicas")
+    assert page.input_value("#field-replicas") == "2"  # defaults come from the API's schema
+    assert page.input_value("#field-fault_tolerance") == "live"
+    for name, value in {**SPEC, "replicas": 0}.items():
+        page.fill(f"#field-{name}", str(value))
+    page.click("button[type=submit]")
+    error = page.locator("#field-replicas-error")
+    error.wait_for()
+    assert "greater than or equal to 1" in error.inner_text()  # the server's 422, by its field
+    assert page.get_attribute("#field-replicas", "aria-invalid") == "true"
+
+    page.fill("#field-replicas", "2")
+    page.fill("#field-name", "form job")
+    page.click("button[type=submit]")
+    page.wait_for_url("**/#/jobs/job-*")
+    job_id = page.url.rsplit("/", 1)[1]
+    assert control_plane.job(job_id)["spec"]["epochs"] == SPEC["epochs"]
+
+    # Pods come up and points arrive live.
+    wait_for(lambda: pod_state(page, 0)["phase"] == pod_state(page, 1)["phase"] == "Running",
+             90, "both pods Running")
+    first = wait_for(lambda: chart_points(page, "loss"), 90, "loss points")
+    wait_for(lambda: chart_points(page, "loss") > first, 30, "more loss points, live")
+    assert chart_points(page, "speed") > 0 and chart_points(page, "participants") > 0
+
+    # Kill pod 1 from the keyboard: it goes down, comes back and rejoins.
+    page.focus("tr[data-ordinal='1'] button")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#confirm[open]")
+    page.click("#confirm-ok")
+    wait_for(lambda: pod_state(page, 1)["phase"] == "Killed", 10, "pod 1 shown killed")
+    assert page.locator(".timeline li[data-tag=kill]").count() == 1
+    wait_for(lambda: pod_state(page, 1) == {"phase": "Running", "rejoined": "true",
+                                            "restarts": "1"}, 90, "pod 1 back and rejoined")
+    healed = page.locator(f".timeline li[data-tag=healed]:has-text('{job_id}-1')")
+    assert "after the kill" in healed.first.inner_text()
+    save_artifact(page, artifacts_dir, "dashboard-job-live.png")
+
+    # The job finishes: test metrics, the model archive, a prediction.
+    page.locator("#model-download").wait_for(timeout=180_000)
+    assert control_plane.job(job_id)["status"] == "succeeded"
+    assert page.locator("#test-accuracy").inner_text().endswith("%")
+    archive = control_plane.http.get(page.get_attribute("#model-download", "href"),
+                                     headers={"Authorization": ""})
+    assert archive.status_code == 200 and archive.headers["content-type"] == "application/gzip"
+    with tarfile.open(fileobj=io.BytesIO(archive.content), mode="r:gz") as tar:
+        assert any(name.endswith("/config.json") for name in tar.getnames())
+    page.fill("#try-text", "a brilliant warm and clever film")
+    page.get_by_role("button", name="Classify").click()
+    page.locator("#try-output[data-label]").wait_for(timeout=60_000)
+    assert page.get_attribute("#try-output", "data-label") in ("positive", "negative")
+    assert "score" in page.inner_text("#try-output")
+    checkpoint = control_plane.http.get(
+        page.locator(".checkpoints a[download]").first.get_attribute("href"),
+        headers={"Authorization": ""})  # the link carries the token itself
+    assert checkpoint.status_code == 200 and checkpoint.content[:2] == b"\x1f\x8b"
+    save_artifact(page, artifacts_dir, "dashboard-job.png")
+    assert page.console.unexpected(422) == []
+
+    # A tab opened late replays the whole history: every step, the kill and the rejoin.
+    late = page.context.new_page()  # session storage is per tab: it logs in with the URL
+    login(late, control_plane, f"#/jobs/{job_id}")
+    steps = control_plane.job(job_id)["progress"]["step"]
+    wait_for(lambda: chart_points(late, "loss") == steps, 20, "the full history in a late tab")
+    assert late.locator(".timeline li[data-tag=kill]").count() == 1
+    assert late.locator(".timeline li[data-tag=healed]").count() >= 1
+    assert chart_points(late, "accuracy") == SPEC["epochs"]
+    assert page.console.unexpected(422) == []
+
+
+def test_user_text_renders_as_text_and_the_layout_fits_a_phone(control_plane: ControlPlane,
+                                                              page: Any) -> None:
+    login(page, control_plane)
+    page.wait_for_selector("table.jobs")
+    created = control_plane.http.post("/api/v1/jobs", json={**SPEC, "name": XSS, "replicas": 1})
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    assert control_plane.http.delete(f"/api/v1/jobs/{job_id}").status_code == 202
+    link = page.locator(f"tr[data-job='{job_id}'] a")  # the list updates by itself
+    link.wait_for(timeout=10_000)
+    page.locator(f"tr[data-job='{job_id}'] .badge[data-status=cancelled]").wait_for()
+    assert link.inner_text() == XSS
+    assert page.locator("main img").count() == 0
+
+    page.click(f"tr[data-job='{job_id}'] a")
+    page.wait_for_selector(".timeline li[data-tag=cancelled]")
+    assert page.inner_text("h1") == XSS
+    assert page.locator("main img").count() == 0 and page.console.dialogs == []
+
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.wait_for_selector("[data-chart=loss] canvas")
+    assert js(page, "document.documentElement.scrollWidth") <= 390
+    page.emulate_media(color_scheme="dark")
+    background = js(page, "getComputedStyle(document.body).backgroundColor")
+    assert background == "rgb(17, 20, 24)"  # --bg of the dark scheme
+    page.goto(f"{control_plane.url}/#/")
+    page.wait_for_selector(f"tr[data-job='{job_id}']")
+    assert js(page, "document.documentElement.scrollWidth") <= 390
+    assert page.console.unexpected() == [] and page.console.dialogs == []
+
+
+def test_series_combine_pods_and_cut_pauses(control_plane: ControlPlane, page: Any) -> None:
+    login(page, control_plane)
+    result = page.evaluate("""async () => {
+        const { KeyedSeries, TimeSeries } = await import('/static/series.js');
+        const loss = new KeyedSeries(['mean']);
+        loss.add(2, [1.0]); loss.add(1, [3.0]); loss.add(2, [2.0]); loss.add(3, [NaN]);
+        const speed = new TimeSeries(['mean']);
+        for (let step = 1; step <= 20; step += 1) speed.add(100 + step * 0.1, step, [10]);
+        speed.add(100.15, 1, [20]);  // pod 2's report of step 1
+        speed.add(110, 21, [5]);     // after a 8 s pause
+        return { loss: loss.data(), speed: speed.data(), at: speed.keyAt(105) };
+    }""")
+    assert result["loss"] == [[1, 2, 3], [3.0, 1.5, None]]
+    x, y = result["speed"]
+    assert len(x) == 22 and y[0] == 15 and y[-2] is None and y[-1] == 5  # merged; a gap
+    assert x == sorted(x) and result["at"] == 20
+    assert page.console.unexpected() == []
+
+
+def test_the_stream_reconnects_after_a_control_plane_restart_and_misses_nothing(
+        control_plane: ControlPlane, page: Any) -> None:
+    created = control_plane.http.post("/api/v1/jobs", json={**SPEC, "replicas": 1})
+    job_id = created.json()["id"]
+    assert control_plane.http.delete(f"/api/v1/jobs/{job_id}").status_code == 202
+    token, pod = control_plane.report_token(job_id), f"{job_id}-0"
+
+    def evaluations(first: int, last: int) -> None:
+        records = [{"seq": n, "kind": "eval", "time": time.time(), "data": {
+            "split": "validation", "epoch": n, "step": 10 * n, "accuracy": 0.5 + n / 20}}
+            for n in range(first, last + 1)]
+        response = control_plane.http.post(
+            f"/api/v1/jobs/{job_id}/reports", headers={"Authorization": f"Bearer {token}"},
+            json={"pod": pod, "incarnation": "web-test", "records": records})
+        assert response.status_code == 200, response.text
+
+    login(page, control_plane, f"#/jobs/{job_id}")
+    page.wait_for_selector(".connection[data-state=live]")
+    evaluations(1, 3)
+    rows = page.locator(".timeline li[data-tag='validation eval']")
+    wait_for(lambda: rows.count() == 3, 10, "three evaluations")
+
+    control_plane.restart()
+    page.wait_for_selector(".connection[data-state=reconnecting]", state="attached")
+    page.wait_for_selector(".connection[data-state=live]", timeout=30_000)
+    evaluations(4, 6)
+    wait_for(lambda: rows.count() == 6, 15, "the evaluations sent after the restart")
+    ids = [rows.nth(i).get_attribute("data-event") for i in range(6)]
+    assert len(set(ids)) == 6 and chart_points(page, "accuracy") == 6
+    # The browser notes the stream cut by the kill and its retries while the API was down.
+    assert page.console.unexpected("net::ERR_INCOMPLETE_CHUNKED_ENCODING",
+                                   "net::ERR_CONNECTION_REFUSED") == []

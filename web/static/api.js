@@ -1,0 +1,64 @@
+// The one way to reach the API: bearer token, JSON in and out, errors thrown.
+import { state } from './state.js';
+
+const TOKEN_KEY = 'migrator.token';
+
+export class ApiError extends Error {
+  constructor(status, body) {
+    const detail = body && body.detail !== undefined ? body.detail : body;
+    super(typeof detail === 'string' ? detail : `HTTP ${status}`);
+    this.status = status;
+    this.detail = detail;
+  }
+
+  get unauthorized() { return this.status === 401 || this.status === 403; }
+}
+
+export async function api(path, { method = 'GET', body, signal } = {}) {
+  const headers = { Accept: 'application/json' };
+  if (state.token) headers.Authorization = `Bearer ${state.token}`;
+  if (body !== undefined) headers['Content-Type'] = 'application/json';
+  const response = await fetch(path, {
+    method, headers, signal, body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await response.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch { data = text; }
+  if (!response.ok) {
+    const error = new ApiError(response.status, data);
+    if (error.unauthorized) window.dispatchEvent(new CustomEvent('unauthorized', { detail: error }));
+    throw error;
+  }
+  return data;
+}
+
+/** A GET URL that carries the token itself (EventSource and download links cannot set headers). */
+export function withToken(path, params = {}) {
+  const url = new URL(path, location.origin);
+  for (const [key, value] of Object.entries(params)) url.searchParams.set(key, value);
+  url.searchParams.set('token', state.token ?? '');
+  return url.pathname + url.search;
+}
+
+/** Move a `?token=` of the login URL into sessionStorage and out of the address bar. */
+export function adoptToken() {
+  const url = new URL(location.href);
+  const given = url.searchParams.get('token');
+  if (given !== null) {
+    sessionStorage.setItem(TOKEN_KEY, given);
+    url.searchParams.delete('token');
+    history.replaceState(history.state, '', url.pathname + url.search + url.hash);
+  }
+  state.token = sessionStorage.getItem(TOKEN_KEY);
+  return state.token;
+}
+
+export function saveToken(token) {
+  sessionStorage.setItem(TOKEN_KEY, token);
+  state.token = token;
+}
+
+export function forgetToken() {
+  sessionStorage.removeItem(TOKEN_KEY);
+  state.token = null;
+}

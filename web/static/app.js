@@ -1,0 +1,75 @@
+// Entry point: log in with the token, route between the jobs list, the new-job form and a job.
+import { adoptToken, forgetToken, saveToken } from './api.js';
+import { fill, h } from './dom.js';
+import { showJob } from './job.js';
+import { showJobs, showNewJob } from './jobs.js';
+import { state } from './state.js';
+
+const main = document.getElementById('main');
+const logout = document.getElementById('logout');
+
+function leaveView() {
+  if (state.leave) state.leave();
+  state.leave = null;
+}
+
+function route() {
+  leaveView();
+  const path = location.hash.replace(/^#/, '') || '/';
+  const job = path.match(/^\/jobs\/([^/]+)$/);
+  if (job) state.leave = showJob(main, decodeURIComponent(job[1]));
+  else if (path === '/new') state.leave = showNewJob(main);
+  else state.leave = showJobs(main);
+}
+
+function showLogin(message) {
+  leaveView();
+  logout.hidden = true;
+  const input = h('input#token', {
+    type: 'password', name: 'token', autocomplete: 'current-password', required: true,
+    'aria-describedby': 'login-message',
+  });
+  const form = h('form.card.login', {
+    on: {
+      submit: (event) => {
+        event.preventDefault();
+        saveToken(input.value.trim());
+        start();
+      },
+    },
+  },
+  h('h1', {}, 'Log in'),
+  h('p#login-message', { role: 'alert' }, message),
+  h('label', { for: 'token' }, 'Admin token'),
+  input,
+  h('div.actions', {}, h('button.primary', { type: 'submit' }, 'Log in')));
+  fill(main, form);
+  input.focus();
+}
+
+function start() {
+  if (!state.token) {
+    showLogin('Open the login URL printed when the control plane started '
+      + '(…/?token=…), or paste the admin token here.');
+    return;
+  }
+  // No separate check: the view's first request answers 401/403 for a bad token, and the
+  // 'unauthorized' listener below then replaces the view with the login prompt.
+  logout.hidden = false;
+  route();
+}
+
+window.addEventListener('unauthorized', (event) => {
+  if (!state.token) return; // several requests of a view failed: one prompt is enough
+  forgetToken();
+  showLogin(`The token was refused (HTTP ${event.detail.status}): open the login URL printed `
+    + 'at start-up, or paste the admin token.');
+});
+window.addEventListener('hashchange', () => { if (state.token) route(); });
+logout.addEventListener('click', () => {
+  forgetToken();
+  showLogin('Logged out. Paste the admin token to log in again.');
+});
+
+adoptToken();
+start();
