@@ -29,9 +29,9 @@ def test_heartbeat_file_from_the_environment(tmp_path: Path) -> None:
     path = tmp_path / "heartbeat"
     config = load_config([], {"HEARTBEAT_FILE": str(path), "JOB_ID": "job-1"})
     assert config.runtime.heartbeat_file == path
-    reporter = build_reporter(config, "job-1-0")
+    reporter = build_reporter(config, "job-1-0", {})
     reporter.event("started", "training started")
     assert path.is_file()
     reporter.close()
     assert not any(isinstance(s, HeartbeatFile)
-                   for s in build_reporter(load_config([], {}), "p").sinks)
+                   for s in build_reporter(load_config([], {}), "p", {}).sinks)
