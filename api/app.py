@@ -49,7 +49,9 @@ def make_backend(settings: Settings) -> Backend:
         from api.backends.local import LocalBackend
 
         return LocalBackend(settings.jobs_dir, max_restarts=settings.restart_budget)
-    raise RuntimeError("MIGRATOR_BACKEND=kubernetes is not available in this version yet")
+    from api.backends.kubernetes import KubernetesBackend
+
+    return KubernetesBackend.from_settings(settings)
 
 
 def create_app(settings: Settings | None = None, backend: Backend | None = None) -> FastAPI:
@@ -79,6 +81,9 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
             await reconciler.stop()
             writer.stop()
             engine.dispose()
+            close = getattr(chosen, "close", None)
+            if backend is None and close is not None:
+                close()  # a backend the app made (the Kubernetes one holds a watch thread)
 
     app = FastAPI(title="Live Migrator", version="0.1.0", lifespan=lifespan,
                   description="Fault-tolerant distributed fine-tuning of BERT-family sentiment "

@@ -51,6 +51,22 @@ ACTIVE_STATUSES = (JobStatus.starting, JobStatus.running, JobStatus.degraded)
 # --- jobs --------------------------------------------------------------------------------
 
 
+# Kubernetes quantities: an integer or decimal with an optional suffix (`500m`, `2`, `4Gi`).
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
+
+
+class PodResources(BaseModel):
+    """What each pod of a job asks for (Kubernetes backend; the local backend ignores it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpu: str | None = Field(default=None, pattern=QUANTITY, max_length=20,
+                            description="CPU request and limit, e.g. `2` or `500m`")
+    memory: str | None = Field(default=None, pattern=QUANTITY, max_length=20,
+                               description="Memory request and limit, e.g. `4Gi`")
+    gpus: int = Field(default=0, ge=0, le=8, description="NVIDIA GPUs per pod")
+
+
 class JobCreate(BaseModel):
     """Request body of POST /api/v1/jobs; every field optional."""
 
@@ -75,6 +91,8 @@ class JobCreate(BaseModel):
     finetune: Literal["full", "lora"] = "full"
     checkpoint_every_steps: int = Field(default=50, ge=0, le=1_000_000)
     seed: int = Field(default=42, ge=0, le=2**31 - 1)
+    resources: PodResources | None = Field(
+        default=None, description="Per-pod CPU, memory and GPUs (Kubernetes backend)")
 
 
 class Job(SQLModel, table=True):

@@ -140,10 +140,10 @@ class Reconciler:
                 continue
             add_event(session, job.id, "pod", ordinal=pod.ordinal, name=pod.name,
                       phase=seen.phase, previous=pod.phase, restarts=seen.restarts,
-                      exit_code=seen.exit_code,
+                      exit_code=seen.exit_code, reason=seen.reason,
                       message=f"pod {pod.name}: {pod.phase} -> {seen.phase}"
                               + (f" (restart {seen.restarts})" if seen.restarts > pod.restarts
-                                 else ""))
+                                 else "") + (f": {seen.reason}" if seen.reason else ""))
             if seen.phase == "Failed" or seen.restarts > pod.restarts:
                 self._log_tail(session, job, pod.ordinal, pod.name)
             pod.phase, pod.restarts, pod.exit_code = seen.phase, seen.restarts, seen.exit_code

@@ -36,6 +36,36 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     """`json`: one JSON object per log line, for log collectors."""
 
+    # --- kubernetes backend (MIGRATOR_BACKEND=kubernetes) ---
+    k8s_namespace: str = Field(default="live-migrator",
+                               pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    """Namespace of every job's objects (the API's own, in the cluster)."""
+    k8s_kubeconfig: Path | None = None
+    """Kubeconfig file; unset: in-cluster config, else $KUBECONFIG or ~/.kube/config."""
+    k8s_context: str | None = None
+    """Kubeconfig context; unset: the file's current context."""
+    k8s_trainer_image: str = "ghcr.io/live-migrator/live-migrator-trainer:v0.1.0"
+    """Image of the trainer pods, the lighthouse and the rendezvous store (as the images
+    workflow names it: ghcr.io/<owner>/live-migrator-trainer:<tag>)."""
+    k8s_image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    k8s_data_claim: str = "migrator-data"
+    """RWX PVC with the inputs (local models and datasets), mounted read-only at /inputs."""
+    k8s_checkpoints_claim: str = "migrator-checkpoints"
+    """RWX PVC of checkpoints: one sub-directory per job."""
+    k8s_models_claim: str = "migrator-models"
+    """RWX PVC of exported models: one sub-directory per job."""
+    k8s_volumes_dir: Path | None = None
+    """Where this API process has the checkpoints and models PVCs mounted (`checkpoints/`,
+    `models/` below it); must lie inside the data dir. `<data dir>/volumes` when unset."""
+    k8s_pod_cpu: str = "2"
+    """CPU request and limit of a trainer pod when the job spec names none."""
+    k8s_pod_memory: str = "6Gi"
+    """Memory request and limit of a trainer pod when the job spec names none."""
+    k8s_cache_size: str = "8Gi"
+    """Size limit of a trainer pod's emptyDir cache (Hugging Face downloads, tokenized data)."""
+    k8s_watch_timeout: int = Field(default=300, ge=1)
+    """Seconds one pod watch request lasts before it is renewed from the last resourceVersion."""
+
     @property
     def resolved_inputs_dir(self) -> Path:
         return (self.inputs_dir or self.data_dir / "inputs").resolve()
@@ -47,6 +77,10 @@ class Settings(BaseSettings):
     @property
     def cache_dir(self) -> Path:
         return self.data_dir.resolve() / "cache"
+
+    @property
+    def resolved_volumes_dir(self) -> Path:
+        return (self.k8s_volumes_dir or self.data_dir / "volumes").resolve()
 
     @property
     def sqlite_url(self) -> str:

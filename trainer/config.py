@@ -146,6 +146,9 @@ class Runtime:
     max_steps: int | None = None
     """Stop after this many committed steps in all (benchmarks, tests); None runs every epoch."""
 
+    heartbeat_file: Path | None = None
+    """Touched (about once a second) while report records flow; Kubernetes probes its age."""
+
 
 ENV_NAMES: dict[str, str] = {
     "job_id": "JOB_ID",
@@ -160,6 +163,7 @@ ENV_NAMES: dict[str, str] = {
     "cache_dir": "TRAINER_CACHE_DIR",
     "log_sample_ids": "LOG_SAMPLE_IDS",
     "max_steps": "MAX_STEPS",
+    "heartbeat_file": "HEARTBEAT_FILE",
 }
 
 

@@ -12,7 +12,7 @@ from trainer.config import ConfigError, TrainConfig, load_config
 from trainer.data import DataError
 from trainer.distributed import Group, die_with_parent
 from trainer.model import ModelError, choose_device
-from trainer.report import HttpSink, JsonlSink, MetricsSink, Reporter
+from trainer.report import HeartbeatFile, HttpSink, JsonlSink, MetricsSink, Reporter
 
 logger = logging.getLogger("trainer")
 
@@ -47,6 +47,8 @@ def build_reporter(config: TrainConfig, pod: str, environ: Mapping[str, str]) ->
     if runtime.report_url and runtime.report_token:
         sinks.append(HttpSink(runtime.report_url, runtime.report_token, pod,
                               reporter.incarnation))
+    if runtime.heartbeat_file is not None:
+        sinks.append(HeartbeatFile(runtime.heartbeat_file))
     reporter.sinks = sinks
     return reporter
 

@@ -82,6 +82,35 @@ class JsonlSink:
         os.close(self._fd)
 
 
+class HeartbeatFile:
+    """Touches a file at most once per `interval` while records flow: an age a probe can read.
+
+    Kubernetes' readiness probe checks the file's age (the trainer serves no HTTP), so a pod is
+    ready while it trains and reports, and not while it loads, heals or hangs.
+    """
+
+    def __init__(self, path: Path, interval: float = 1.0) -> None:
+        self.path, self.interval = path, interval
+        self._last: float | None = None
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, record: Record) -> None:
+        now = time.monotonic()
+        if self._last is not None and now - self._last < self.interval:
+            return
+        self._last = now
+        try:
+            self.path.touch()
+        except OSError as exc:  # a probe failing beats a training step failing
+            logger.warning("heartbeat file %s not touched: %s", self.path, exc)
+
+    def flush(self, timeout: float = 0.0) -> bool:
+        return True
+
+    def close(self, timeout: float = 10.0) -> None:
+        pass
+
+
 class HttpSink:
     """Posts batches from a background thread; retries with backoff, buffers while unreachable."""
 

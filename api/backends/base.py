@@ -17,6 +17,21 @@ class WorkloadNotFound(BackendError):
     """No workload (or no such pod) exists for the job."""
 
 
+class WorkloadConflict(BackendError):
+    """The workload (or an object of it) already exists or changed concurrently."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one pod asks for; None leaves the backend's default. The local backend ignores it."""
+
+    cpu: str | None = None
+    """A Kubernetes CPU quantity (`2`, `500m`)."""
+    memory: str | None = None
+    """A Kubernetes memory quantity (`4Gi`)."""
+    gpus: int = 0
+
+
 @dataclass(frozen=True)
 class Launch:
     """Everything a backend needs to start a job's pods."""
@@ -34,6 +49,8 @@ class Launch:
     model_dir: Path
     inputs_dir: Path
     cache_dir: Path
+    resources: Resources | None = None
+    """Per-pod resources from the job spec (not part of `spec`: the trainer does not take them)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +64,9 @@ class PodStatus:
     """Unix time the current incarnation started."""
     exit_code: int | None = None
     """Exit code of the last incarnation that ended (negative: killed by that signal)."""
+    reason: str | None = None
+    """Why the last incarnation ended or waits, where the backend knows (`OOMKilled`,
+    `CrashLoopBackOff`); None otherwise."""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlmodel import Session, col, func, select
 
-from api.backends.base import Backend, BackendError, Launch, WorkloadNotFound
+from api.backends.base import Backend, BackendError, Launch, Resources, WorkloadNotFound
 from api.errors import BackendUnavailable, Conflict, InvalidSpec, NotFound
 from api.models import (
     ACTIVE_STATUSES,
@@ -96,7 +96,9 @@ def job_dir(settings: Settings, job_id: str) -> Path:
 def create_job(session: Session, settings: Settings, backend: Backend, spec: JobCreate) -> Job:
     validate_sources(spec, settings.resolved_inputs_dir)
     token = secrets.token_urlsafe(32)
-    job = Job(id=f"job-{secrets.token_hex(4)}", name=spec.name, spec=spec.model_dump(),
+    # `resources` is stored only when given, and never reaches the trainer (not a trainer field).
+    stored = spec.model_dump(exclude={"resources"} if spec.resources is None else None)
+    job = Job(id=f"job-{secrets.token_hex(4)}", name=spec.name, spec=stored,
               report_token_hash=hash_token(token))
     session.add(job)
     session.flush()  # the job row first: pods and events refer to it
@@ -105,8 +107,11 @@ def create_job(session: Session, settings: Settings, backend: Backend, spec: Job
     add_event(session, job.id, "job", status="pending", message="job created", spec=job.spec)
     session.commit()
     directory = job_dir(settings, job.id)
+    resources = Resources(**spec.resources.model_dump()) if spec.resources else None
+    trainer_spec = {key: value for key, value in job.spec.items() if key != "resources"}
     launch = Launch(job_id=job.id, replicas=spec.replicas, fault_tolerance=spec.fault_tolerance,
-                    spec=job.spec, report_url=f"{settings.base_url}/api/v1/jobs/{job.id}/reports",
+                    spec=trainer_spec, resources=resources,
+                    report_url=f"{settings.base_url}/api/v1/jobs/{job.id}/reports",
                     report_token=token, checkpoint_dir=directory / "checkpoints",
                     model_dir=directory / "model", inputs_dir=settings.resolved_inputs_dir,
                     cache_dir=settings.cache_dir)

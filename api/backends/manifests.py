@@ -1,0 +1,369 @@
+"""A job's Kubernetes objects, as pure functions of its Launch and the cluster settings.
+
+What the containers run comes from api/backends/commands.py, as on the local backend; only the
+addresses differ: a pod's own IP comes from the downward API (`$(POD_IP)`, expanded by the
+kubelet), the coordinator is reached through its Service, and the report token comes from the
+job's Secret. Every object carries the same labels, so one label selector finds a job's pods
+and one finds every job of this control plane.
+
+Paths: a trainer pod sees its job's sub-directory of the checkpoints and models PVCs at
+/checkpoints and /models (the export goes to /models/model: the trainer writes it next to its
+target and renames it into place, which a mount point would refuse), the inputs PVC (read-only)
+at /inputs and an emptyDir cache at /cache. The API mounts the two PVCs whole under its volumes
+dir and links the job's directories there (see `volume_dirs`), so it reads what the pods wrote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from api.backends.base import Launch
+from api.backends.commands import (
+    LIGHTHOUSE_PORT,
+    STORE_PORT,
+    Endpoint,
+    lighthouse_argv,
+    pod_argv,
+    pod_env,
+    store_argv,
+)
+
+Manifest = dict[str, Any]
+
+APP = "live-migrator"
+NAME_LABEL = "app.kubernetes.io/name"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+PART_OF_LABEL = "app.kubernetes.io/part-of"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "live-migrator-api"
+JOB_LABEL = "live-migrator.io/job"
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+"""Set by the StatefulSet controller on each pod (Kubernetes 1.28+): the pod's ordinal."""
+TRAINER, LIGHTHOUSE, STORE = "trainer", "lighthouse", "store"
+INCARNATIONS_ANNOTATION = "live-migrator.io/incarnations"
+"""On the StatefulSet: per ordinal, the pod uid last seen and the restarts counted so far, so a
+restarted control plane goes on counting where the last one stopped."""
+
+REPORT_TOKEN_KEY = "report-token"
+USER_ID = 10001
+"""The non-root user of both images (Dockerfile.api, Dockerfile.trainer)."""
+INPUTS_MOUNT = Path("/inputs")
+CHECKPOINTS_MOUNT = Path("/checkpoints")
+MODELS_MOUNT = Path("/models")
+CACHE_MOUNT = Path("/cache")
+HEARTBEAT_FILE = "/tmp/trainer-heartbeat"
+HEARTBEAT_MAX_AGE = 60
+"""Seconds without a report record after which a trainer pod counts as not ready."""
+TERMINATION_GRACE = 30
+"""Seconds a deleted trainer pod gets to write its emergency checkpoint (the trainer's SIGTERM)."""
+
+# A StatefulSet's pods must restart (restartPolicy Always), but a trainer that finished must not
+# run again: it would retrain from an older checkpoint and overwrite the export the control plane
+# is registering. So the container's first process runs the trainer as a child, forwards
+# SIGTERM/SIGINT to it (its emergency checkpoint), passes any failure or a stop on, and after a
+# clean finish holds the pod until the control plane deletes the workload.
+# (No "$(" in here: the kubelet would expand it.)
+HOLD_SCRIPT = """\
+"$@" &
+child=$!
+stopped=
+trap 'stopped=1; kill -TERM "$child" 2>/dev/null' TERM INT
+while :; do
+  wait "$child"; code=$?
+  kill -0 "$child" 2>/dev/null || break
+done
+if [ "$code" -ne 0 ] || [ -n "$stopped" ]; then exit "$code"; fi
+echo "trainer finished: holding the pod until the control plane deletes the workload" >&2
+trap 'kill "$sleeper" 2>/dev/null; exit 0' TERM INT
+while :; do sleep 3600 & sleeper=$!; wait "$sleeper"; done
+"""
+HEARTBEAT_CHECK = ("import os, sys, time; sys.exit(time.time() - os.stat(os.environ["
+                   "'HEARTBEAT_FILE']).st_mtime > float(os.environ['HEARTBEAT_MAX_AGE']))")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The cluster-side settings every job's objects share (from api.settings.Settings)."""
+
+    namespace: str
+    image: str
+    image_pull_policy: str = "IfNotPresent"
+    data_claim: str = "migrator-data"
+    checkpoints_claim: str = "migrator-checkpoints"
+    models_claim: str = "migrator-models"
+    cpu: str = "2"
+    """Default CPU request and limit of a trainer pod."""
+    memory: str = "6Gi"
+    """Default memory request and limit of a trainer pod."""
+    cache_size: str = "8Gi"
+
+
+def labels(job_id: str, component: str) -> dict[str, str]:
+    return {NAME_LABEL: APP, INSTANCE_LABEL: job_id, COMPONENT_LABEL: component,
+            PART_OF_LABEL: APP, MANAGED_BY_LABEL: MANAGED_BY, JOB_LABEL: job_id}
+
+
+def match_labels(job_id: str, component: str) -> dict[str, str]:
+    return {JOB_LABEL: job_id, COMPONENT_LABEL: component}
+
+
+def selector(values: dict[str, str]) -> str:
+    """A label selector string for equality on every item."""
+    return ",".join(f"{key}={value}" for key, value in values.items())
+
+
+ALL_TRAINERS = selector({MANAGED_BY_LABEL: MANAGED_BY, COMPONENT_LABEL: TRAINER})
+"""Every job's trainer pods (the pod watch) and StatefulSets (re-adoption)."""
+
+
+def secret_name(job_id: str) -> str:
+    return f"{job_id}-report"
+
+
+def coordinator_name(launch: Launch) -> str:
+    return f"{launch.job_id}-{coordinator_component(launch)}"
+
+
+def coordinator_component(launch: Launch) -> str:
+    return LIGHTHOUSE if launch.fault_tolerance == "live" else STORE
+
+
+def coordinator_endpoint(launch: Launch) -> Endpoint:
+    """How pods reach their lighthouse or rendezvous store: its Service's name in the namespace."""
+    port = LIGHTHOUSE_PORT if launch.fault_tolerance == "live" else STORE_PORT
+    return Endpoint(coordinator_name(launch), port)
+
+
+def volume_dirs(volumes_dir: Path, job_id: str) -> tuple[Path, Path]:
+    """The sub-directories of the checkpoints and models PVCs (mounted whole under
+    `volumes_dir` in the API) that a job's pods mount with subPath = job id."""
+    return volumes_dir / "checkpoints" / job_id, volumes_dir / "models" / job_id
+
+
+def exported_model_dir(models_dir: Path) -> Path:
+    """Where the export lies inside a job's models directory (MODEL_DIR in the pods)."""
+    return models_dir / "model"
+
+
+def pod_launch(launch: Launch) -> Launch:
+    """The launch as a trainer pod sees it: paths inside the container, not the API's."""
+    return dataclasses.replace(launch, checkpoint_dir=CHECKPOINTS_MOUNT,
+                               model_dir=exported_model_dir(MODELS_MOUNT),
+                               inputs_dir=INPUTS_MOUNT, cache_dir=CACHE_MOUNT / "tokens")
+
+
+def _metadata(name: str, job_id: str, component: str, namespace: str) -> Manifest:
+    return {"name": name, "namespace": namespace, "labels": labels(job_id, component)}
+
+
+def _container_security() -> Manifest:
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True, "runAsUser": USER_ID, "runAsGroup": USER_ID,
+            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _pod_security() -> Manifest:
+    return {"runAsNonRoot": True, "runAsUser": USER_ID, "runAsGroup": USER_ID,
+            "fsGroup": USER_ID, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def trainer_resources(launch: Launch, config: ClusterConfig) -> Manifest:
+    """Requests equal limits (Guaranteed QoS: a training pod is the last one evicted)."""
+    wanted = launch.resources
+    cpu = (wanted.cpu if wanted and wanted.cpu else None) or config.cpu
+    memory = (wanted.memory if wanted and wanted.memory else None) or config.memory
+    limits = {"cpu": cpu, "memory": memory}
+    if wanted and wanted.gpus:
+        limits["nvidia.com/gpu"] = str(wanted.gpus)
+    return {"requests": {"cpu": cpu, "memory": memory}, "limits": limits}
+
+
+def cpu_count(quantity: str) -> int:
+    """Whole CPUs in a quantity (`500m` -> 1, `2` -> 2, `2.5` -> 3): the pod's thread count."""
+    value = float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+    return max(1, math.ceil(value))
+
+
+def trainer_env(launch: Launch, config: ClusterConfig) -> list[Manifest]:
+    """pod_env() with the pod's name, IP and ordinal from the downward API and the report token
+    from the job's Secret; POD_IP comes first so that `$(POD_IP)` expands in what follows."""
+    cpu = trainer_resources(launch, config)["limits"]["cpu"]
+    values = pod_env(pod_launch(launch), pod_name="", coordinator=coordinator_endpoint(launch),
+                     pod_address="$(POD_IP)", threads=cpu_count(cpu))
+    env: list[Manifest] = [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_ORDINAL", "valueFrom": {"fieldRef": {
+            "fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}}},
+    ]
+    for name, value in values.items():
+        if name == "POD_NAME":
+            continue  # the downward API's, above
+        if name == "REPORT_TOKEN":
+            env.append({"name": name, "valueFrom": {"secretKeyRef": {
+                "name": secret_name(launch.job_id), "key": REPORT_TOKEN_KEY}}})
+        else:
+            env.append({"name": name, "value": value})
+    env += [{"name": "HF_HOME", "value": str(CACHE_MOUNT / "huggingface")},
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "HEARTBEAT_FILE", "value": HEARTBEAT_FILE},
+            {"name": "HEARTBEAT_MAX_AGE", "value": str(HEARTBEAT_MAX_AGE)}]
+    return env
+
+
+def trainer_container(launch: Launch, config: ClusterConfig) -> Manifest:
+    argv = pod_argv(pod_launch(launch), coordinator_endpoint(launch), local_addr="$(POD_IP)")
+    return {
+        "name": TRAINER, "image": config.image, "imagePullPolicy": config.image_pull_policy,
+        "command": ["sh", "-c", HOLD_SCRIPT, TRAINER, *argv],
+        "env": trainer_env(launch, config),
+        "resources": trainer_resources(launch, config),
+        "volumeMounts": [
+            {"name": "inputs", "mountPath": str(INPUTS_MOUNT), "readOnly": True},
+            {"name": "checkpoints", "mountPath": str(CHECKPOINTS_MOUNT),
+             "subPath": launch.job_id},
+            {"name": "models", "mountPath": str(MODELS_MOUNT), "subPath": launch.job_id},
+            {"name": "cache", "mountPath": str(CACHE_MOUNT)},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "shm", "mountPath": "/dev/shm"},
+        ],
+        # Ready = training: the trainer touches the heartbeat file with every report record.
+        "readinessProbe": {"exec": {"command": ["python", "-c", HEARTBEAT_CHECK]},
+                           "initialDelaySeconds": 10, "periodSeconds": 10, "timeoutSeconds": 5,
+                           "failureThreshold": 3},
+        # The last log lines become the termination message: the reason of a bad-input exit.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": _container_security(),
+    }
+
+
+def statefulset(launch: Launch, config: ClusterConfig) -> Manifest:
+    job = launch.job_id
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": _metadata(job, job, TRAINER, config.namespace),
+        "spec": {
+            "serviceName": job, "replicas": launch.replicas, "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": match_labels(job, TRAINER)},
+            "template": {
+                "metadata": {"labels": labels(job, TRAINER)},
+                "spec": {
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": TERMINATION_GRACE,
+                    "securityContext": _pod_security(),
+                    "containers": [trainer_container(launch, config)],
+                    "volumes": [
+                        {"name": "inputs", "persistentVolumeClaim": {
+                            "claimName": config.data_claim, "readOnly": True}},
+                        {"name": "checkpoints", "persistentVolumeClaim": {
+                            "claimName": config.checkpoints_claim}},
+                        {"name": "models", "persistentVolumeClaim": {
+                            "claimName": config.models_claim}},
+                        {"name": "cache", "emptyDir": {"sizeLimit": config.cache_size}},
+                        {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+                        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def secret(launch: Launch, config: ClusterConfig) -> Manifest:
+    return {"apiVersion": "v1", "kind": "Secret",
+            "metadata": _metadata(secret_name(launch.job_id), launch.job_id, TRAINER,
+                                  config.namespace),
+            "type": "Opaque", "immutable": True,
+            "stringData": {REPORT_TOKEN_KEY: launch.report_token}}
+
+
+def headless_service(launch: Launch, config: ClusterConfig) -> Manifest:
+    """The StatefulSet's governing Service: stable DNS names `<pod>.<job>` for the pods."""
+    job = launch.job_id
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _metadata(job, job, TRAINER, config.namespace),
+            "spec": {"clusterIP": "None", "selector": match_labels(job, TRAINER),
+                     # Peers must find a pod that is starting or healing, before it is ready.
+                     "publishNotReadyAddresses": True}}
+
+
+def coordinator_deployment(launch: Launch, config: ClusterConfig) -> Manifest:
+    """The lighthouse (live) or the rendezvous store (restart): one pod, never two at once."""
+    job, component = launch.job_id, coordinator_component(launch)
+    endpoint = coordinator_endpoint(launch)
+    argv = (lighthouse_argv(f"0.0.0.0:{endpoint.port}") if component == LIGHTHOUSE
+            else store_argv(endpoint.port))
+    container = {
+        "name": component, "image": config.image, "imagePullPolicy": config.image_pull_policy,
+        "command": argv,
+        "ports": [{"name": component, "containerPort": endpoint.port, "protocol": "TCP"}],
+        "readinessProbe": {"tcpSocket": {"port": component}, "periodSeconds": 5},
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
+                      "limits": {"memory": "1Gi"}},
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": _container_security(),
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": _metadata(endpoint.host, job, component, config.namespace),
+        "spec": {
+            "replicas": 1, "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": match_labels(job, component)},
+            "template": {
+                "metadata": {"labels": labels(job, component)},
+                "spec": {"automountServiceAccountToken": False, "enableServiceLinks": False,
+                         "securityContext": _pod_security(), "containers": [container],
+                         "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}]},
+            },
+        },
+    }
+
+
+def coordinator_service(launch: Launch, config: ClusterConfig) -> Manifest:
+    job, component = launch.job_id, coordinator_component(launch)
+    endpoint = coordinator_endpoint(launch)
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _metadata(endpoint.host, job, component, config.namespace),
+            "spec": {"selector": match_labels(job, component),
+                     "ports": [{"name": component, "port": endpoint.port,
+                                "targetPort": component, "protocol": "TCP"}]}}
+
+
+def dependents(launch: Launch, config: ClusterConfig) -> list[Manifest]:
+    """Everything the StatefulSet owns besides its pods, in creation order."""
+    return [secret(launch, config), headless_service(launch, config),
+            coordinator_deployment(launch, config), coordinator_service(launch, config)]
+
+
+def owner_reference(owner: Manifest) -> Manifest:
+    """A reference to a created object (its uid is the server's), for cascading deletion."""
+    return {"apiVersion": owner["apiVersion"], "kind": owner["kind"],
+            "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"],
+            "blockOwnerDeletion": True}
+
+
+def owned_by(manifest: Manifest, owner: Manifest) -> Manifest:
+    metadata = {**manifest["metadata"], "ownerReferences": [owner_reference(owner)]}
+    return {**manifest, "metadata": metadata}
+
+
+def kill_event(job_id: str, pod: Manifest, grace_seconds: int, namespace: str,
+               time: str) -> Manifest:
+    """A Kubernetes Event on the pod, so `kubectl describe pod` tells who killed it."""
+    name = pod["metadata"]["name"]
+    return {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{name}.", "namespace": namespace,
+                         "labels": labels(job_id, TRAINER)},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name,
+                               "namespace": namespace, "uid": pod["metadata"]["uid"]},
+            "reason": "FailureInjected", "type": "Warning",
+            "message": f"deleted by the control plane on request (grace {grace_seconds} s)",
+            "source": {"component": MANAGED_BY}, "firstTimestamp": time,
+            "lastTimestamp": time, "count": 1}

@@ -1,0 +1,293 @@
+"""The fake cluster's behaviour: API verbs, the StatefulSet controller, a kubelet, the GC.
+
+- The StatefulSet controller creates `<name>-<ordinal>` from the template (labels, owner
+  reference, pod-index label, hostname/subdomain), recreates a deleted pod with a new uid unless
+  its StatefulSet is being deleted, and keeps `status` counts.
+- The kubelet moves Pending pods to Running (an IP, a started trainer container) and removes a
+  pod deleted with a grace period once that grace (capped at `max_grace` for speed) is over.
+- The garbage collector carries out propagationPolicy: Foreground (owner marked with the
+  `foregroundDeletion` finalizer, dependents deleted first, then the owner), Background (owner
+  gone at once, orphans collected) and Orphan (owner references removed). PVCs that no object
+  owns are never touched. Deployments get no pods (nothing here needs them).
+Tests steer containers with `crash`, `crash_loop`, `oom_kill`, `succeed` and `set_log`.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tests.api.backends.k8s_fake.store import ApiError, Obj, Store, now
+
+POD_INDEX = "apps.kubernetes.io/pod-index"
+TICK = 0.02
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, str]
+    body: Any
+
+
+class FakeCluster:
+    def __init__(self, start_delay: float = 0.05, max_grace: float = 0.3) -> None:
+        self.store = Store()
+        self.start_delay, self.max_grace = start_delay, max_grace
+        self.start_pods = True
+        """False keeps new pods Pending (tests that look at a pod before it runs)."""
+        self.collect_garbage = True
+        """False holds deletions in progress (tests that look at an object being deleted)."""
+        self.requests: list[Request] = []
+        self.logs: dict[tuple[str, bool], str] = {}
+        self._born: dict[str, float] = {}
+        self._removal_due: dict[str, float] = {}
+        self._ips = itertools.count(10)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fake-kubelet", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        with self.store.changed:
+            self.store.changed.notify_all()
+        self._thread.join(5)
+
+    # --- verbs (called by the HTTP server) ----------------------------------------------
+
+    def create(self, plural: str, namespace: str, body: Obj) -> Obj:
+        with self.store.changed:
+            obj = self.store.create(plural, namespace, body)
+            self._reconcile()
+            return copy.deepcopy(obj)
+
+    def get(self, plural: str, namespace: str, name: str) -> Obj:
+        with self.store.changed:
+            return copy.deepcopy(self.store.get(plural, namespace, name))
+
+    def patch(self, plural: str, namespace: str, name: str, patch: Obj) -> Obj:
+        with self.store.changed:
+            obj = copy.deepcopy(self.store.get(plural, namespace, name))
+            merged = merge_patch(obj, patch)
+            if merged["metadata"]["uid"] != obj["metadata"]["uid"] or \
+                    merged["metadata"]["name"] != obj["metadata"]["name"]:
+                raise ApiError(422, "Invalid", "metadata.name and metadata.uid are immutable")
+            self.store.validate(plural, merged)
+            return copy.deepcopy(self.store.update(plural, merged))
+
+    def delete(self, plural: str, namespace: str, name: str, grace: int | None,
+               propagation: str | None) -> Obj:
+        with self.store.changed:
+            obj = copy.deepcopy(self.store.get(plural, namespace, name))
+            metadata = obj["metadata"]
+            if plural == "pods":
+                if grace is None:
+                    grace = int(obj["spec"].get("terminationGracePeriodSeconds", 30))
+                if grace == 0:
+                    removed = self.store.remove(plural, namespace, name)
+                    self._reconcile()
+                    return removed
+                if not metadata.get("deletionTimestamp"):
+                    metadata.update(deletionTimestamp=now(), deletionGracePeriodSeconds=grace)
+                    self.store.update(plural, obj)
+                    self._removal_due[name] = time.monotonic() + min(grace, self.max_grace)
+                return copy.deepcopy(obj)
+            policy = propagation or "Background"  # the default of apps/v1 and core objects
+            if policy == "Foreground":
+                if not metadata.get("deletionTimestamp"):
+                    metadata.update(deletionTimestamp=now(), deletionGracePeriodSeconds=0,
+                                    finalizers=[*metadata.get("finalizers", []),
+                                                "foregroundDeletion"])
+                    self.store.update(plural, obj)
+                return copy.deepcopy(obj)
+            removed = self.store.remove(plural, namespace, name)
+            if policy == "Orphan":
+                for dependent in self._dependents(namespace, metadata["uid"]):
+                    dependent = copy.deepcopy(dependent)
+                    dependent["metadata"].pop("ownerReferences", None)
+                    self.store.update(self._plural(dependent), dependent)
+            return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                    "details": {"name": name, "kind": plural, "uid": removed["metadata"]["uid"]}}
+
+    def log(self, namespace: str, name: str, previous: bool, tail: int | None) -> str:
+        with self.store.changed:
+            pod = self.store.get("pods", namespace, name)
+            statuses = pod.get("status", {}).get("containerStatuses") or []
+            if not statuses:
+                raise ApiError(400, "BadRequest", f'container in pod "{name}" is waiting to '
+                                                  "start: ContainerCreating")
+            if previous and not statuses[0].get("lastState", {}).get("terminated"):
+                raise ApiError(400, "BadRequest", f'previous terminated container in pod '
+                                                  f'"{name}" not found')
+            lines = self.logs.get((name, previous), "").splitlines(keepends=True)
+            return "".join(lines[-tail:] if tail else lines)
+
+    # --- test hooks ---------------------------------------------------------------------
+
+    def pod(self, name: str, namespace: str = "live-migrator") -> Obj:
+        return self.get("pods", namespace, name)
+
+    def set_log(self, name: str, text: str, previous: bool = False) -> None:
+        self.logs[(name, previous)] = text
+
+    def crash(self, name: str, exit_code: int = 1, reason: str = "Error", message: str = "",
+              namespace: str = "live-migrator") -> None:
+        """The trainer container exits; the kubelet restarts it at once (restartCount + 1)."""
+        with self.store.changed:
+            pod = self._container_ended(name, namespace, exit_code, reason, message)
+            status = pod["status"]["containerStatuses"][0]
+            status.update(restartCount=status["restartCount"] + 1, started=True,
+                          lastState={"terminated": status["state"]["terminated"]},
+                          state={"running": {"startedAt": now()}})
+            self.store.update("pods", pod)
+
+    def oom_kill(self, name: str, namespace: str = "live-migrator") -> None:
+        self.crash(name, 137, "OOMKilled", namespace=namespace)
+
+    def crash_loop(self, name: str, exit_code: int, message: str = "",
+                   namespace: str = "live-migrator") -> None:
+        """The container exited and the kubelet waits before the next start (back-off)."""
+        with self.store.changed:
+            pod = self._container_ended(name, namespace, exit_code, "Error", message)
+            status = pod["status"]["containerStatuses"][0]
+            status.update(restartCount=status["restartCount"] + 1, ready=False, started=False,
+                          lastState={"terminated": status["state"]["terminated"]},
+                          state={"waiting": {"reason": "CrashLoopBackOff",
+                                             "message": "back-off 10s restarting failed "
+                                                        "container"}})
+            self.store.update("pods", pod)
+
+    def succeed(self, name: str, namespace: str = "live-migrator") -> None:
+        with self.store.changed:
+            pod = self._container_ended(name, namespace, 0, "Completed", "")
+            pod["status"]["phase"] = "Succeeded"
+            self.store.update("pods", pod)
+
+    def _container_ended(self, name: str, namespace: str, exit_code: int, reason: str,
+                         message: str) -> Obj:
+        """Record the end of the running container (one MODIFIED event); the caller goes on."""
+        pod = copy.deepcopy(self.store.get("pods", namespace, name))
+        status = pod["status"]["containerStatuses"][0]
+        started = status["state"].get("running", {}).get("startedAt", now())
+        terminated = {"exitCode": exit_code, "reason": reason, "startedAt": started,
+                      "finishedAt": now(), "containerID": status.get("containerID", "")}
+        if message:
+            terminated["message"] = message
+        status.update(ready=False, state={"terminated": terminated})
+        self.store.update("pods", pod)
+        return copy.deepcopy(pod)
+
+    # --- controllers --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self.store.changed:
+                self._kubelet()
+                if self.collect_garbage:
+                    self._collect_garbage()
+                self._reconcile()
+                self.store.changed.wait(TICK)
+
+    def _reconcile(self) -> None:
+        """The StatefulSet controller: one pod per ordinal, recreated after deletion."""
+        for (plural, namespace, _), sts in list(self.store.objects.items()):
+            if plural != "statefulsets" or sts["metadata"].get("deletionTimestamp"):
+                continue
+            name, spec = sts["metadata"]["name"], sts["spec"]
+            for ordinal in range(int(spec.get("replicas", 1))):
+                if self.store.find("pods", namespace, f"{name}-{ordinal}") is None:
+                    self._create_pod(sts, ordinal)
+            pods = [self.store.find("pods", namespace, f"{name}-{o}")
+                    for o in range(int(spec.get("replicas", 1)))]
+            ready = sum(1 for p in pods if p and p["status"].get("phase") == "Running")
+            status = {"observedGeneration": sts["metadata"]["generation"],
+                      "replicas": len([p for p in pods if p]), "readyReplicas": ready,
+                      "currentReplicas": len([p for p in pods if p])}
+            if sts.get("status") != status:
+                sts = copy.deepcopy(sts)
+                sts["status"] = status
+                self.store.update("statefulsets", sts)
+
+    def _create_pod(self, sts: Obj, ordinal: int) -> None:
+        name = f"{sts['metadata']['name']}-{ordinal}"
+        template = copy.deepcopy(sts["spec"]["template"])
+        labels = {**template["metadata"].get("labels", {}), POD_INDEX: str(ordinal),
+                  "statefulset.kubernetes.io/pod-name": name,
+                  "controller-revision-hash": f"{sts['metadata']['name']}-5d8f9c7b6"}
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "labels": labels, "ownerReferences": [{
+                   "apiVersion": "apps/v1", "kind": "StatefulSet",
+                   "name": sts["metadata"]["name"], "uid": sts["metadata"]["uid"],
+                   "controller": True, "blockOwnerDeletion": True}]},
+               "spec": {**template["spec"], "hostname": name,
+                        "subdomain": sts["spec"]["serviceName"]},
+               "status": {"phase": "Pending"}}
+        self.store.create("pods", sts["metadata"]["namespace"], pod)
+        self._born[name] = time.monotonic()
+
+    def _kubelet(self) -> None:
+        clock = time.monotonic()
+        for (plural, namespace, name), pod in list(self.store.objects.items()):
+            if plural != "pods":
+                continue
+            if pod["metadata"].get("deletionTimestamp"):
+                if clock >= self._removal_due.get(name, 0):
+                    self.store.remove("pods", namespace, name)
+                continue
+            if (self.start_pods and pod["status"].get("phase") == "Pending"
+                    and clock >= self._born.get(name, 0) + self.start_delay):
+                pod = copy.deepcopy(pod)
+                container = pod["spec"]["containers"][0]
+                pod["status"] = {
+                    "phase": "Running", "podIP": f"10.244.0.{next(self._ips)}",
+                    "startTime": now(), "qosClass": "Guaranteed",
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                    "containerStatuses": [{
+                        "name": container["name"], "image": container["image"],
+                        "imageID": "", "containerID": f"containerd://{name}", "ready": True,
+                        "started": True, "restartCount": 0, "lastState": {},
+                        "state": {"running": {"startedAt": now()}}}]}
+                self.store.update("pods", pod)
+
+    def _collect_garbage(self) -> None:
+        live = {obj["metadata"]["uid"] for obj in self.store.objects.values()}
+        for (plural, namespace, name), obj in list(self.store.objects.items()):
+            metadata = obj["metadata"]
+            owners = [ref["uid"] for ref in metadata.get("ownerReferences") or []]
+            if owners and not any(uid in live for uid in owners):
+                self.store.remove(plural, namespace, name)  # an orphan (Background)
+            elif "foregroundDeletion" in (metadata.get("finalizers") or []):
+                dependents = self._dependents(namespace, metadata["uid"])
+                for dependent in dependents:
+                    self.store.remove(self._plural(dependent), namespace,
+                                      dependent["metadata"]["name"])
+                if not dependents:
+                    self.store.remove(plural, namespace, name)
+
+    def _dependents(self, namespace: str, uid: str) -> list[Obj]:
+        return [obj for (_, ns, _), obj in self.store.objects.items() if ns == namespace
+                and any(ref["uid"] == uid for ref in obj["metadata"].get("ownerReferences") or [])]
+
+    @staticmethod
+    def _plural(obj: Obj) -> str:
+        return {"Pod": "pods", "Service": "services", "Secret": "secrets", "Event": "events",
+                "StatefulSet": "statefulsets", "Deployment": "deployments",
+                "PersistentVolumeClaim": "persistentvolumeclaims"}[obj["kind"]]
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result

@@ -1,0 +1,328 @@
+"""KubernetesBackend with the real `kubernetes` client against the fake API server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from api.backends import manifests
+from api.backends.base import (
+    BackendError,
+    Launch,
+    WorkloadConflict,
+    WorkloadNotFound,
+    WorkloadStatus,
+)
+from api.backends.kubernetes import KubernetesBackend, cluster_config
+from api.settings import Settings
+from tests.api.backends.k8s_fake import FakeApiServer
+from tests.api.backends.test_supervisor import wait_for
+from tests.conftest import ROOT
+
+NS = "live-migrator"
+BUDGET = 3
+
+
+@pytest.fixture
+def settings(tmp_path: Path, kubeconfig: Path) -> Settings:
+    return Settings(data_dir=tmp_path / "data", backend="kubernetes", k8s_kubeconfig=kubeconfig,
+                    k8s_trainer_image="registry.example/trainer:1.2.3", restart_budget=BUDGET,
+                    k8s_watch_timeout=2)
+
+
+@pytest.fixture
+def backends(settings: Settings) -> Iterator[Callable[[], KubernetesBackend]]:
+    """Backend instances (a second one is a restarted control plane); all closed afterwards."""
+    made: list[KubernetesBackend] = []
+
+    def make() -> KubernetesBackend:
+        made.append(KubernetesBackend.from_settings(settings))
+        return made[-1]
+
+    yield make
+    for backend in made:
+        backend.close()
+
+
+@pytest.fixture
+def backend(backends: Callable[[], KubernetesBackend]) -> KubernetesBackend:
+    return backends()
+
+
+def make_launch(settings: Settings, job_id: str = "job-0a1b2c3d", mode: str = "live",
+                replicas: int = 2) -> Launch:
+    directory = settings.jobs_dir / job_id
+    return Launch(job_id=job_id, replicas=replicas, fault_tolerance=mode,  # type: ignore[arg-type]
+                  spec={"replicas": replicas, "fault_tolerance": mode},
+                  report_url=f"http://api:8000/api/v1/jobs/{job_id}/reports",
+                  report_token="token-" + job_id, checkpoint_dir=directory / "checkpoints",
+                  model_dir=directory / "model", inputs_dir=settings.resolved_inputs_dir,
+                  cache_dir=settings.cache_dir)
+
+
+def running(backend: KubernetesBackend, job_id: str) -> WorkloadStatus:
+    """Wait until every pod of the job runs; its status then."""
+    result: WorkloadStatus = wait_for(
+        lambda: (s := backend.status(job_id)).pods and all(p.phase == "Running" for p in s.pods)
+        and s, f"the pods of {job_id} to run", 20)
+    return result
+
+
+def pod_status(backend: KubernetesBackend, job_id: str, ordinal: int,
+               check: Callable[[Any], bool], what: str) -> WorkloadStatus:
+    result: WorkloadStatus = wait_for(
+        lambda: (s := backend.status(job_id)).pods and check(s.pods[ordinal]) and s, what, 20)
+    return result
+
+
+def test_launch_creates_exactly_the_expected_objects(
+        backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer) -> None:
+    launch = make_launch(settings)
+    backend.launch(launch)
+    cluster = cluster_config(settings)
+    posts = [r for r in fake_k8s.cluster.requests if r.method == "POST"
+             and "persistentvolumeclaims" not in r.path]
+    owner = fake_k8s.cluster.get("statefulsets", NS, launch.job_id)
+    # The exact bodies sent: the pure manifests, the dependents owned by the created StatefulSet.
+    assert [(r.path, r.body) for r in posts] == [
+        (f"/apis/apps/v1/namespaces/{NS}/statefulsets", manifests.statefulset(launch, cluster)),
+        (f"/api/v1/namespaces/{NS}/secrets",
+         manifests.owned_by(manifests.secret(launch, cluster), owner)),
+        (f"/api/v1/namespaces/{NS}/services",
+         manifests.owned_by(manifests.headless_service(launch, cluster), owner)),
+        (f"/apis/apps/v1/namespaces/{NS}/deployments",
+         manifests.owned_by(manifests.coordinator_deployment(launch, cluster), owner)),
+        (f"/api/v1/namespaces/{NS}/services",
+         manifests.owned_by(manifests.coordinator_service(launch, cluster), owner))]
+    assert posts[1].body["stringData"] == {"report-token": "token-job-0a1b2c3d"}
+    status = running(backend, launch.job_id)
+    assert [(p.name, p.restarts) for p in status.pods] == [("job-0a1b2c3d-0", 0),
+                                                            ("job-0a1b2c3d-1", 0)]
+    assert status.present and not status.finished
+    assert backend.active_jobs() == [launch.job_id]
+    # Where the API reads checkpoints and the model: links to the job's PVC sub-directories.
+    volumes = settings.resolved_volumes_dir
+    assert launch.checkpoint_dir.resolve() == volumes / "checkpoints" / launch.job_id
+    assert launch.model_dir.resolve() == volumes / "models" / launch.job_id / "model"
+    assert (volumes / "checkpoints" / launch.job_id).is_dir()
+
+
+def test_kill_deletes_the_pod_and_the_statefulset_recreates_it(
+        backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer) -> None:
+    launch = make_launch(settings)
+    backend.launch(launch)
+    running(backend, launch.job_id)
+    old_uid = fake_k8s.cluster.pod("job-0a1b2c3d-1")["metadata"]["uid"]
+    backend.kill_pod(launch.job_id, 1, grace_seconds=0)
+    delete = next(r for r in fake_k8s.cluster.requests if r.method == "DELETE")
+    assert (delete.path, delete.query.get("gracePeriodSeconds")) == (
+        f"/api/v1/namespaces/{NS}/pods/job-0a1b2c3d-1", "0")
+    status = pod_status(backend, launch.job_id, 1,
+                        lambda p: p.restarts == 1 and p.phase == "Running", "pod 1 to rerun")
+    assert status.pods[0].restarts == 0
+    assert fake_k8s.cluster.pod("job-0a1b2c3d-1")["metadata"]["uid"] != old_uid
+    event = next(r.body for r in fake_k8s.cluster.requests if r.path.endswith("/events"))
+    assert (event["reason"], event["involvedObject"]["uid"]) == ("FailureInjected", old_uid)
+    # The tally is saved on the StatefulSet for a restarted control plane.
+    annotations = fake_k8s.cluster.get("statefulsets", NS, launch.job_id)["metadata"][
+        "annotations"]
+    assert '"base":1' in annotations[manifests.INCARNATIONS_ANNOTATION]
+
+
+def test_kill_with_grace_and_unknown_pods(backend: KubernetesBackend, settings: Settings,
+                                          fake_k8s: FakeApiServer) -> None:
+    launch = make_launch(settings, replicas=1)
+    backend.launch(launch)
+    running(backend, launch.job_id)
+    backend.kill_pod(launch.job_id, 0, grace_seconds=2.5)
+    delete = [r for r in fake_k8s.cluster.requests if r.method == "DELETE"][-1]
+    assert delete.query["gracePeriodSeconds"] == "3"
+    pod_status(backend, launch.job_id, 0, lambda p: p.restarts == 1, "pod 0 to be recreated")
+    with pytest.raises(WorkloadNotFound, match="has no pod 1"):
+        backend.kill_pod(launch.job_id, 1, 0)
+    with pytest.raises(WorkloadNotFound, match=f"statefulset {NS}/job-ffffffff: 404"):
+        backend.kill_pod("job-ffffffff", 0, 0)
+
+
+def test_errors_keep_their_meaning(backend: KubernetesBackend, settings: Settings,
+                                   fake_k8s: FakeApiServer) -> None:
+    launch = make_launch(settings)
+    backend.launch(launch)
+    with pytest.raises(WorkloadConflict, match=f"create statefulset {NS}/job-0a1b2c3d: 409"):
+        backend.launch(launch)
+    # A name the API server refuses (422, from its schema check) is a plain backend error.
+    with pytest.raises(BackendError, match="422") as invalid:
+        backend.launch(make_launch(settings, job_id="job-BAD"))
+    assert not isinstance(invalid.value, WorkloadConflict | WorkloadNotFound)
+    assert backend.status("job-nothing").present is False
+
+
+def test_a_failed_launch_leaves_nothing_behind(backend: KubernetesBackend, settings: Settings,
+                                               fake_k8s: FakeApiServer) -> None:
+    launch = make_launch(settings, job_id="job-0000beef")
+    fake_k8s.cluster.create("secrets", NS, {"apiVersion": "v1", "kind": "Secret",
+                                            "metadata": {"name": "job-0000beef-report"}})
+    with pytest.raises(WorkloadConflict, match=f"secret {NS}/job-0000beef-report"):
+        backend.launch(launch)
+    wait_for(lambda: not any(k[0] in ("statefulsets", "pods", "services", "deployments")
+                             for k in fake_k8s.cluster.store.objects),
+             "the half-made workload to be deleted", 10)
+
+
+def test_delete_is_foreground_keeps_volumes_and_is_idempotent(
+        backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer) -> None:
+    launch = make_launch(settings, mode="restart")
+    backend.launch(launch)
+    running(backend, launch.job_id)
+    fake_k8s.cluster.collect_garbage = False  # look at it while it is being deleted
+    backend.delete(launch.job_id)
+    delete = [r for r in fake_k8s.cluster.requests if r.method == "DELETE"][-1]
+    assert (delete.path, delete.query["propagationPolicy"]) == (
+        f"/apis/apps/v1/namespaces/{NS}/statefulsets/{launch.job_id}", "Foreground")
+    with pytest.raises(WorkloadNotFound, match="being deleted"):
+        backend.kill_pod(launch.job_id, 0, 0)
+    # Still there while being deleted (the control plane decided already: no verdict).
+    deleting = backend.status(launch.job_id)
+    assert (deleting.present, deleting.finished, len(deleting.pods)) == (True, False, 2)
+    fake_k8s.cluster.collect_garbage = True
+    wait_for(lambda: sorted({k[0] for k in fake_k8s.cluster.store.objects}) == [
+        "persistentvolumeclaims"], "every object but the PVCs to be gone", 10)
+    assert backend.status(launch.job_id).present is False
+    backend.delete(launch.job_id)  # again: nothing to do, no error
+    assert backend.active_jobs() == []
+    assert launch.checkpoint_dir.resolve().is_dir()  # checkpoints stay on their volume
+
+
+def test_oom_and_the_restart_budget(backend: KubernetesBackend, settings: Settings,
+                                    fake_k8s: FakeApiServer) -> None:
+    launch = make_launch(settings)
+    backend.launch(launch)
+    running(backend, launch.job_id)
+    fake_k8s.cluster.oom_kill("job-0a1b2c3d-0")
+    status = pod_status(backend, launch.job_id, 0, lambda p: p.restarts == 1, "the OOM restart")
+    assert (status.pods[0].exit_code, status.pods[0].reason) == (137, "OOMKilled")
+    for _ in range(BUDGET):
+        fake_k8s.cluster.crash("job-0a1b2c3d-0", exit_code=1)
+    status = wait_for(lambda: (s := backend.status(launch.job_id)).finished and s,
+                      "the budget to run out", 20)
+    assert status.reason == ("restart budget spent: pod job-0a1b2c3d-0 restarted 4 times, last "
+                             "exit code 1 (Error)")
+    assert not status.present
+
+
+def test_bad_input_ends_the_job_instead_of_crash_looping(
+        backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer) -> None:
+    launch = make_launch(settings, replicas=1)
+    backend.launch(launch)
+    running(backend, launch.job_id)
+    fake_k8s.cluster.crash_loop("job-0a1b2c3d-0", 2, message=(
+        "2026-11-23 10:00:01,456 ERROR job=job-0a1b2c3d pod=job-0a1b2c3d-0 trainer: "
+        "dataset 'missing.csv': not found under the inputs dir\n"))
+    status = wait_for(lambda: (s := backend.status(launch.job_id)).finished and s,
+                      "the bad input to end the job", 20)
+    assert status.reason == ("pod job-0a1b2c3d-0 failed: bad input: dataset 'missing.csv': "
+                             "not found under the inputs dir")
+    assert (status.pods[0].phase, status.pods[0].reason) == ("Failed", "CrashLoopBackOff")
+
+
+def test_logs(backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer) -> None:
+    launch = make_launch(settings, replicas=1)
+    backend.launch(launch)
+    running(backend, launch.job_id)
+    fake_k8s.cluster.set_log("job-0a1b2c3d-0", "".join(f"line {i}\n" for i in range(10)))
+    assert backend.tail_logs(launch.job_id, 0, 3) == ["line 7", "line 8", "line 9"]
+    log = [r for r in fake_k8s.cluster.requests if r.path.endswith("/log")][-1]
+    assert log.query == {"container": "trainer", "tailLines": "3", "previous": "false"}
+    fake_k8s.cluster.set_log("job-0a1b2c3d-0", "")
+    fake_k8s.cluster.set_log("job-0a1b2c3d-0", "Traceback\nRuntimeError: boom\n", previous=True)
+    fake_k8s.cluster.crash("job-0a1b2c3d-0")
+    assert backend.tail_logs(launch.job_id, 0, 5) == ["Traceback", "RuntimeError: boom"]
+    assert backend.tail_logs(launch.job_id, 7, 5) == []
+
+
+def test_a_restarted_control_plane_re_adopts_and_goes_on_counting(
+        backends: Callable[[], KubernetesBackend], settings: Settings,
+        fake_k8s: FakeApiServer) -> None:
+    first = backends()
+    launch = make_launch(settings)
+    first.launch(launch)
+    running(first, launch.job_id)
+    first.kill_pod(launch.job_id, 0, 0)
+    pod_status(first, launch.job_id, 0, lambda p: p.restarts == 1 and p.phase == "Running",
+               "pod 0 to rerun")
+    first.close()
+    # While no control plane runs, pod 0 is recreated again and pod 1 restarts its container.
+    fake_k8s.cluster.delete("pods", NS, "job-0a1b2c3d-0", 0, None)
+    fake_k8s.cluster.crash("job-0a1b2c3d-1")
+    second = backends()
+    assert second.active_jobs() == [launch.job_id]
+    status = pod_status(second, launch.job_id, 0, lambda p: p.phase == "Running",
+                        "pod 0 to run")
+    assert [p.restarts for p in status.pods] == [2, 1]
+
+
+def test_watch_recovers_from_410_gone(backend: KubernetesBackend, settings: Settings,
+                                      fake_k8s: FakeApiServer) -> None:
+    launch = make_launch(settings)
+    backend.launch(launch)
+    running(backend, launch.job_id)
+    with fake_k8s.cluster.store.changed:
+        fake_k8s.cluster.store.compact()  # the watch's resourceVersion is now too old
+    wait_for(lambda: backend.watcher.relists >= 1, "the watch to list again", 10)
+    backend.kill_pod(launch.job_id, 1, 0)
+    pod_status(backend, launch.job_id, 1, lambda p: p.restarts == 1 and p.phase == "Running",
+               "the kill to be seen through the new watch")
+    lists = [r for r in fake_k8s.cluster.requests if r.path.endswith("/pods")
+             and r.method == "GET" and r.query.get("watch") != "true"]
+    assert len(lists) >= 2  # the first list and the one after 410
+    watches = [r for r in fake_k8s.cluster.requests if r.query.get("watch") == "true"]
+    assert all(w.query["labelSelector"] == manifests.ALL_TRAINERS for w in watches)
+    assert {w.query["timeoutSeconds"] for w in watches} == {"2"}
+    # Resumed watches start from the last version seen, not from a fresh list.
+    assert len({w.query["resourceVersion"] for w in watches}) == len(watches)
+
+
+def verbs_used(requests: list[Any]) -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) of each request, as the API server authorizes it."""
+    used = set()
+    for request in requests:
+        parts = request.path.strip("/").split("/")
+        group = parts[1] if parts[0] == "apis" else ""
+        rest = parts[parts.index("namespaces") + 2:]
+        resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+        verb = {"POST": "create", "PATCH": "patch", "DELETE": "delete"}.get(request.method)
+        if verb is None:
+            verb = "get" if len(rest) > 1 else (
+                "watch" if request.query.get("watch") == "true" else "list")
+        used.add((group, resource, verb))
+    return used
+
+
+def test_the_role_grants_exactly_the_verbs_the_backend_uses(
+        backends: Callable[[], KubernetesBackend], settings: Settings,
+        fake_k8s: FakeApiServer) -> None:
+    first = backends()
+    for mode, job_id in (("live", "job-0000000a"), ("restart", "job-0000000b")):
+        first.launch(make_launch(settings, job_id=job_id, mode=mode))
+        running(first, job_id)
+    first.kill_pod("job-0000000a", 0, 0)
+    pod_status(first, "job-0000000a", 0, lambda p: p.restarts == 1, "the recreated pod")
+    fake_k8s.cluster.set_log("job-0000000a-0", "hello\n")
+    assert first.tail_logs("job-0000000a", 0, 5) == ["hello"]
+    assert first.active_jobs() == ["job-0000000a", "job-0000000b"]
+    first.delete("job-0000000b")
+    cluster_setup = [r for r in fake_k8s.cluster.requests if "persistentvolumeclaims" in r.path]
+    used = verbs_used([r for r in fake_k8s.cluster.requests if r not in cluster_setup])
+    role = next(d for d in yaml.safe_load_all((ROOT / "k8s/base/rbac.yaml").read_text())
+                if d["kind"] == "Role")
+    granted = {(group, resource, verb) for rule in role["rules"]
+               for group in rule["apiGroups"] for resource in rule["resources"]
+               for verb in rule["verbs"]}
+    # Owner references with blockOwnerDeletion are authorized as an update of the owner's
+    # finalizers (where that admission plugin runs); no request of ours names it.
+    implicit = {("apps", "statefulsets/finalizers", "update")}
+    assert used == granted - implicit

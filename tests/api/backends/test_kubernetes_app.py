@@ -1,0 +1,218 @@
+"""The real FastAPI app with MIGRATOR_BACKEND=kubernetes against the fake API server.
+
+The test plays the trainer pods' part: it reads the report token from the job's Secret and
+posts reports, and writes the export where the primary pod's mount of the models PVC puts it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.backends import commands, manifests
+from api.settings import Settings
+from tests.api.backends.k8s_fake import FakeApiServer
+from tests.api.backends.test_supervisor import wait_for
+from tests.api.conftest import ADMIN_TOKEN, AUTH
+
+NS = "live-migrator"
+SPEC = {"model": "tiny", "dataset": "reviews.csv", "replicas": 2,
+        "resources": {"cpu": "1", "memory": "2Gi"}}
+
+
+@pytest.fixture
+def settings(tmp_path: Path, inputs_dir: Path, kubeconfig: Path) -> Settings:
+    return Settings(data_dir=tmp_path / "data", admin_token=ADMIN_TOKEN, inputs_dir=inputs_dir,
+                    backend="kubernetes", k8s_kubeconfig=kubeconfig, reconcile_interval=0.05,
+                    k8s_watch_timeout=2, public_url="http://migrator-api.live-migrator.svc:8000")
+
+
+def start(settings: Settings) -> TestClient:
+    """The control plane, to be used in a `with` block (lifespan: reconciler, pod watch)."""
+    return TestClient(create_app(settings))
+
+
+def job_state(client: TestClient, job_id: str) -> dict[str, Any]:
+    response = client.get(f"/api/v1/jobs/{job_id}", headers=AUTH)
+    assert response.status_code == 200
+    return response.json()  # type: ignore[no-any-return]
+
+
+def wait_job(client: TestClient, job_id: str, check: Callable[[dict[str, Any]], bool],
+             what: str) -> dict[str, Any]:
+    def matching() -> dict[str, Any] | None:
+        state = job_state(client, job_id)
+        return state if check(state) else None
+
+    result: dict[str, Any] = wait_for(matching, what, 20)
+    return result
+
+
+def pod_events(client: TestClient, job_id: str) -> list[dict[str, Any]]:
+    events = client.get(f"/api/v1/jobs/{job_id}/events?type=pod&limit=500", headers=AUTH)
+    return [e["data"] for e in events.json()["data"]]
+
+
+def workload_objects(fake: FakeApiServer, job_id: str) -> list[tuple[str, str, str]]:
+    """The job's objects left in the cluster (Kubernetes Events about its pods aside)."""
+    with fake.cluster.store.changed:
+        return [key for key, obj in fake.cluster.store.objects.items() if key[0] != "events"
+                and (obj["metadata"].get("labels") or {}).get(manifests.JOB_LABEL) == job_id]
+
+
+def report_token(fake: FakeApiServer, job_id: str) -> str:
+    """What a pod gets as REPORT_TOKEN: the job's Secret (stored base64 by a real server)."""
+    secret = fake.cluster.get("secrets", NS, manifests.secret_name(job_id))
+    data = secret.get("stringData") or {k: base64.b64decode(v).decode()
+                                        for k, v in secret["data"].items()}
+    return str(data[manifests.REPORT_TOKEN_KEY])
+
+
+def post_report(client: TestClient, fake: FakeApiServer, job_id: str, ordinal: int,
+                records: list[dict[str, Any]]) -> None:
+    response = client.post(f"/api/v1/jobs/{job_id}/reports",
+                           headers={"Authorization": f"Bearer {report_token(fake, job_id)}"},
+                           json={"pod": f"{job_id}-{ordinal}", "incarnation": "i1",
+                                 "records": records})
+    assert response.status_code == 200, response.text
+
+
+def start_training(client: TestClient, fake: FakeApiServer) -> str:
+    response = client.post("/api/v1/jobs", json=SPEC, headers=AUTH)
+    assert response.status_code == 201, response.text
+    job_id: str = response.json()["id"]
+    wait_job(client, job_id, lambda s: [p["phase"] for p in s["pods"]] == ["Running"] * 2,
+             "both pods to run")
+    for ordinal in (0, 1):
+        post_report(client, fake, job_id, ordinal, [{"seq": 1, "kind": "metric", "time": 1.0,
+                                                     "data": {"step": 1, "epoch": 1}}])
+    wait_job(client, job_id, lambda s: s["status"] == "running", "the job to run")
+    return job_id
+
+
+def test_job_lifecycle_on_kubernetes(settings: Settings, fake_k8s: FakeApiServer) -> None:
+    with start(settings) as client:
+        lifecycle(client, settings, fake_k8s)
+
+
+def lifecycle(client: TestClient, settings: Settings, fake_k8s: FakeApiServer) -> None:
+    assert client.get("/readyz").json()["backend"] == "kubernetes"
+    job_id = start_training(client, fake_k8s)
+
+    # The objects exist, built from the job: its spec (without resources) for the trainer.
+    cluster = fake_k8s.cluster
+    assert {(k[0], k[2]) for k in cluster.store.objects if k[0] != "persistentvolumeclaims"} \
+        >= {("statefulsets", job_id), ("secrets", f"{job_id}-report"), ("services", job_id),
+            ("deployments", f"{job_id}-lighthouse"), ("services", f"{job_id}-lighthouse")}
+    trainer = cluster.get("statefulsets", NS, job_id)["spec"]["template"]["spec"][
+        "containers"][0]
+    env = {e["name"]: e.get("value") for e in trainer["env"]}
+    stored = job_state(client, job_id)["spec"]
+    assert json.loads(env["TRAINER_CONFIG"]) == {k: v for k, v in stored.items()
+                                                 if k != "resources"}
+    assert env["REPORT_URL"] == (f"http://migrator-api.live-migrator.svc:8000/api/v1/jobs/"
+                                 f"{job_id}/reports")
+    assert env["TORCHFT_LIGHTHOUSE"] == f"http://{job_id}-lighthouse:{commands.LIGHTHOUSE_PORT}"
+    assert trainer["resources"]["limits"] == {"cpu": "1", "memory": "2Gi"}
+
+    # Kill: the pod is deleted, the StatefulSet recreates it, the event is recorded.
+    old_uid = cluster.pod(f"{job_id}-1")["metadata"]["uid"]
+    killed = client.post(f"/api/v1/jobs/{job_id}/pods/1/kill", json={"grace_seconds": 0},
+                         headers=AUTH)
+    assert killed.status_code == 202, killed.text
+    state = wait_job(client, job_id, lambda s: s["pods"][1]["restarts"] == 1
+                     and s["pods"][1]["phase"] == "Running", "pod 1 to be recreated")
+    assert cluster.pod(f"{job_id}-1")["metadata"]["uid"] != old_uid
+    assert state["pods"][0]["restarts"] == 0
+    events = pod_events(client, job_id)
+    assert any(e.get("action") == "kill" and e["ordinal"] == 1 for e in events)
+    assert any(e.get("name") == f"{job_id}-1" and e.get("restarts") == 1 for e in events)
+
+    # An OOM kill restarts the container: a pod event names it.
+    cluster.oom_kill(f"{job_id}-0")
+    wait_job(client, job_id, lambda s: s["pods"][0]["restarts"] == 1, "the OOM restart")
+    oom = [e for e in pod_events(client, job_id) if e.get("reason") == "OOMKilled"]
+    assert oom and oom[-1]["exit_code"] == 137 and "OOMKilled" in oom[-1]["message"]
+
+    # Completion: the primary's export lands on the models PVC, both pods report.
+    _, models = manifests.volume_dirs(settings.resolved_volumes_dir, job_id)
+    export = manifests.exported_model_dir(models)
+    export.mkdir(parents=True)
+    (export / "config.json").write_text("{}")
+    (export / "metrics.json").write_text(json.dumps({"metrics": {"test": {"accuracy": 0.8}}}))
+    for ordinal in (0, 1):
+        post_report(client, fake_k8s, job_id, ordinal, [{
+            "seq": 2, "kind": "event", "time": 2.0,
+            "data": {"type": "completed", "message": "training completed",
+                     "primary": ordinal == 0,
+                     "model_dir": "/models/model" if ordinal == 0 else None}}])
+    state = wait_job(client, job_id, lambda s: s["status"] == "succeeded", "the job to succeed")
+    model = client.get(f"/api/v1/models/{state['model_id']}", headers=AUTH).json()
+    assert model["metrics"] == {"test": {"accuracy": 0.8}}
+    delete = [r for r in cluster.requests if r.method == "DELETE"][-1]
+    assert (delete.path, delete.query["propagationPolicy"]) == (
+        f"/apis/apps/v1/namespaces/{NS}/statefulsets/{job_id}", "Foreground")
+    wait_for(lambda: not workload_objects(fake_k8s, job_id), "the workload to be gone", 10)
+    assert (export / "config.json").is_file()  # the model stays on its volume
+
+
+def test_cancel_deletes_the_workload_and_keeps_checkpoints(
+        settings: Settings, fake_k8s: FakeApiServer) -> None:
+    with start(settings) as client:
+        cancel(client, settings, fake_k8s)
+
+
+def cancel(client: TestClient, settings: Settings, fake_k8s: FakeApiServer) -> None:
+    job_id = start_training(client, fake_k8s)
+    checkpoints, _ = manifests.volume_dirs(settings.resolved_volumes_dir, job_id)
+    (checkpoints / "step-5").mkdir()
+    fake_k8s.cluster.collect_garbage = False  # a real foreground deletion takes a while
+    response = client.delete(f"/api/v1/jobs/{job_id}", headers=AUTH)
+    assert response.status_code == 202, response.text
+    assert job_state(client, job_id)["status"] == "cancelled"
+    fake_k8s.cluster.collect_garbage = True
+    wait_for(lambda: not workload_objects(fake_k8s, job_id), "the workload to be gone", 10)
+    assert (settings.jobs_dir / job_id / "checkpoints" / "step-5").is_dir()
+    killed = client.post(f"/api/v1/jobs/{job_id}/pods/0/kill", headers=AUTH)
+    assert killed.status_code == 409
+
+
+def test_restarted_api_re_adopts_and_a_410_is_survived(
+        settings: Settings, fake_k8s: FakeApiServer) -> None:
+    with start(settings) as first:
+        job_id = start_training(first, fake_k8s)
+    # The control plane stopped (its pod watch too); the workload ran on. A new one adopts it.
+    with start(settings) as second:
+        assert job_state(second, job_id)["status"] == "running"
+        with fake_k8s.cluster.store.changed:
+            fake_k8s.cluster.store.compact()
+        backend = second.app.state.backend  # type: ignore[attr-defined]
+        wait_for(lambda: backend.watcher.relists >= 1, "the watch to list again after 410", 10)
+        killed = second.post(f"/api/v1/jobs/{job_id}/pods/0/kill", headers=AUTH)
+        assert killed.status_code == 202
+        state = wait_job(second, job_id, lambda s: s["pods"][0]["restarts"] == 1
+                         and s["pods"][0]["phase"] == "Running", "pod 0 to be recreated")
+        assert state["status"] == "running"
+        assert any(e.get("name") == f"{job_id}-0" and e.get("restarts") == 1
+                   for e in pod_events(second, job_id))
+
+
+def test_bad_input_fails_the_job_and_deletes_the_workload(
+        settings: Settings, fake_k8s: FakeApiServer) -> None:
+    with start(settings) as client:
+        job_id = start_training(client, fake_k8s)
+        fake_k8s.cluster.crash_loop(f"{job_id}-1", 2, message=(
+            f"2026-11-23 10:00:01,456 ERROR job={job_id} pod={job_id}-1 trainer: model "
+            "'tiny': no config.json\n"))
+        state = wait_job(client, job_id, lambda s: s["status"] == "failed", "the job to fail")
+        assert state["reason"] == f"pod {job_id}-1 failed: bad input: model 'tiny': no config.json"
+        crash = [e for e in pod_events(client, job_id) if e.get("reason") == "CrashLoopBackOff"]
+        assert crash and crash[-1]["phase"] == "Failed"
+        wait_for(lambda: not workload_objects(fake_k8s, job_id), "the workload to be gone", 10)

@@ -1,0 +1,81 @@
+"""OPT-IN: the backend lifecycle against a real cluster. Skipped unless KUBECONFIG is set.
+
+Needs, in the namespace of MIGRATOR_K8S_NAMESPACE (default `live-migrator`), what k8s/ creates
+(`kubectl apply -k k8s/overlays/aks`: the shared PVCs), and a pullable trainer image in
+MIGRATOR_K8S_TRAINER_IMAGE. The job is a small real training run; the test deletes it.
+Completion is not waited for: the API side of the shared volumes is not mounted here.
+Run: KUBECONFIG=~/.kube/config .venv/bin/python -m pytest -m cluster tests/api/backends -rs
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from api.backends.base import Launch, WorkloadStatus
+from api.backends.kubernetes import KubernetesBackend
+from api.settings import Settings
+from tests.api.backends.test_supervisor import wait_for
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif(not os.environ.get("KUBECONFIG"),
+                       reason="opt-in real-cluster suite: set KUBECONFIG (and "
+                              "MIGRATOR_K8S_NAMESPACE, MIGRATOR_K8S_TRAINER_IMAGE) to run it"),
+]
+STARTUP = 600.0  # image pulls and volume attachment on a real cluster
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(data_dir=tmp_path / "data", backend="kubernetes",
+                    k8s_kubeconfig=Path(os.environ["KUBECONFIG"]), k8s_pod_cpu="1",
+                    k8s_pod_memory="3Gi")
+
+
+@pytest.fixture
+def backend(settings: Settings) -> Iterator[KubernetesBackend]:
+    made = KubernetesBackend.from_settings(settings)
+    yield made
+    made.close()
+
+
+def all_running(backend: KubernetesBackend, job_id: str) -> WorkloadStatus:
+    status: WorkloadStatus = wait_for(
+        lambda: (s := backend.status(job_id)).pods and all(p.phase == "Running" for p in s.pods)
+        and s, "the pods to run", STARTUP)
+    return status
+
+
+def test_lifecycle_on_a_real_cluster(backend: KubernetesBackend, settings: Settings) -> None:
+    job_id = f"job-{secrets.token_hex(4)}"
+    directory = settings.jobs_dir / job_id
+    launch = Launch(job_id=job_id, replicas=2, fault_tolerance="restart",
+                    spec={"replicas": 2, "fault_tolerance": "restart", "max_train_samples": 2000,
+                          "epochs": 3},
+                    report_url=f"http://migrator-api:8000/api/v1/jobs/{job_id}/reports",
+                    report_token=secrets.token_urlsafe(32), checkpoint_dir=directory / "ckpt",
+                    model_dir=directory / "model", inputs_dir=settings.resolved_inputs_dir,
+                    cache_dir=settings.cache_dir)
+    backend.launch(launch)
+    try:
+        all_running(backend, job_id)
+        assert job_id in backend.active_jobs()
+        backend.kill_pod(job_id, 1, grace_seconds=0)
+        wait_for(lambda: (s := backend.status(job_id)).pods[1].restarts >= 1
+                 and s.pods[1].phase == "Running", "pod 1 to be recreated", STARTUP)
+        assert backend.tail_logs(job_id, 1, 50)
+        second = KubernetesBackend.from_settings(settings)  # a restarted control plane
+        try:
+            assert job_id in second.active_jobs()
+            assert second.status(job_id).pods[1].restarts >= 1
+        finally:
+            second.close()
+    finally:
+        backend.delete(job_id)
+    wait_for(lambda: job_id not in backend.active_jobs(), "the workload to be deleted", 120)
+    assert not backend.status(job_id).present

@@ -1,0 +1,282 @@
+"""A job's Kubernetes objects: valid against the official schemas, built from commands.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from api.backends import commands, manifests
+from api.backends.base import Launch, Resources
+from api.backends.manifests import ClusterConfig
+from tests.api.backends.k8s_fake import SCHEMA_VERSION
+from tests.api.backends.test_supervisor import wait_for
+
+CLUSTER = ClusterConfig(namespace="live-migrator", image="registry.example/trainer:1.2.3")
+
+
+def make_launch(mode: str = "live", replicas: int = 3, resources: Resources | None = None,
+                ) -> Launch:
+    return Launch(job_id="job-1a2b3c4d", replicas=replicas, fault_tolerance=mode,  # type: ignore[arg-type]
+                  spec={"replicas": replicas, "model": "tiny", "fault_tolerance": mode},
+                  report_url="http://migrator-api.live-migrator.svc:8000/api/v1/jobs/"
+                             "job-1a2b3c4d/reports",
+                  report_token="the-report-token", checkpoint_dir=Path("/data/jobs/x/checkpoints"),
+                  model_dir=Path("/data/jobs/x/model"), inputs_dir=Path("/data/inputs"),
+                  cache_dir=Path("/data/cache"), resources=resources)
+
+
+def objects(launch: Launch) -> list[dict[str, Any]]:
+    return [manifests.statefulset(launch, CLUSTER), *manifests.dependents(launch, CLUSTER)]
+
+
+def container(launch: Launch) -> dict[str, Any]:
+    spec = manifests.statefulset(launch, CLUSTER)["spec"]["template"]["spec"]
+    assert [c["name"] for c in spec["containers"]] == ["trainer"]
+    return spec["containers"][0]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("mode", ["live", "restart"])
+def test_every_object_validates_strictly(mode: str) -> None:
+    launch = make_launch(mode, resources=Resources(cpu="500m", memory="3Gi", gpus=1))
+    owner = {**manifests.statefulset(launch, CLUSTER)}
+    owner["metadata"] = {**owner["metadata"], "uid": "0b7e0c1e-1111-2222-3333-444455556666"}
+    kinds = []
+    for obj in objects(launch):
+        for candidate in (obj, manifests.owned_by(obj, owner)):
+            assert kubernetes_validate.validate(candidate, SCHEMA_VERSION, strict=True)
+        kinds.append((obj["kind"], obj["metadata"]["name"]))
+    coordinator = "lighthouse" if mode == "live" else "store"
+    assert kinds == [("StatefulSet", "job-1a2b3c4d"), ("Secret", "job-1a2b3c4d-report"),
+                     ("Service", "job-1a2b3c4d"),
+                     ("Deployment", f"job-1a2b3c4d-{coordinator}"),
+                     ("Service", f"job-1a2b3c4d-{coordinator}")]
+    event = manifests.kill_event("job-1a2b3c4d", {"metadata": {"name": "job-1a2b3c4d-0",
+                                                              "uid": "u-1"}},
+                                 0, "live-migrator", "2026-11-23T10:00:00Z")
+    assert kubernetes_validate.validate(event, SCHEMA_VERSION, strict=True)
+
+
+def test_strict_validation_refuses_a_misspelt_field() -> None:
+    """The schema check the tests rely on does catch mistakes in a pod template."""
+    sts = manifests.statefulset(make_launch(), CLUSTER)
+    sts["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError, match="readinesProbe"):
+        kubernetes_validate.validate(sts, SCHEMA_VERSION, strict=True)
+
+
+def test_statefulset_shape_labels_and_security() -> None:
+    launch = make_launch(replicas=3)
+    sts = manifests.statefulset(launch, CLUSTER)
+    spec, pod = sts["spec"], sts["spec"]["template"]["spec"]
+    assert (spec["serviceName"], spec["replicas"], spec["podManagementPolicy"]) == (
+        "job-1a2b3c4d", 3, "Parallel")
+    assert spec["selector"]["matchLabels"] == {"live-migrator.io/job": "job-1a2b3c4d",
+                                               "app.kubernetes.io/component": "trainer"}
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert labels == sts["metadata"]["labels"] == {
+        "app.kubernetes.io/name": "live-migrator", "app.kubernetes.io/instance": "job-1a2b3c4d",
+        "app.kubernetes.io/component": "trainer", "app.kubernetes.io/part-of": "live-migrator",
+        "app.kubernetes.io/managed-by": "live-migrator-api",
+        "live-migrator.io/job": "job-1a2b3c4d"}
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    security = container(launch)["securityContext"]
+    assert security == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                        "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
+                        "capabilities": {"drop": ["ALL"]},
+                        "seccompProfile": {"type": "RuntimeDefault"}}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["inputs"]["persistentVolumeClaim"] == {"claimName": "migrator-data",
+                                                          "readOnly": True}
+    assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == "migrator-checkpoints"
+    assert volumes["models"]["persistentVolumeClaim"]["claimName"] == "migrator-models"
+    assert volumes["cache"] == {"name": "cache", "emptyDir": {"sizeLimit": "8Gi"}}
+    mounts = {m["name"]: m for m in container(launch)["volumeMounts"]}
+    assert mounts["inputs"]["readOnly"] is True
+    assert (mounts["checkpoints"]["subPath"], mounts["models"]["subPath"]) == (
+        "job-1a2b3c4d", "job-1a2b3c4d")
+    # Every writable path is a volume: the root filesystem is read-only.
+    assert {m["mountPath"] for m in mounts.values()} == {
+        "/inputs", "/checkpoints", "/models", "/cache", "/tmp", "/dev/shm"}
+
+
+def test_paths_the_pods_write_are_the_paths_the_api_reads(tmp_path: Path) -> None:
+    launch = make_launch()
+    env = {e["name"]: e.get("value") for e in container(launch)["env"]}
+    mounts = {m["name"]: m for m in container(launch)["volumeMounts"]}
+    checkpoints, models = manifests.volume_dirs(tmp_path, launch.job_id)
+    # CHECKPOINT_DIR is the checkpoints mount (PVC sub-directory <job>), MODEL_DIR lies in the
+    # models mount (PVC sub-directory <job>): the API links those same sub-directories.
+    assert env["CHECKPOINT_DIR"] == mounts["checkpoints"]["mountPath"]
+    assert checkpoints == tmp_path / "checkpoints" / mounts["checkpoints"]["subPath"]
+    model_in_pod = Path(env["MODEL_DIR"])
+    assert model_in_pod.parent == Path(mounts["models"]["mountPath"])
+    assert manifests.exported_model_dir(models) == (
+        tmp_path / "models" / mounts["models"]["subPath"] / model_in_pod.name)
+
+
+@pytest.mark.parametrize("mode", ["live", "restart"])
+def test_trainer_runs_the_shared_pod_command_and_environment(mode: str) -> None:
+    launch = make_launch(mode)
+    pod_view = manifests.pod_launch(launch)
+    coordinator = commands.Endpoint(f"job-1a2b3c4d-{'lighthouse' if mode == 'live' else 'store'}",
+                                    commands.LIGHTHOUSE_PORT if mode == "live"
+                                    else commands.STORE_PORT)
+    trainer = container(launch)
+    assert trainer["image"] == "registry.example/trainer:1.2.3"
+    assert trainer["command"] == ["sh", "-c", manifests.HOLD_SCRIPT, "trainer",
+                                  *commands.pod_argv(pod_view, coordinator, "$(POD_IP)")]
+    expected = commands.pod_env(pod_view, "unused", coordinator, "$(POD_IP)", threads=2)
+    env = trainer["env"]
+    names = [e["name"] for e in env]
+    assert names[:3] == ["POD_IP", "POD_NAME", "POD_ORDINAL"]  # $(POD_IP) expands after it
+    assert env[1]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env[2]["valueFrom"] == {"fieldRef": {
+        "fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}
+    literal = {e["name"]: e["value"] for e in env if "value" in e}
+    assert {k: v for k, v in expected.items() if k not in ("POD_NAME", "REPORT_TOKEN")} == {
+        k: literal[k] for k in expected if k not in ("POD_NAME", "REPORT_TOKEN")}
+    token = next(e for e in env if e["name"] == "REPORT_TOKEN")
+    assert token == {"name": "REPORT_TOKEN", "valueFrom": {"secretKeyRef": {
+        "name": "job-1a2b3c4d-report", "key": "report-token"}}}
+    assert "the-report-token" not in str(trainer)
+    assert (literal["HEARTBEAT_FILE"], literal["HF_HOME"]) == ("/tmp/trainer-heartbeat",
+                                                               "/cache/huggingface")
+    if mode == "live":
+        assert literal["TORCHFT_LIGHTHOUSE"] == f"http://{coordinator}"
+        assert literal["POD_ADDRESS"] == "$(POD_IP)"
+    else:
+        assert f"--rdzv-endpoint={coordinator}" in trainer["command"]
+        assert "--local-addr=$(POD_IP)" in trainer["command"]
+
+
+def test_coordinators_run_the_shared_commands_behind_a_service() -> None:
+    live, restart = make_launch("live"), make_launch("restart")
+    lighthouse = manifests.coordinator_deployment(live, CLUSTER)
+    store = manifests.coordinator_deployment(restart, CLUSTER)
+    assert lighthouse["spec"]["template"]["spec"]["containers"][0]["command"] == \
+        commands.lighthouse_argv(f"0.0.0.0:{commands.LIGHTHOUSE_PORT}")
+    assert store["spec"]["template"]["spec"]["containers"][0]["command"] == \
+        commands.store_argv(commands.STORE_PORT)
+    for launch, deployment in ((live, lighthouse), (restart, store)):
+        service = manifests.coordinator_service(launch, CLUSTER)
+        assert deployment["spec"]["replicas"] == 1
+        assert deployment["spec"]["strategy"] == {"type": "Recreate"}  # never two at once
+        assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+        port = manifests.coordinator_endpoint(launch).port
+        assert service["spec"]["ports"][0]["port"] == port
+        assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_secret_and_headless_service() -> None:
+    launch = make_launch()
+    secret = manifests.secret(launch, CLUSTER)
+    assert secret["stringData"] == {"report-token": "the-report-token"}
+    assert secret["immutable"] is True
+    service = manifests.headless_service(launch, CLUSTER)
+    assert service["spec"] == {"clusterIP": "None", "publishNotReadyAddresses": True,
+                               "selector": {"live-migrator.io/job": "job-1a2b3c4d",
+                                            "app.kubernetes.io/component": "trainer"}}
+
+
+def test_resources_come_from_the_spec_or_the_defaults() -> None:
+    assert manifests.trainer_resources(make_launch(), CLUSTER) == {
+        "requests": {"cpu": "2", "memory": "6Gi"}, "limits": {"cpu": "2", "memory": "6Gi"}}
+    gpu = make_launch(resources=Resources(cpu="500m", gpus=2))
+    assert manifests.trainer_resources(gpu, CLUSTER) == {
+        "requests": {"cpu": "500m", "memory": "6Gi"},
+        "limits": {"cpu": "500m", "memory": "6Gi", "nvidia.com/gpu": "2"}}
+    assert {e["name"]: e.get("value") for e in container(gpu)["env"]}["OMP_NUM_THREADS"] == "1"
+    assert [manifests.cpu_count(q) for q in ("500m", "2", "2.5", "1500m")] == [1, 2, 3, 2]
+
+
+def test_owned_objects_point_at_the_created_statefulset() -> None:
+    owner = {"apiVersion": "apps/v1", "kind": "StatefulSet",
+             "metadata": {"name": "job-1a2b3c4d", "uid": "uid-1"}}
+    owned = manifests.owned_by(manifests.secret(make_launch(), CLUSTER), owner)
+    assert owned["metadata"]["ownerReferences"] == [{
+        "apiVersion": "apps/v1", "kind": "StatefulSet", "name": "job-1a2b3c4d", "uid": "uid-1",
+        "blockOwnerDeletion": True}]
+
+
+# --- the two small programs inside the trainer container, run for real -------------------
+
+
+@pytest.fixture
+def hold(tmp_path: Path) -> Iterator[Callable[[str], subprocess.Popen[bytes]]]:
+    """Runs the trainer container's first process around a stand-in trainer."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def run(child: str) -> subprocess.Popen[bytes]:
+        with (tmp_path / "stderr").open("wb") as stderr:
+            started.append(subprocess.Popen(
+                ["sh", "-c", manifests.HOLD_SCRIPT, "trainer", sys.executable, "-c", child],
+                cwd=tmp_path, stderr=stderr, start_new_session=True))
+        return started[-1]
+
+    yield run
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_hold_passes_a_failure_on(hold: Callable[[str], subprocess.Popen[bytes]]) -> None:
+    process = hold("import sys; sys.exit(2)")
+    assert process.wait(timeout=30) == 2
+
+
+def test_hold_keeps_the_pod_after_success_until_sigterm(
+        tmp_path: Path, hold: Callable[[str], subprocess.Popen[bytes]]) -> None:
+    process = hold("open('done', 'w').close()")
+    wait_for(lambda: (tmp_path / "done").exists(), "the stand-in trainer to finish", 30)
+    with pytest.raises(subprocess.TimeoutExpired):
+        process.wait(timeout=0.5)  # held: a StatefulSet would otherwise restart the trainer
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=10) == 0
+    assert b"holding the pod" in (tmp_path / "stderr").read_bytes()
+    # Nothing of it is left behind (in a container, its end would end everything anyway).
+    wait_for(lambda: not group_alive(process.pid), "the held sleep to end", 10)
+
+
+def test_hold_forwards_sigterm_to_the_trainer(
+        tmp_path: Path, hold: Callable[[str], subprocess.Popen[bytes]]) -> None:
+    child = ("import signal, sys, time, pathlib\n"
+             "def stop(*_):\n    pathlib.Path('checkpointed').touch(); sys.exit(0)\n"
+             "signal.signal(signal.SIGTERM, stop)\npathlib.Path('ready').touch()\n"
+             "time.sleep(60)\nsys.exit(1)\n")
+    process = hold(child)
+    wait_for(lambda: (tmp_path / "ready").exists(), "the stand-in trainer to start", 30)
+    process.send_signal(signal.SIGTERM)
+    # The trainer checkpoints and exits 0; a stopped pod ends then, without holding.
+    assert process.wait(timeout=10) == 0
+    assert (tmp_path / "checkpointed").exists()
+
+
+def test_readiness_probe_reads_the_heartbeat_age(tmp_path: Path) -> None:
+    heartbeat = tmp_path / "heartbeat"
+    env = {**os.environ, "HEARTBEAT_FILE": str(heartbeat), "HEARTBEAT_MAX_AGE": "60"}
+    probe = [sys.executable, "-c", manifests.HEARTBEAT_CHECK]
+    assert subprocess.run(probe, env=env, capture_output=True).returncode != 0  # no file yet
+    heartbeat.touch()
+    assert subprocess.run(probe, env=env).returncode == 0
+    stale = time.time() - 120
+    os.utime(heartbeat, (stale, stale))
+    assert subprocess.run(probe, env=env).returncode == 1
