@@ -77,7 +77,10 @@ class Reconciler:
                     logger.warning("job %s: cannot observe pods: %s", job.id, exc)
                     continue
                 with self.ordering:
-                    self.reconcile_job(session, job, status)
+                    # A cancel may have finished the job since it was listed: it stays so.
+                    session.refresh(job)
+                    if job.status in ACTIVE_STATUSES:
+                        self.reconcile_job(session, job, status)
 
     def reconcile_job(self, session: Session, job: Job, status: WorkloadStatus) -> None:
         first_new = self._last_event_id(session)

@@ -122,3 +122,19 @@ def test_completion_waits_for_every_pod_to_report(client: TestClient, backend: F
     completed(1, primary=False)
     reconcile(client, backend)
     assert job_state(client, job["id"])["status"] == "succeeded"
+
+
+def test_a_cancel_during_a_pass_is_not_overwritten(client: TestClient,
+                                                   backend: FakeBackend) -> None:
+    job = create_job(client)
+    observe = backend.status
+
+    def cancelled_meanwhile(job_id: str):
+        # The user cancels after the pass listed the job: it finds the workload gone.
+        assert client.delete(f"/api/v1/jobs/{job_id}", headers=AUTH).status_code == 202
+        return observe(job_id)
+
+    backend.status = cancelled_meanwhile  # type: ignore[method-assign]
+    reconcile(client, backend)
+    state = job_state(client, job["id"])
+    assert (state["status"], state["reason"]) == ("cancelled", "cancelled by user")
