@@ -4,10 +4,10 @@ Both modes run the same jobs on the same machine through the real control plane 
 backend; every kill is a real SIGKILL through `POST .../pods/{ordinal}/kill`.
 
 1. Kills: pod 1 of 3 is killed every --every seconds, --kills times. Per kill: the survivors'
-   pause (kill -> pod 0's first committed step after the stall the kill caused; a step already
-   in flight that still commits does not count), the committed steps computed again (the last
-   step committed before that moment minus the one committed then, plus one), and the rejoin
-   time (recreated pod's process start -> its first committed step). Goals: live
+   pause (kill -> pod 0's first step committed after the group noticed the loss; a step still
+   in flight with the dead pod's gradients does not count), the committed steps computed again
+   (the last step committed before that moment minus the one committed then, plus one), and the
+   rejoin time (recreated pod's process start -> its first committed step). Goals: live
    pause <= 1.5 s, live/restart pause ratio <= 0.15, 0 steps lost, rejoin <= 10 s.
 2. Chaos: the demo job (MiniLM, Rotten Tomatoes, 2,000 samples, 2 pods) once undisturbed and
    once with a pod killed every --chaos-every seconds until it ends, same seed. Goal: the chaos
@@ -60,9 +60,9 @@ def wait(condition: Any, timeout: float, what: str) -> Any:
     return value
 
 
-def steps(http: httpx.Client, job_id: str) -> list[tuple[float, str, int]]:
-    """(trainer time, pod, step) of every committed step, oldest first."""
-    return sorted((e["time"], e["data"]["pod"], e["data"]["step"])
+def steps(http: httpx.Client, job_id: str) -> list[tuple[float, str, int, int]]:
+    """(trainer time, pod, step, participants) of every committed step, oldest first."""
+    return sorted((e["time"], e["data"]["pod"], e["data"]["step"], e["data"]["participants"])
                   for e in events(http, job_id, "metric") if e["data"].get("kind") == "metric")
 
 
@@ -81,21 +81,21 @@ def kill(http: httpx.Client, data_dir: Path, job_id: str, ordinal: int) -> tuple
     return signalled, before["restarts"]
 
 
-def recovery(committed: list[tuple[float, str, int]], pod: str, killed_at: float,
+def recovery(committed: list[tuple[float, str, int, int]], pod: str, killed_at: float,
              ) -> tuple[float, int]:
-    """(time, step) of the survivor's first commit after the kill that ends a stall.
+    """(time, step) of the survivor's first commit computed after the group noticed the kill.
 
-    A step in flight may still commit just after the kill (its gradients were already
-    exchanged): that is not recovery. The stall is the first gap between the survivor's commits
-    longer than 1.25 times its median step interval before the kill.
+    A step in flight may still commit just after the kill, with the dead pod's gradients: that
+    is not recovery. Recovery is the first commit with another participant count (live: the
+    survivors alone) or after a stall of over three usual step intervals (a restart).
     """
-    times = [(t, step) for t, p, step in committed if p == pod]
-    before = [t for t, _ in times if t < killed_at][-11:]
-    usual = statistics.median(b - a for a, b in itertools.pairwise(before))
-    after = [(previous[0], current) for previous, current in itertools.pairwise(times)
-             if current[0] > killed_at]
-    stalled = [current for previous, current in after if current[0] - previous > 1.25 * usual]
-    return stalled[0] if stalled else after[0][1]
+    times = [(t, step, n) for t, p, step, n in committed if p == pod]
+    before = [(t, n) for t, _, n in times if t < killed_at][-11:]
+    usual = statistics.median(b - a for (a, _), (b, _) in itertools.pairwise(before))
+    for (previous, _, _), (t, step, participants) in itertools.pairwise(times):
+        if t > killed_at and (participants != before[-1][1] or t - previous > 3 * usual):
+            return t, step
+    raise SystemExit("no recovery seen after the kill")
 
 
 def run_kills(http: httpx.Client, data_dir: Path, spec: dict[str, Any],
@@ -113,15 +113,15 @@ def run_kills(http: httpx.Client, data_dir: Path, spec: dict[str, Any],
         started = wait(lambda r=restarts: (pod := pod_state(data_dir, job_id, 1))["restarts"] > r
                        and pod["started_at"], 120, "pod 1 to be recreated")
         wait(lambda s=started: any(pod == victim and t > s
-                                   for t, pod, _ in steps(http, job_id)), 300,
+                                   for t, pod, _, _ in steps(http, job_id)), 300,
              "the recreated pod's first step")
         wait(lambda s=started: any(pod == survivor and t > s
-                                   for t, pod, _ in steps(http, job_id)), 300,
+                                   for t, pod, _, _ in steps(http, job_id)), 300,
              "a survivor's step after the rejoin")
         committed = steps(http, job_id)
         recovered_at, first_step = recovery(committed, survivor, killed_at)
-        last_before = max(step for t, _, step in committed if t < recovered_at)
-        rejoined = min(t for t, pod, _ in committed if t > started and pod == victim)
+        last_before = max(step for t, _, step, _ in committed if t < recovered_at)
+        rejoined = min(t for t, pod, _, _ in committed if t > started and pod == victim)
         kills.append({"pause": recovered_at - killed_at,
                       "lost": max(0, last_before - first_step + 1),
                       "rejoin": rejoined - started})

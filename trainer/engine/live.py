@@ -60,6 +60,16 @@ class Transport(HTTPTransport[dict[str, Any]]):
         return state
 
 
+class PeerConnectionLost(RuntimeError):
+    """This pod dropped its group connections and no new quorum rebuilt them."""
+
+
+def lost_a_peer(error: BaseException) -> bool:
+    """Whether a collective failed because a peer's connection closed (not a timeout)."""
+    message = str(getattr(error, "original_exception", error))
+    return "Connection closed by peer" in message or "Connection reset by peer" in message
+
+
 class LiveGroup(Group):
     """One torchft replica group (this process) of a job coordinated by a lighthouse."""
 
@@ -75,8 +85,8 @@ class LiveGroup(Group):
         self.world_size = 1
         self.local_rank = 0
         self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        pg = (ProcessGroupNCCL(timeout=COLLECTIVE_TIMEOUT) if device.backend == "nccl"
-              else ProcessGroupGloo(timeout=COLLECTIVE_TIMEOUT))
+        self._pg = pg = (ProcessGroupNCCL(timeout=COLLECTIVE_TIMEOUT) if device.backend == "nccl"
+                         else ProcessGroupGloo(timeout=COLLECTIVE_TIMEOUT))
         # The address peers heal from: 127.0.0.1 locally, the pod IP on Kubernetes.
         address = environ.get("POD_ADDRESS") or socket.gethostname()
         self._transport = Transport(address, COLLECTIVE_TIMEOUT)
@@ -89,6 +99,7 @@ class LiveGroup(Group):
             quorum_retries=int(environ.get("TORCHFT_QUORUM_RETRIES", "10")))
         self._participants = 0
         self._quorum_rank: int | None = None
+        self._connections_dropped = False
         logger.info("replica %s joined lighthouse %s", replica_id, lighthouse)
 
     @property
@@ -121,9 +132,17 @@ class LiveGroup(Group):
         self.manager.register_state_dict_fn("trainer", load, save)
 
     def start_step(self) -> None:
+        previous = self.quorum_id
         self.manager.start_quorum()
         self._participants = self.manager.num_participants()
         self._quorum_rank = self.manager.participating_rank()
+        if self._connections_dropped:
+            if self.quorum_id == previous:
+                # Only a new quorum rebuilds the connections dropped below: none came (the
+                # peer lost was only a network hiccup), so restart and heal like a new pod.
+                raise PeerConnectionLost("group connections were dropped and the quorum "
+                                         "did not change")
+            self._connections_dropped = False
 
     def wrap(self, model: nn.Module) -> nn.Module:
         from torchft.ddp import DistributedDataParallel
@@ -136,7 +155,17 @@ class LiveGroup(Group):
         return values
 
     def should_commit(self) -> bool:
-        return bool(self.manager.should_commit())
+        committed = bool(self.manager.should_commit())
+        error = self.manager.errored()
+        if error is not None and lost_a_peer(error):
+            # Peers may still be blocked on this pod inside the failed collective: gloo fails
+            # an operation only on a connection it waits on. Closing ours now fails theirs at
+            # once instead of at the collective timeout. The dead peer leaves the next quorum,
+            # whose reconfiguration builds new connections.
+            logger.info("a peer was lost mid-collective: dropping this pod's connections")
+            self._pg.abort()
+            self._connections_dropped = True
+        return committed
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)
