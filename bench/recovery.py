@@ -6,7 +6,7 @@ backend; every kill is a real SIGKILL through `POST .../pods/{ordinal}/kill`.
 1. Kills: pod 1 of 3 is killed every --every seconds, --kills times. Per kill: the survivors'
    pause (kill -> pod 0's first step committed after the group noticed the loss; a step still
    in flight with the dead pod's gradients does not count), the committed steps computed again
-   (the last step committed before that moment minus the one committed then, plus one), and the
+   (pod 0's last step committed before that moment minus the one committed then, plus one), and the
    rejoin time (recreated pod's process start -> its first committed step). Goals: live
    pause <= 1.5 s, live/restart pause ratio <= 0.15, 0 steps lost, rejoin <= 10 s.
 2. Chaos: the demo job (MiniLM, Rotten Tomatoes, 2,000 samples, 2 pods) once undisturbed and
@@ -120,7 +120,8 @@ def run_kills(http: httpx.Client, data_dir: Path, spec: dict[str, Any],
              "a survivor's step after the rejoin")
         committed = steps(http, job_id)
         recovered_at, first_step = recovery(committed, survivor, killed_at)
-        last_before = max(step for t, _, step, _ in committed if t < recovered_at)
+        last_before = max(step for t, pod, step, _ in committed
+                          if t < recovered_at and pod == survivor)
         rejoined = min(t for t, pod, _, _ in committed if t > started and pod == victim)
         kills.append({"pause": recovered_at - killed_at,
                       "lost": max(0, last_before - first_step + 1),
