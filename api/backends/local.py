@@ -26,7 +26,14 @@ from typing import Any
 
 import psutil
 
-from api.backends.base import BackendError, Launch, PodStatus, WorkloadNotFound, WorkloadStatus
+from api.backends.base import (
+    BackendError,
+    Launch,
+    PodStatus,
+    Resources,
+    WorkloadNotFound,
+    WorkloadStatus,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +64,12 @@ def write_json_atomic(path: Path, data: Any, mode: int = 0o644) -> None:
 
 def launch_from_document(document: dict[str, Any]) -> Launch:
     """The Launch that `LocalBackend` wrote into a job's launch.json."""
-    fields = {f.name: f for f in dataclasses.fields(Launch)}
-    values = {name: document[name] for name in fields}
+    # Optional fields may be missing from a launch.json written by an older version.
+    values = {f.name: document[f.name] for f in dataclasses.fields(Launch) if f.name in document}
     for name in ("checkpoint_dir", "model_dir", "inputs_dir", "cache_dir"):
         values[name] = Path(values[name])
+    if values.get("resources") is not None:
+        values["resources"] = Resources(**values["resources"])
     return Launch(**values)
 
 
