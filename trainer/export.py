@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -70,20 +71,28 @@ classify("A warm, funny and beautifully acted film.")
 
 
 def export_model(model: nn.Module, tokenizer: Any, target: Path, spec: JobSpec,
-                 metrics: dict[str, Any], data: dict[str, int]) -> Path:
-    """Write the export next to `target`, then swap it in, so readers never see half of it."""
-    staging = target.with_name(target.name + ".tmp")
-    if staging.exists():
-        shutil.rmtree(staging)
+                 metrics: dict[str, Any], data: dict[str, int], shared: bool = False) -> Path:
+    """Write the export next to `target`, then swap it in, so readers never see half of it.
+
+    `shared`: other replicas holding the same weights may export at the same time; the first
+    one in place stays and the others are discarded.
+    """
+    staging = target.with_name(f"{target.name}.tmp-{uuid.uuid4().hex[:12]}")
     bare = unwrap(model)
     bare.save_pretrained(staging)  # type: ignore[operator]
     tokenizer.save_pretrained(staging)
     (staging / "metrics.json").write_text(json.dumps(
         {"metrics": metrics, "samples": data, "spec": spec_to_dict(spec)}, indent=2))
     (staging / "README.md").write_text(model_card(spec, metrics, data))
-    if target.exists():
+    if target.exists() and not shared:
         shutil.rmtree(target)
-    staging.rename(target)
+    try:
+        staging.rename(target)
+    except OSError:
+        if not (shared and target.is_dir()):
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+        logger.info("model already exported to %s by a peer", target)
+        return target
     logger.info("model exported to %s", target)
     return target
-

@@ -9,6 +9,7 @@ import random
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -29,6 +30,10 @@ from trainer.sampler import Assignment, GlobalSampler
 logger = logging.getLogger(__name__)
 
 LOG_EVERY_SECONDS = 10.0
+TAKEOVER_SECONDS = 15.0
+"""Live mode, at the end: how long other pods wait for the primary's final checkpoint and
+export before writing them themselves (the primary may have died after the last step). Too
+short only costs a duplicate write: replicas hold the same weights and the first copy wins."""
 
 
 class LinearSchedule:
@@ -75,6 +80,16 @@ def _optimizer(model: nn.Module, spec: JobSpec) -> torch.optim.Optimizer:
             (no_decay if parameter.ndim < 2 or "LayerNorm" in name else decay).append(parameter)
     return torch.optim.AdamW([{"params": decay, "weight_decay": spec.weight_decay},
                               {"params": no_decay, "weight_decay": 0.0}], lr=spec.learning_rate)
+
+
+def _appears(path: Path, timeout: float) -> bool:
+    """Whether `path` exists within `timeout` seconds (polled)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def weights_checksum(model: nn.Module) -> str:
@@ -154,6 +169,8 @@ class Trainer:
         self._stop_requested = False
         self._last_log = 0.0
         self._membership: tuple[int, int] | None = None
+        self._first_step = True
+        self._primary_lost = False
         self._was_primary = False
         self.resumed_from: checkpoint.CheckpointInfo | None = None
         latest = checkpoint.latest_checkpoint(runtime.checkpoint_dir)
@@ -225,6 +242,11 @@ class Trainer:
         self._observe_group()
         participants = self.group.participants
         assignment = self.sampler.assign(self.group.rank, participants)
+        if self._first_step:
+            self._first_step = False
+            if self._resume_newer_checkpoint():
+                self.group.should_commit()  # closes the step torchft opened; nothing to commit
+                return StepResult(False, 0.0, assignment, np.empty(0, dtype=np.int64), False)
         self._seed_step(assignment)
         indices, weight = assignment.indices, 1.0
         used = np.empty(0, dtype=np.int64) if self.group.healing else assignment.indices
@@ -266,6 +288,17 @@ class Trainer:
         loss_total, counted, stops = stats.tolist()
         return StepResult(committed, loss_total / max(counted, 1.0), assignment, used, stops > 0)
 
+    def _resume_newer_checkpoint(self) -> bool:
+        """Live mode, first step, no peer ahead to heal from: a peer may have saved newer state
+        since start-up and left (the job's last pods finishing). Resume from it; True if so."""
+        if not self.group.recovers_in_place or self.group.healing:
+            return False
+        latest = checkpoint.latest_checkpoint(self.config.runtime.checkpoint_dir)
+        if latest is None or latest.step <= self.step:
+            return False
+        self.resume(latest)
+        return True
+
     def _observe_group(self) -> None:
         """Report membership changes: quorums and primaries (job-level, so by the primary)."""
         primary = self.group.is_primary
@@ -296,6 +329,9 @@ class Trainer:
                 self._end_epoch(self.sampler.epoch - 1)
             finished = not self._run_epochs(self.config.spec, self.config.runtime.max_steps)
             self.checkpoints.wait()  # the last checkpoint is durable before anything else
+            if (finished and self.group.recovers_in_place and not self.group.is_primary
+                    and self.sampler.epoch >= self.config.spec.epochs):
+                self._take_over_final_checkpoint()
             return finished
         except Exception:
             if not self.group.recovers_in_place and self.group.participants > 1:
@@ -305,14 +341,19 @@ class Trainer:
             signal.signal(signal.SIGTERM, previous)
 
     def finish(self) -> None:
-        """Evaluate on test, export the model (primary) and report completion."""
+        """Evaluate on test, export the model (the primary, or a live pod that outlived it)
+        and report completion."""
         spec, runtime = self.config.spec, self.config.runtime
         self.metrics["test"] = self.evaluate(self.test_data, "test")
         checksum = weights_checksum(self.model)
         model_dir = None
-        if self.group.is_primary:
+        exported = runtime.model_dir / "config.json"
+        if self.group.is_primary or (self.group.recovers_in_place and (
+                self._primary_lost or not _appears(exported, TAKEOVER_SECONDS))):
+            # Live replicas hold identical weights: whichever exports first, the model is one.
             model_dir = str(export_model(self.model, self.tokenizer, runtime.model_dir, spec,
-                                         self.metrics, self.data_sizes))
+                                         self.metrics, self.data_sizes,
+                                         shared=self.group.recovers_in_place))
         self.reporter.event("completed", "training completed", step=self.step,
                             model_dir=model_dir, metrics=self.metrics, checksum=checksum,
                             primary=self.group.is_primary)
@@ -412,6 +453,16 @@ class Trainer:
         trainer_state = checkpoint.cpu_copy(self.state_dict())
         self.checkpoints.submit(lambda: checkpoint.save_checkpoint(
             directory, step, model_state, trainer_state, meta, keep=keep), reported)
+
+    def _take_over_final_checkpoint(self) -> None:
+        """The final state lives only in memory until the primary's epoch-end checkpoint is
+        written; a pod recreated later must resume from it, not retrain from an older one."""
+        if _appears(self.config.runtime.checkpoint_dir / f"step-{self.step}" / checkpoint.MARKER,
+                    TAKEOVER_SECONDS):
+            return
+        logger.info("the primary wrote no final checkpoint: writing it (step %d)", self.step)
+        self._primary_lost = True
+        self.save_checkpoint(epoch_end=True, emergency=True)
 
     def save_emergency_checkpoint(self) -> None:
         """After a failed collective: keep the last committed step so a restart loses none.

@@ -70,8 +70,8 @@ class JobView:
         elif kind == "event" and data.get("type") == "started" and \
                 isinstance(data.get("samples"), dict):
             self.total_samples = int(data["samples"].get("train", 0)) * self.epochs
-        elif kind == "event" and data.get("type") == "completed" and data.get("primary") and \
-                data.get("model_dir"):
+        elif kind == "event" and data.get("type") == "completed" and data.get("model_dir"):
+            # The primary's export, or a live pod's that outlived it.
             self.completed_model_dir = str(data["model_dir"])
         else:
             return

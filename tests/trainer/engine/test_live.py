@@ -136,3 +136,38 @@ def test_a_survivor_takes_over_checkpoints_and_export_when_the_primary_dies(
     assert [(c["primary"], c["model_dir"]) for c in completed] == [
         (True, str(tmp_path / "model"))]
     assert (tmp_path / "model" / "config.json").is_file()
+
+
+def test_the_primary_dying_after_the_last_step_loses_nothing(
+        inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
+    make_reviews_csv(inputs_dir / "reviews.csv", rows=4000)
+    port = start_lighthouse(processes, tmp_path / "lighthouse.log")
+    spec = {"model": "tiny", "dataset": "reviews.csv", "epochs": 1, "batch_size": 16,
+            "learning_rate": 0.003, "checkpoint_every_steps": 0, "fault_tolerance": "live"}
+    primary, survivor = (start_pod(processes, tmp_path, inputs_dir, port, spec, o)
+                         for o in (0, 1))
+    reports = tmp_path / "reports.jsonl"
+
+    def last_step_done() -> bool:
+        everything = records(reports)
+        train = next((r["data"]["samples"]["train"] for r in everything
+                      if r["kind"] == "event" and r["data"]["type"] == "started"), None)
+        return any(r["kind"] == "metric" and r["pod"] == "live-0"
+                   and r["data"]["samples_seen"] == train for r in everything)
+
+    # Killed while it evaluates the last epoch: before its final checkpoint and export.
+    wait_for(last_step_done, what="the last training step")
+    primary.send_signal(signal.SIGKILL)
+    assert survivor.wait(timeout=240) == 0
+    assert "the primary wrote no final checkpoint" in (tmp_path / "pod-1-0.log").read_text()
+    final = [r["data"] for r in records(reports)
+             if r["kind"] == "event" and r["data"]["type"] == "completed"]
+    assert [(c["model_dir"], c["primary"]) for c in final] == [(str(tmp_path / "model"), False)]
+    assert (tmp_path / "model" / "config.json").is_file()
+
+    # A pod recreated now resumes from that final checkpoint: it trains nothing again.
+    assert start_pod(processes, tmp_path, inputs_dir, port, spec, 0, 1).wait(timeout=240) == 0
+    again = [r for r in records(reports) if r["pod"] == "live-0" and r["incarnation"] == "1"]
+    assert not [r for r in again if r["kind"] == "metric"]
+    resumed = [r["data"] for r in again if r["kind"] == "event" and r["data"]["type"] == "resumed"]
+    assert resumed and resumed[0]["step"] == final[0]["step"]
