@@ -112,5 +112,4 @@ class Group:
         return True
 
     def close(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        """Nothing to release: the process group ends with the process (see __main__)."""
