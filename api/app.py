@@ -48,7 +48,8 @@ def make_backend(settings: Settings) -> Backend:
     if settings.backend == "local":
         from api.backends.local import LocalBackend
 
-        return LocalBackend(settings.jobs_dir, max_restarts=settings.restart_budget)
+        return LocalBackend(settings.jobs_dir, max_restarts=settings.restart_budget,
+                            restart_backoff=settings.restart_backoff)
     from api.backends.kubernetes import KubernetesBackend
 
     return KubernetesBackend.from_settings(settings)

@@ -30,7 +30,10 @@ class Settings(BaseSettings):
     reconcile_interval: float = 1.0
     """Seconds between two passes of the reconciler."""
     restart_budget: int = 5
-    """Group restarts a job may use before it is marked failed."""
+    """Restarts each pod may use before its job is marked failed."""
+    restart_backoff: float = Field(default=1.0, ge=0, le=300)
+    """Seconds the local backend waits before it recreates a failed pod (Kubernetes recreates
+    a deleted pod at once and backs off crashing containers itself)."""
     predict_cache_size: int = 2
     """Models kept in memory for predictions."""
     log_format: Literal["text", "json"] = "text"

@@ -91,6 +91,9 @@ class Group:
     def start_step(self) -> None:
         """Form the group for the next step (a static world is always the same)."""
 
+    def resume_at(self, step: int) -> None:
+        """Training resumed from a checkpoint at `step` (a static group keeps no step count)."""
+
     def register_state(self, load: Callable[[dict[str, Any]], None],
                        save: Callable[[], dict[str, Any]]) -> None:
         """What a joining participant fetches from a live peer (a static world never heals)."""

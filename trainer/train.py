@@ -173,7 +173,9 @@ class Trainer:
         self._primary_lost = False
         self._was_primary = False
         self.resumed_from: checkpoint.CheckpointInfo | None = None
-        latest = checkpoint.latest_checkpoint(runtime.checkpoint_dir)
+        # A live pod resumes at its first step (see train_step); a static one now.
+        latest = (None if group.recovers_in_place
+                  else checkpoint.latest_checkpoint(runtime.checkpoint_dir))
         if latest is not None:
             self.resume(latest)
         group.register_state(self._load_live_state, self._live_state)
@@ -242,17 +244,20 @@ class Trainer:
         self._observe_group()
         participants = self.group.participants
         assignment = self.sampler.assign(self.group.rank, participants)
-        if self._first_step:
-            self._first_step = False
-            if self._resume_newer_checkpoint():
-                self.group.should_commit()  # closes the step torchft opened; nothing to commit
-                return StepResult(False, 0.0, assignment, np.empty(0, dtype=np.int64), False)
+        # Live, first step: whether to resume from a checkpoint waits for the quorum. A pod
+        # that heals from a peer ahead (a recreated one) needs none and skips loading one;
+        # a fresh group (every pod died, or the last ones left) resumes from the newest.
+        may_resume = (self._first_step and self.group.recovers_in_place
+                      and checkpoint.latest_checkpoint(self.config.runtime.checkpoint_dir)
+                      is not None)
+        self._first_step = False
         self._seed_step(assignment)
         indices, weight = assignment.indices, 1.0
-        used = np.empty(0, dtype=np.int64) if self.group.healing else assignment.indices
-        if len(indices) == 0 or self.group.healing:
+        idle = self.group.healing or may_resume
+        used = np.empty(0, dtype=np.int64) if idle else assignment.indices
+        if len(indices) == 0 or idle:
             # Nothing to train on (fewer samples left than participants, or this pod is still
-            # fetching the live state): join the collective with a zero-weight sample.
+            # fetching the live state or may resume): join the collective with a zero weight.
             indices, weight = self.sampler.order(assignment.epoch)[:1], 0.0
         batch = {k: v.to(self.device.device, non_blocking=True)
                  for k, v in self.train_data.batch(indices).items()}
@@ -275,6 +280,13 @@ class Trainer:
             [loss_sum.item(), weight * len(indices), float(self._stop_requested)],
             dtype=torch.float64))
         committed = self.group.should_commit()  # a healing pod loads the live state here
+        if may_resume and self.step == 0:  # no live peer was ahead: nothing to commit
+            latest = checkpoint.latest_checkpoint(self.config.runtime.checkpoint_dir)
+            if latest is not None:
+                self.resume(latest)
+            self.group.resume_at(self.step)
+            self.optimizer.zero_grad(set_to_none=True)
+            return StepResult(False, 0.0, assignment, used, False)
         if committed:
             # Read after should_commit: a pod that just healed holds the peers' progress.
             for group in self.optimizer.param_groups:
@@ -287,17 +299,6 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss_total, counted, stops = stats.tolist()
         return StepResult(committed, loss_total / max(counted, 1.0), assignment, used, stops > 0)
-
-    def _resume_newer_checkpoint(self) -> bool:
-        """Live mode, first step, no peer ahead to heal from: a peer may have saved newer state
-        since start-up and left (the job's last pods finishing). Resume from it; True if so."""
-        if not self.group.recovers_in_place or self.group.healing:
-            return False
-        latest = checkpoint.latest_checkpoint(self.config.runtime.checkpoint_dir)
-        if latest is None or latest.step <= self.step:
-            return False
-        self.resume(latest)
-        return True
 
     def _observe_group(self) -> None:
         """Report membership changes: quorums and primaries (job-level, so by the primary)."""
@@ -366,6 +367,8 @@ class Trainer:
                 return False
             result = self.train_step()
             if not result.committed:
+                if self.epoch_end_pending:  # resumed at an epoch end, before its evaluation
+                    self._end_epoch(self.sampler.epoch - 1)
                 continue
             assignment = result.assignment
             now = time.perf_counter()

@@ -42,6 +42,7 @@ STATE_FILE = "state.json"
 COMMANDS_DIR = "commands"
 LOGS_DIR = "logs"
 DEFAULT_MAX_RESTARTS = 5
+DEFAULT_BACKOFF_SECONDS = 1.0
 JOB_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 DELETE_TIMEOUT = 20.0
 POLL_SECONDS = 0.1
@@ -117,9 +118,10 @@ def tail_lines(path: Path, lines: int, max_bytes: int = 1 << 20) -> list[str]:
 class LocalBackend:
     name = "local"
 
-    def __init__(self, jobs_dir: Path, max_restarts: int = DEFAULT_MAX_RESTARTS) -> None:
+    def __init__(self, jobs_dir: Path, max_restarts: int = DEFAULT_MAX_RESTARTS,
+                 restart_backoff: float = DEFAULT_BACKOFF_SECONDS) -> None:
         self.jobs_dir = jobs_dir
-        self.max_restarts = max_restarts
+        self.max_restarts, self.restart_backoff = max_restarts, restart_backoff
         # Supervisors this process started; polling them reaps them (no zombies in the API).
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()  # routes and the reconciler call in from several threads
@@ -228,6 +230,7 @@ class LocalBackend:
             if isinstance(value, Path):
                 document[key] = str(value.absolute())
         document["max_restarts"] = self.max_restarts
+        document["restart_backoff"] = self.restart_backoff
         return document
 
     @staticmethod

@@ -33,6 +33,7 @@ from api.backends import commands
 from api.backends.base import PodPhase
 from api.backends.local import (
     COMMANDS_DIR,
+    DEFAULT_BACKOFF_SECONDS,
     DEFAULT_MAX_RESTARTS,
     LAUNCH_FILE,
     LOGS_DIR,
@@ -48,7 +49,6 @@ logger = logging.getLogger(__name__)
 LOCK_FILE = "supervisor.lock"
 POLL_SECONDS = 0.1
 STOP_GRACE_SECONDS = 10.0
-BACKOFF_SECONDS = 1.0
 # trainer.main.EXIT_BAD_INPUT, not imported: importing the trainer would pull in torch here.
 EXIT_BAD_INPUT = 2
 # The prefix of the trainer's log lines (trainer.main.configure_logging): a reason needs only
@@ -104,6 +104,7 @@ class Supervisor:
         self.job_dir, self.launch = job_dir, launch
         self.job_id: str = launch["job_id"]
         self.max_restarts = int(launch.get("max_restarts", DEFAULT_MAX_RESTARTS))
+        self.backoff = float(launch.get("restart_backoff", DEFAULT_BACKOFF_SECONDS))
         self.pods = [Pod(i, f"{self.job_id}-{i}") for i in range(int(launch["replicas"]))]
         self.launch_spec = launch_from_document(launch)
         self.live = self.launch_spec.fault_tolerance == "live"
@@ -314,7 +315,7 @@ class Supervisor:
                                              f"{pod.exit_code}")
                 return
             if pod.restart_at is None:
-                pod.restart_at = now + BACKOFF_SECONDS
+                pod.restart_at = now + self.backoff
                 logger.info("pod %s failed: recreating it", pod.name)
             elif now >= pod.restart_at:
                 pod.restart_at = None

@@ -127,6 +127,11 @@ class LiveGroup(Group):
         report, self._transport.last_heal = self._transport.last_heal, None
         return report
 
+    def resume_at(self, step: int) -> None:
+        # torchft's step decides who heals from whom: it must count the resumed steps too.
+        self.manager.load_state_dict({"step": step,
+                                      "batches_committed": self.manager.batches_committed()})
+
     def register_state(self, load: Callable[[dict[str, Any]], None],
                        save: Callable[[], dict[str, Any]]) -> None:
         self.manager.register_state_dict_fn("trainer", load, save)

@@ -18,28 +18,38 @@ function cssVar(name) {
 
 const MARKER_COLORS = { kill: '--bad', failure: '--bad', restart: '--warn', rejoin: '--good' };
 
-/** Vertical lines at failure and rejoin moments; `toX` maps a marker to this chart's x. */
+/** Vertical lines at failure and rejoin moments; `toX` maps a marker to this chart's x.
+ * Labels that would overlap move down a row. */
 function markersPlugin(markers, toX) {
   return {
     hooks: {
       draw: [(u) => {
         const { ctx, bbox } = u;
         const ratio = devicePixelRatio || 1;
-        ctx.save();
-        ctx.lineWidth = ratio;
-        ctx.font = `${10 * ratio}px system-ui, sans-serif`;
+        const placed = [];
         for (const marker of markers) {
           const value = toX(marker);
           if (value === null || value === undefined) continue;
           const x = Math.round(u.valToPos(value, 'x', true));
-          if (x < bbox.left || x > bbox.left + bbox.width) continue;
+          if (x >= bbox.left && x <= bbox.left + bbox.width) placed.push({ marker, x });
+        }
+        placed.sort((a, b) => a.x - b.x);
+        ctx.save();
+        ctx.lineWidth = ratio;
+        ctx.font = `${10 * ratio}px system-ui, sans-serif`;
+        const rowEnds = [];
+        for (const { marker, x } of placed) {
           ctx.strokeStyle = ctx.fillStyle = cssVar(MARKER_COLORS[marker.kind] ?? '--muted');
           ctx.setLineDash(marker.kind === 'rejoin' ? [4 * ratio, 3 * ratio] : []);
           ctx.beginPath();
           ctx.moveTo(x, bbox.top);
           ctx.lineTo(x, bbox.top + bbox.height);
           ctx.stroke();
-          ctx.fillText(marker.label, x + 3 * ratio, bbox.top + 10 * ratio);
+          const left = x + 3 * ratio;
+          let row = rowEnds.findIndex((end) => end <= left);
+          if (row === -1) row = rowEnds.length;
+          rowEnds[row] = left + ctx.measureText(marker.label).width + 4 * ratio;
+          ctx.fillText(marker.label, left, bbox.top + (10 + 12 * row) * ratio);
         }
         ctx.restore();
       }],
