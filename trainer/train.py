@@ -247,13 +247,12 @@ class Trainer:
         # Live, first step: whether to resume from a checkpoint waits for the quorum. A pod
         # that heals from a peer ahead (a recreated one) needs none and skips loading one;
         # a fresh group (every pod died, or the last ones left) resumes from the newest.
-        may_resume = (self._first_step and self.group.recovers_in_place
-                      and checkpoint.latest_checkpoint(self.config.runtime.checkpoint_dir)
-                      is not None)
+        newest = (checkpoint.latest_checkpoint(self.config.runtime.checkpoint_dir)
+                  if self._first_step and self.group.recovers_in_place else None)
         self._first_step = False
         self._seed_step(assignment)
         indices, weight = assignment.indices, 1.0
-        idle = self.group.healing or may_resume
+        idle = self.group.healing or newest is not None
         used = np.empty(0, dtype=np.int64) if idle else assignment.indices
         if len(indices) == 0 or idle:
             # Nothing to train on (fewer samples left than participants, or this pod is still
@@ -280,14 +279,11 @@ class Trainer:
             [loss_sum.item(), weight * len(indices), float(self._stop_requested)],
             dtype=torch.float64))
         committed = self.group.should_commit()  # a healing pod loads the live state here
-        if may_resume and self.step == 0:  # no live peer was ahead: nothing to commit
-            latest = checkpoint.latest_checkpoint(self.config.runtime.checkpoint_dir)
-            if latest is not None:
-                self.resume(latest)
+        if newest is not None and self.step == 0:  # no live peer was ahead: resume instead
+            self.resume(newest)
             self.group.resume_at(self.step)
-            self.optimizer.zero_grad(set_to_none=True)
-            return StepResult(False, 0.0, assignment, used, False)
-        if committed:
+            committed = False
+        elif committed:
             # Read after should_commit: a pod that just healed holds the peers' progress.
             for group in self.optimizer.param_groups:
                 group["lr"] = self.schedule.lr_at(self.samples_seen)

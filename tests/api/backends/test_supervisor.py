@@ -109,10 +109,11 @@ def wait_for(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> 
 
 
 def write_job(job_dir: Path, inputs_dir: Path, sink: ReportSink, max_restarts: int = 5,
-              **spec: Any) -> None:
+              restart_backoff: float = 1.0, **spec: Any) -> None:
     for sub in ("logs", "commands"):
         (job_dir / sub).mkdir(parents=True)
-    write_json_atomic(job_dir / "launch.json", {"max_restarts": max_restarts,
+    write_json_atomic(job_dir / "launch.json", {
+        "max_restarts": max_restarts, "restart_backoff": restart_backoff,
         "job_id": job_dir.name, "replicas": 1, "fault_tolerance": "restart",
         "spec": {**SPEC, "replicas": 1, **spec}, "report_url": sink.url, "report_token": "t",
         "checkpoint_dir": str(job_dir / "checkpoints"), "model_dir": str(job_dir / "model"),
@@ -212,6 +213,23 @@ def test_restart_budget_spent(tmp_path: Path, inputs_dir: Path, sink: ReportSink
                                f"exit code {-signal.SIGKILL}")
     assert [(p["phase"], p["restarts"], p["exit_code"]) for p in final["pods"]] == [
         ("Failed", 0, -signal.SIGKILL)]
+
+
+@pytest.mark.slow
+def test_a_killed_pod_is_recreated_after_the_backoff(tmp_path: Path, inputs_dir: Path,
+                                                     sink: ReportSink,
+                                                     supervisors: Supervisors) -> None:
+    job_dir = tmp_path / "jobs" / "job-backoff"
+    write_job(job_dir, inputs_dir, sink, restart_backoff=3.0, epochs=20,
+              checkpoint_every_steps=1000)
+    supervisors.start(job_dir)
+    wait_for(lambda: pod_phase(job_dir) == "Running", "pod 0 to run")
+    killed_at = time.time()
+    write_json_atomic(job_dir / "commands" / "1-a.json",
+                      {"op": "kill", "ordinal": 0, "grace_seconds": 0})
+    pod = wait_for(lambda: (p := state(job_dir)["pods"][0])["restarts"] == 1 and p,
+                   "pod 0 to be recreated")
+    assert pod["started_at"] - killed_at >= 3.0
 
 
 def test_tail_lines_reads_a_bounded_tail(tmp_path: Path) -> None:
