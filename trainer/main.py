@@ -1,4 +1,4 @@
-"""Entry point: configure, train, report, clean up. Exit 0 done, 1 failed, 2 bad input."""
+"""Entry point: configure, train, report, clean up; exit codes in trainer.contract.process."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 from trainer.config import ConfigError, TrainConfig, load_config
+from trainer.contract.process import ExitCode, log_format
 from trainer.data import DataError
 from trainer.distributed import Group, die_with_parent
 from trainer.model import ModelError, choose_device
@@ -16,17 +17,9 @@ from trainer.report import HeartbeatFile, HttpSink, JsonlSink, MetricsSink, Repo
 
 logger = logging.getLogger("trainer")
 
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_PEER_STOPPED = 3
-"""Stopped because another participant got SIGTERM: not done, so never 0 (torchrun would take
-a 0 for the end of training)."""
-
-
 def configure_logging(job_id: str, pod: str) -> None:
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, force=True,
-        format=f"%(asctime)s %(levelname)s job={job_id} pod={pod} %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
+                        format=log_format(job_id, pod))
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # progress bars in pod logs are noise
@@ -69,7 +62,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
         config = load_config(argv, environ)
     except ConfigError as exc:
         print(f"trainer: invalid configuration: {exc}", file=sys.stderr)  # noqa: T201
-        return EXIT_BAD_INPUT
+        return ExitCode.BAD_INPUT
     rank = int(environ.get("RANK", "0"))
     pod = config.runtime.pod_name or f"{config.runtime.job_id}-{rank}"
     configure_logging(config.runtime.job_id, pod)
@@ -84,17 +77,17 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
         trainer = Trainer(config, group, reporter)
         trainer.train()
         if trainer.stop_reason == "peer":
-            return EXIT_PEER_STOPPED
+            return ExitCode.PEER_STOPPED
     except (DataError, ModelError) as exc:
         logger.error("%s", exc)
         reporter.event("failed", str(exc), reason="bad_input")
-        return EXIT_BAD_INPUT
+        return ExitCode.BAD_INPUT
     except Exception as exc:
         logger.exception("training failed")
         reporter.event("failed", f"{type(exc).__name__}: {exc}", reason="error")
-        return EXIT_FAILED
+        return ExitCode.FAILED
     else:
-        return 0
+        return ExitCode.OK
     finally:
         reporter.close(timeout=10.0)
         if group is not None:

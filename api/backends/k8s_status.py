@@ -14,7 +14,7 @@ from typing import Any
 
 from api.backends.base import PodPhase
 from api.backends.manifests import POD_INDEX_LABEL, TRAINER
-from api.backends.supervisor import EXIT_BAD_INPUT, TRAINER_LOG_PREFIX
+from trainer.contract.process import ExitCode, failure_reason
 
 logger = logging.getLogger(__name__)
 
@@ -146,12 +146,7 @@ def dump_incarnations(incarnations: dict[int, Incarnations]) -> str:
 def last_line(message: str | None) -> str | None:
     """The trainer's last error in a termination message (its launcher may log after it), else
     the last line; without the trainer's log prefix, as the local supervisor reports it."""
-    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
-    errors = [match for line in lines if (match := TRAINER_LOG_PREFIX.match(line))
-              and match.group("level") == "ERROR"]
-    if errors:
-        return errors[-1].string[errors[-1].end():]
-    return TRAINER_LOG_PREFIX.sub("", lines[-1]) if lines else None
+    return failure_reason((message or "").splitlines())
 
 
 def give_up_reason(pods: list[PodView], restarts: dict[int, int], budget: int) -> str | None:
@@ -159,7 +154,7 @@ def give_up_reason(pods: list[PodView], restarts: dict[int, int], budget: int) -
     trainer's bad-input code (no restart fixes a missing dataset), or one that used up the
     restart budget. None while the StatefulSet should keep recreating."""
     for pod in pods:
-        if pod.exit_code == EXIT_BAD_INPUT:
+        if pod.exit_code == ExitCode.BAD_INPUT:
             detail = last_line(pod.message) or f"exit code {pod.exit_code}"
             return f"pod {pod.name} failed: bad input: {detail}"
     for pod in pods:

@@ -16,7 +16,6 @@ import fcntl
 import json
 import logging
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -43,18 +42,13 @@ from api.backends.local import (
     tail_lines,
     write_json_atomic,
 )
+from trainer.contract.process import ExitCode, failure_reason
 
 logger = logging.getLogger(__name__)
 
 LOCK_FILE = "supervisor.lock"
 POLL_SECONDS = 0.1
 STOP_GRACE_SECONDS = 10.0
-# trainer.main.EXIT_BAD_INPUT, not imported: importing the trainer would pull in torch here.
-EXIT_BAD_INPUT = 2
-# The prefix of the trainer's log lines (trainer.main.configure_logging): a reason needs only
-# the message.
-TRAINER_LOG_PREFIX = re.compile(
-    r"^\d{4}-\d\d-\d\d [\d:,.]+ (?P<level>[A-Z]+) job=\S+ pod=\S+ \S+: ")
 
 SETTINGS_PREFIX = "MIGRATOR_"  # api.settings.Settings' env prefix
 
@@ -292,7 +286,7 @@ class Supervisor:
             if all(pod.phase == "Succeeded" for pod in self.pods):
                 self.mode, self.final_reason = "finishing", None
             return
-        bad = [p for p in failed if p.exit_code == EXIT_BAD_INPUT and not p.stopped]
+        bad = [p for p in failed if p.exit_code == ExitCode.BAD_INPUT and not p.stopped]
         if bad:
             self.stop_group("finishing", f"pod {bad[0].name} failed: bad input: "
                                          f"{self.last_log_line(bad[0])}")
@@ -324,13 +318,8 @@ class Supervisor:
 
     def last_log_line(self, pod: Pod) -> str:
         """The trainer's last error message (its launcher may log after it), else the last line."""
-        lines = [line.strip() for line in
-                 tail_lines(self.job_dir / LOGS_DIR / f"{pod.name}.log", 50) if line.strip()]
-        errors = [match for line in lines if (match := TRAINER_LOG_PREFIX.match(line))
-                  and match.group("level") == "ERROR"]
-        if errors:
-            return errors[-1].string[errors[-1].end():]
-        return TRAINER_LOG_PREFIX.sub("", lines[-1]) if lines else f"exit code {pod.exit_code}"
+        lines = tail_lines(self.job_dir / LOGS_DIR / f"{pod.name}.log", 50)
+        return failure_reason(lines) or f"exit code {pod.exit_code}"
 
     def kill_leftovers(self) -> None:
         """Never leave an orphan pod or coordinator, whatever ended the loop."""

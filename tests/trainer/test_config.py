@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 
 from trainer.config import ConfigError, load_config
-from trainer.main import EXIT_BAD_INPUT, main
+from trainer.contract.process import ExitCode
+from trainer.main import main
 
 
 def test_defaults_match_the_job_spec_contract() -> None:
@@ -64,5 +65,5 @@ def test_unreadable_spec_file_and_bad_json(tmp_path: Path) -> None:
 
 
 def test_main_exits_2_with_the_field_named(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--batch-size", "-1"], environ={}) == EXIT_BAD_INPUT
+    assert main(["--batch-size", "-1"], environ={}) == ExitCode.BAD_INPUT
     assert "batch_size" in capsys.readouterr().err

@@ -20,7 +20,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher import api as launcher_api
 
-from trainer.main import EXIT_BAD_INPUT, EXIT_FAILED
+from trainer.contract.process import ExitCode
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class BadInputIsFinal(LocalElasticAgent):
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result = super()._monitor_workers(worker_group)
-        if result.is_failed() and any(failure.exitcode == EXIT_BAD_INPUT
+        if result.is_failed() and any(failure.exitcode == ExitCode.BAD_INPUT
                                       for failure in result.failures.values()):
             self._remaining_restarts = 0
         return result
@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ChildFailedError as exc:
         codes = {failure.exitcode for failure in exc.failures.values()}
         logger.error("workers failed with exit codes %s", sorted(codes))
-        return EXIT_BAD_INPUT if EXIT_BAD_INPUT in codes else EXIT_FAILED
+        return ExitCode.BAD_INPUT if ExitCode.BAD_INPUT in codes else ExitCode.FAILED
     except SignalException as exc:
         # The agent stopped its workers (each checkpoints on SIGTERM) and exits as killed.
         logger.info("stopped by %s", exc.sigval.name)
