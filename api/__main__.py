@@ -8,9 +8,21 @@ import sys
 import uvicorn
 from pydantic import ValidationError
 
-from api.app import create_app
+from api.app import AdminToken, create_app
 from api.logs import configure_logging
 from api.settings import Settings
+
+
+def login_hint(url: str, token: AdminToken, terminal: bool) -> str:
+    """Where to find the admin token. The token itself only when this start generated it and
+    a person reads the terminal: never into `kubectl logs` or a log collector."""
+    if token.source == "generated" and terminal:
+        return (f"Log in: {url}/?token={token.value}\n"
+                f"API token for curl: -H 'Authorization: Bearer {token.value}'")
+    if token.source == "settings":
+        return "Admin token: the one set in MIGRATOR_ADMIN_TOKEN"
+    return (f"Admin token: in {token.path} (readable by this user only); log in at "
+            f"{url}/?token=$(cat {token.path})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,9 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(settings)
     url = f"http://{args.host}:{args.port}"
     print(f"Live Migrator control plane on {url} ({settings.backend} backend, data in "
-          f"{settings.data_dir.resolve()})\nLog in: {url}/?token={app.state.admin_token}\n"
-          f"API token for curl: -H 'Authorization: Bearer {app.state.admin_token}'",
-          flush=True)
+          f"{settings.data_dir.resolve()})", flush=True)
+    print(login_hint(url, app.state.admin_token_source, sys.stdout.isatty()), flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

@@ -30,10 +30,6 @@ class Broker:
         self._subscriptions: dict[str, set[Subscription]] = defaultdict(set)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
-        self.ordering = threading.Lock()
-        """Held by every writer of events from its transaction's first write to its publish:
-        event ids follow commit order, so streams then receive every event in id order (a
-        stream skips ids below the last it sent, which it took from the database)."""
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop

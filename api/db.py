@@ -41,6 +41,6 @@ def init_db(engine: Engine) -> None:
 
 @contextmanager
 def session_scope(engine: Engine) -> Iterator[Session]:
-    """A short-lived session for background work (reconciler, stream replay)."""
-    with Session(engine, expire_on_commit=False) as session:
+    """A session that writes only when committed (no autoflush): see api/services/events.py."""
+    with Session(engine, expire_on_commit=False, autoflush=False) as session:
         yield session

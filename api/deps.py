@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import APIKeyQuery, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from api.auth import ADMIN
 from api.backends.base import Backend
 from api.broker import Broker
-from api.errors import Forbidden, Unauthorized
+from api.db import session_scope
+from api.errors import Unauthorized
+from api.services.events import EventLog
 from api.settings import Settings
 
-bearer = HTTPBearer(auto_error=False, description="The admin token (or ?token= on GET)")
+# Declared for OpenAPI; the route classes of api/auth.py check the tokens before the body.
+admin_scheme = HTTPBearer(auto_error=False, scheme_name="AdminToken",
+                          description="The admin token")
+stream_token = APIKeyQuery(name="token", auto_error=False, scheme_name="StreamToken",
+                           description="The admin token, for EventSource (it sends no headers)")
+report_scheme = HTTPBearer(auto_error=False, scheme_name="ReportToken",
+                           description="The job's report token (handed to its pods)")
 
 
 def get_settings(request: Request) -> Settings:
@@ -30,7 +38,7 @@ def get_engine(request: Request) -> Engine:
 
 
 def get_session(engine: Annotated[Engine, Depends(get_engine)]) -> Iterator[Session]:
-    with Session(engine, expire_on_commit=False) as session:
+    with session_scope(engine) as session:
         yield session
 
 
@@ -44,21 +52,33 @@ def get_broker(request: Request) -> Broker:
     return broker
 
 
-def bearer_token(request: Request,
-                 credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-                 ) -> str:
-    """The bearer token; GET requests may pass it as ?token= (EventSource, download links)."""
-    if credentials is not None:
-        return credentials.credentials
-    if request.method == "GET" and request.query_params.get("token"):
-        return request.query_params["token"]
-    raise Unauthorized("missing bearer token")
+def _authenticated_as(request: Request, principal: str) -> None:
+    # Fail closed: a route wired without one of api/auth.py's route classes answers 401.
+    if getattr(request.state, "principal", None) != principal:
+        raise Unauthorized("not authenticated")
 
 
-def require_admin(request: Request, token: Annotated[str, Depends(bearer_token)]) -> None:
-    expected: str = request.app.state.admin_token
-    if not hmac.compare_digest(token.encode(), expected.encode()):
-        raise Forbidden("invalid token")
+def require_admin(request: Request,
+                  _: Annotated[HTTPAuthorizationCredentials | None, Depends(admin_scheme)]) -> None:
+    _authenticated_as(request, ADMIN)
+
+
+def require_admin_or_stream_token(
+        request: Request,
+        _header: Annotated[HTTPAuthorizationCredentials | None, Depends(admin_scheme)],
+        _query: Annotated[str | None, Depends(stream_token)]) -> None:
+    _authenticated_as(request, ADMIN)
+
+
+def require_reporter(request: Request, job_id: str,
+                     _: Annotated[HTTPAuthorizationCredentials | None, Depends(report_scheme)],
+                     ) -> None:
+    _authenticated_as(request, f"reporter:{job_id}")
+
+
+def get_events(request: Request) -> EventLog:
+    events: EventLog = request.app.state.events
+    return events
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
@@ -66,5 +86,7 @@ EngineDep = Annotated[Engine, Depends(get_engine)]
 SessionDep = Annotated[Session, Depends(get_session)]
 BackendDep = Annotated[Backend, Depends(get_backend)]
 BrokerDep = Annotated[Broker, Depends(get_broker)]
-TokenDep = Annotated[str, Depends(bearer_token)]
+EventsDep = Annotated[EventLog, Depends(get_events)]
 AdminDep = Depends(require_admin)
+StreamAuthDep = Depends(require_admin_or_stream_token)
+ReporterDep = Depends(require_reporter)

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,38 @@ class PayloadTooLarge(DomainError):
 
 class BackendUnavailable(DomainError):
     status_code, error = 503, "backend_unavailable"
+
+
+class ErrorBody(BaseModel):
+    """Every error response: a machine-readable `error` and a `detail` for people."""
+
+    error: str
+    """`unauthorized`, `forbidden`, `not_found`, `conflict`, `invalid`, `payload_too_large`,
+    `backend_unavailable`, ..."""
+    detail: Any
+    """A message; for `invalid`, a list of `{loc, msg, type}`, `loc` naming the field."""
+
+
+MEANINGS = {
+    400: "The request cannot be read",
+    401: "No token was sent",
+    403: "The token is not valid here",
+    404: "No such resource",
+    409: "The resource is in the wrong state for this",
+    413: "The body is too large (one declared too large by its Content-Length is refused "
+         "unread, by the framework, in plain text)",
+    422: "A value is invalid; `detail` names the field",
+    503: "The backend (supervisor or Kubernetes) could not carry it out",
+}
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the error statuses an operation can answer."""
+    responses: dict[int | str, dict[str, Any]] = {
+        code: {"model": ErrorBody, "description": MEANINGS[code]} for code in codes}
+    if 413 in responses:
+        responses[413]["content"] = {"text/plain": {"schema": {"type": "string"}}}
+    return responses
 
 
 def _body(error: str, detail: Any) -> dict[str, Any]:

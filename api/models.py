@@ -11,6 +11,8 @@ from sqlalchemy import JSON, Column, DateTime, UniqueConstraint
 from sqlmodel import Field as SQLField
 from sqlmodel import SQLModel
 
+from trainer.contract.spec import JobSpec
+
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
@@ -42,57 +44,14 @@ class JobStatus(StrEnum):
         return self in (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled)
 
 
-# Largest integer a client may send where it reaches the database (SQLite's INTEGER is 64-bit).
-MAX_INT = 2**62
-
 ACTIVE_STATUSES = (JobStatus.starting, JobStatus.running, JobStatus.degraded)
 
 
 # --- jobs --------------------------------------------------------------------------------
 
 
-# Kubernetes quantities: an integer or decimal with an optional suffix (`500m`, `2`, `4Gi`).
-QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
-
-
-class PodResources(BaseModel):
-    """What each pod of a job asks for (Kubernetes backend; the local backend ignores it)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    cpu: str | None = Field(default=None, pattern=QUANTITY, max_length=20,
-                            description="CPU request and limit, e.g. `2` or `500m`")
-    memory: str | None = Field(default=None, pattern=QUANTITY, max_length=20,
-                               description="Memory request and limit, e.g. `4Gi`")
-    gpus: int = Field(default=0, ge=0, le=8, description="NVIDIA GPUs per pod")
-
-
-class JobCreate(BaseModel):
-    """Request body of POST /api/v1/jobs; every field optional."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str | None = Field(default=None, max_length=100)
-    model: str = Field(default="minilm", min_length=1, max_length=200,
-                       description="Alias `minilm`, a directory under the inputs dir, or a hub id")
-    dataset: str = Field(default="rotten_tomatoes", min_length=1, max_length=200,
-                         description="rotten_tomatoes, imdb, sst2, yelp_polarity, or a file "
-                                     "under the inputs dir")
-    preset: Literal["seed"] | None = None
-    max_train_samples: int | None = Field(default=None, ge=1, le=MAX_INT)
-    max_eval_samples: int | None = Field(default=None, ge=1, le=MAX_INT)
-    replicas: int = Field(default=2, ge=1, le=16)
-    epochs: int = Field(default=1, ge=1, le=100)
-    batch_size: int = Field(default=16, ge=1, le=1024)
-    learning_rate: float = Field(default=1e-4, gt=0, lt=1)
-    max_length: int = Field(default=128, ge=8, le=512)
-    fault_tolerance: Literal["live", "restart"] = "live"
-    parallelism: Literal["data", "pipeline"] = "data"
-    finetune: Literal["full", "lora"] = "full"
-    checkpoint_every_steps: int = Field(default=50, ge=0, le=1_000_000)
-    seed: int = Field(default=42, ge=0, le=2**31 - 1)
-    resources: PodResources | None = Field(
-        default=None, description="Per-pod CPU, memory and GPUs (Kubernetes backend)")
+class JobCreate(JobSpec):
+    """Request body of POST /api/v1/jobs: the job spec of trainer.contract.spec."""
 
 
 class Job(SQLModel, table=True):
@@ -168,6 +127,13 @@ class KillRequest(BaseModel):
     grace_seconds: float = Field(default=0, ge=0, le=300)
 
 
+class DownloadLink(BaseModel):
+    url: str
+    """A path with `expires` and `signature`: GET it without a token until it expires."""
+    expires_at: int
+    """Unix time."""
+
+
 class Accepted(BaseModel):
     id: str
     status: str
@@ -232,21 +198,7 @@ class Incarnation(SQLModel, table=True):
     last_seq: int = 0
 
 
-# --- reports (trainer -> API; schema documented in trainer/report.py) ---------------------
-
-
-class ReportRecord(BaseModel):
-    seq: int = Field(ge=1, le=MAX_INT)
-    kind: Literal["metric", "eval", "checkpoint", "event", "samples"]
-    time: float
-    data: dict[str, Any]
-
-
-class ReportBatch(BaseModel):
-    pod: str = Field(min_length=1, max_length=100)
-    incarnation: str = Field(min_length=1, max_length=100)
-    dropped: int = Field(default=0, ge=0, le=MAX_INT)
-    records: list[ReportRecord] = Field(max_length=10_000)
+# --- reports (trainer -> API; records in trainer.contract.records) ----------------------
 
 
 class ReportAccepted(BaseModel):
@@ -275,7 +227,8 @@ class Model(SQLModel, table=True):
     """A trained model registered when its job succeeded."""
 
     id: str = SQLField(primary_key=True)
-    job_id: str = SQLField(foreign_key="job.id", index=True)
+    job_id: str = SQLField(index=True)
+    """The job that trained it; no foreign key: a model outlives its job's deleted record."""
     name: str
     path: str
     """Directory of the save_pretrained export, relative to the data dir."""

@@ -1,7 +1,10 @@
 """Observe every active job's pods; record pod events, move job status, finalize completion.
 
 Runs one pass per interval in a worker thread. A control-plane restart loses nothing: each pass
-rebuilds its view from the backend (which outlives the API) and the database.
+rebuilds its view from the backend (which outlives the API) and the database. Backend calls
+(observing pods, reading logs, deleting a workload: up to seconds each on Kubernetes) happen
+before anything is written; the writes then go through the event log in milliseconds, guarded
+against a cancel that finished the job meanwhile.
 """
 
 from __future__ import annotations
@@ -10,18 +13,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from api.backends.base import Backend, BackendError, WorkloadStatus
 from api.db import session_scope
-from api.models import ACTIVE_STATUSES, Event, Job, JobStatus, utc_now
-from api.services.jobs import add_event, event_item, pods_of
+from api.models import ACTIVE_STATUSES, Event, Job, JobStatus, Pod, utc_now
+from api.services.events import EventLog, new_event
+from api.services.jobs import pods_of, still_active
 from api.services.models import register_model
 from api.settings import Settings
 
@@ -34,11 +35,8 @@ COMPLETION_GRACE = 15.0
 
 class Reconciler:
     def __init__(self, engine: Engine, settings: Settings, backend: Backend,
-                 publish: Callable[[str, list[dict]], None],
-                 ordering: AbstractContextManager[Any] | None = None) -> None:
-        self.engine, self.settings, self.backend, self.publish = engine, settings, backend, publish
-        self.ordering = ordering or contextlib.nullcontext()
-        """Held from the first write to the publish (Broker.ordering)."""
+                 events: EventLog) -> None:
+        self.engine, self.settings, self.backend, self.events = engine, settings, backend, events
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -63,9 +61,9 @@ class Reconciler:
         """A job still pending at start-up was never launched: the API stopped in between."""
         with session_scope(self.engine) as session:
             for job in session.exec(select(Job).where(Job.status == JobStatus.pending)):
-                self._finish(session, job, JobStatus.failed,
-                             "the control plane stopped before the job was launched")
-            session.commit()
+                events = [self._finish(job, JobStatus.failed,
+                                       "the control plane stopped before the job was launched")]
+                self.events.commit(session, events)
 
     def reconcile_once(self) -> None:
         with session_scope(self.engine) as session:
@@ -76,15 +74,10 @@ class Reconciler:
                 except BackendError as exc:
                     logger.warning("job %s: cannot observe pods: %s", job.id, exc)
                     continue
-                with self.ordering:
-                    # A cancel may have finished the job since it was listed: it stays so.
-                    session.refresh(job)
-                    if job.status in ACTIVE_STATUSES:
-                        self.reconcile_job(session, job, status)
+                self.reconcile_job(session, job, status)
 
     def reconcile_job(self, session: Session, job: Job, status: WorkloadStatus) -> None:
-        first_new = self._last_event_id(session)
-        self._sync_pods(session, job, status)
+        events = self._sync_pods(session, job, status)
         model_dir = self._finished_model_dir(session, job, status)
         if model_dir is not None:
             self._delete_workload(job)
@@ -94,72 +87,69 @@ class Reconciler:
                     pod.phase = "Succeeded"
                     session.add(pod)
             model = register_model(session, self.settings, job, model_dir)
-            self._finish(session, job, JobStatus.succeeded, None,
-                         f"succeeded: model {model.id} registered, workload deleted")
+            events.append(self._finish(job, JobStatus.succeeded, None,
+                                       f"succeeded: model {model.id} registered, workload "
+                                       "deleted"))
         elif status.finished and status.reason:
             self._delete_workload(job)
-            self._finish(session, job, JobStatus.failed, status.reason)
+            events.append(self._finish(job, JobStatus.failed, status.reason))
         elif status.finished:
-            self._finish(session, job, JobStatus.failed,
-                         "every pod exited but no model was exported")
+            events.append(self._finish(job, JobStatus.failed,
+                                       "every pod exited but no model was exported"))
         elif not status.present:
-            self._finish(session, job, JobStatus.failed,
-                         "the workload vanished (its supervisor or StatefulSet is gone)")
+            events.append(self._finish(job, JobStatus.failed, "the workload vanished (its "
+                                       "supervisor or StatefulSet is gone)"))
         elif job.status in (JobStatus.running, JobStatus.degraded):
-            self._update_degraded(session, job, status)
+            events += self._update_degraded(job, status)
         session.add(job)
-        session.commit()
-        new = session.exec(select(Event).where(Event.job_id == job.id,
-                                               col(Event.id) > first_new).order_by(col(Event.id)))
-        self.publish(job.id, [event_item(e) for e in new])
+        # A cancel may have finished the job since it was read: then it stays as the cancel left it.
+        if not self.events.commit(session, events, guard=lambda: still_active(session, job.id)):
+            logger.info("job %s finished meanwhile; this pass's view of it is dropped", job.id)
 
     @staticmethod
-    def _update_degraded(session: Session, job: Job, status: WorkloadStatus) -> None:
+    def _update_degraded(job: Job, status: WorkloadStatus) -> list[Event]:
         """Degraded while fewer pods than asked run, or take part in the latest step."""
         replicas = int(job.spec["replicas"])
         running = sum(p.phase == "Running" for p in status.pods)
         participants = int(job.metrics.get("participants", replicas))
         wanted = JobStatus.degraded if min(running, participants) < replicas else \
             JobStatus.running
-        if wanted != job.status:
-            job.status = wanted
-            add_event(session, job.id, "job", status=wanted.value, running=running,
-                      participants=participants,
-                      message=f"{running} of {replicas} pods running, {participants} "
-                              "training")
+        if wanted == job.status:
+            return []
+        job.status = wanted
+        return [new_event(job.id, "job", status=wanted.value, running=running,
+                          participants=participants,
+                          message=f"{running} of {replicas} pods running, {participants} "
+                                  "training")]
 
-    @staticmethod
-    def _last_event_id(session: Session) -> int:
-        last = session.exec(select(Event.id).order_by(col(Event.id).desc()).limit(1)).first()
-        return last or 0
-
-    def _sync_pods(self, session: Session, job: Job, status: WorkloadStatus) -> None:
+    def _sync_pods(self, session: Session, job: Job, status: WorkloadStatus) -> list[Event]:
+        """Copy observed pod phases and restarts into the pods' rows, as events."""
+        events: list[Event] = []
         observed = {p.ordinal: p for p in status.pods}
         for pod in pods_of(session, job.id):
             seen = observed.get(pod.ordinal)
-            if seen is None:
+            if seen is None or (seen.phase, seen.restarts) == (pod.phase, pod.restarts):
                 continue
-            if (seen.phase, seen.restarts) == (pod.phase, pod.restarts):
-                continue
-            add_event(session, job.id, "pod", ordinal=pod.ordinal, name=pod.name,
-                      phase=seen.phase, previous=pod.phase, restarts=seen.restarts,
-                      exit_code=seen.exit_code, reason=seen.reason,
-                      message=f"pod {pod.name}: {pod.phase} -> {seen.phase}"
-                              + (f" (restart {seen.restarts})" if seen.restarts > pod.restarts
-                                 else "") + (f": {seen.reason}" if seen.reason else ""))
+            events.append(new_event(
+                job.id, "pod", ordinal=pod.ordinal, name=pod.name, phase=seen.phase,
+                previous=pod.phase, restarts=seen.restarts, exit_code=seen.exit_code,
+                reason=seen.reason,
+                message=f"pod {pod.name}: {pod.phase} -> {seen.phase}"
+                        + (f" (restart {seen.restarts})" if seen.restarts > pod.restarts else "")
+                        + (f": {seen.reason}" if seen.reason else "")))
             if seen.phase == "Failed" or seen.restarts > pod.restarts:
-                self._log_tail(session, job, pod.ordinal, pod.name)
+                events += self._log_tail(job, pod)
             pod.phase, pod.restarts, pod.exit_code = seen.phase, seen.restarts, seen.exit_code
             session.add(pod)
+        return events
 
-    def _log_tail(self, session: Session, job: Job, ordinal: int, name: str) -> None:
+    def _log_tail(self, job: Job, pod: Pod) -> list[Event]:
         try:
-            lines = self.backend.tail_logs(job.id, ordinal, LOG_LINES_ON_FAILURE)
+            lines = self.backend.tail_logs(job.id, pod.ordinal, LOG_LINES_ON_FAILURE)
         except BackendError:
-            return
-        if lines:
-            add_event(session, job.id, "log", pod=name, level="error", lines=lines,
-                      message=f"last {len(lines)} log lines of {name}")
+            return []
+        return [new_event(job.id, "log", pod=pod.name, level="error", lines=lines,
+                          message=f"last {len(lines)} log lines of {pod.name}")] if lines else []
 
     def _finished_model_dir(self, session: Session, job: Job,
                             status: WorkloadStatus) -> Path | None:
@@ -186,8 +176,7 @@ class Reconciler:
             logger.warning("job %s: could not delete its workload: %s", job.id, exc)
 
     @staticmethod
-    def _finish(session: Session, job: Job, status: JobStatus, reason: str | None,
-                message: str | None = None) -> None:
+    def _finish(job: Job, status: JobStatus, reason: str | None,
+                message: str | None = None) -> Event:
         job.status, job.reason, job.finished_at = status, reason, utc_now()
-        add_event(session, job.id, "job", status=status.value, message=message or reason or "")
-        session.add(job)
+        return new_event(job.id, "job", status=status.value, message=message or reason or "")

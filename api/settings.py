@@ -25,7 +25,9 @@ class Settings(BaseSettings):
     port: int = 8000
     public_url: str | None = None
     """Base URL the pods use to reach the API; `http://<host>:<port>` when unset."""
-    max_report_bytes: int = 4 * 1024 * 1024
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    """Largest request body accepted, but for reports (413 above, before it is read whole)."""
+    max_report_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     """Largest report body accepted (413 above)."""
     reconcile_interval: float = 1.0
     """Seconds between two passes of the reconciler."""

@@ -129,7 +129,7 @@ def run_kills(http: httpx.Client, data_dir: Path, spec: dict[str, Any],
         print(f"  {spec['fault_tolerance']}: kill {len(kills)}: pause "
               f"{kills[-1]['pause']:.2f} s, lost {kills[-1]['lost']}, rejoin "
               f"{kills[-1]['rejoin']:.2f} s", flush=True)
-    http.delete(f"/api/v1/jobs/{job_id}")
+    http.post(f"/api/v1/jobs/{job_id}/cancel")
     return kills
 
 

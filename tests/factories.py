@@ -6,6 +6,8 @@ import csv
 import random
 from pathlib import Path
 
+from trainer.contract.records import Completed, Evaluation, Metric, RecordData
+
 POSITIVE = ["good", "great", "fun", "moving", "brilliant", "warm", "superb", "clever"]
 NEGATIVE = ["bad", "dull", "boring", "awful", "weak", "tedious", "clumsy", "flat"]
 NEUTRAL = ["the", "a", "film", "movie", "plot", "actors", "story", "was", "is", "and", "very",
@@ -56,3 +58,27 @@ def make_reviews_csv(path: Path, rows: int = 200, seed: int = 0) -> Path:
             positive = index % 2 == 0
             writer.writerow([review(rng, positive), "positive" if positive else "negative"])
     return path
+
+
+def record(seq: int, data: RecordData, time: float | None = None) -> dict:
+    """A report record as pods send it, built from the contract's typed data."""
+    return {"seq": seq, "kind": data.KIND, "time": 1_700_000_000.0 + seq if time is None else time,
+            "data": data.model_dump(mode="json")}
+
+
+def metric_data(step: int, **fields: object) -> Metric:
+    values: dict[str, object] = {"step": step, "epoch": 1, "loss": 0.5, "learning_rate": 1e-4,
+                                 "samples_seen": step * 16, "samples_per_second": 32.0,
+                                 "participants": 2, **fields}
+    return Metric.model_validate(values)
+
+
+def evaluation(split: str = "validation", **fields: object) -> Evaluation:
+    values: dict[str, object] = {"split": split, "accuracy": 0.8, "f1": 0.81, "loss": 0.4,
+                                 "samples": 100, "epoch": 1, "step": 10, **fields}
+    return Evaluation.model_validate(values)
+
+
+def completed(model_dir: str | None = "/somewhere/model", primary: bool = True) -> Completed:
+    return Completed(message="done", step=10, model_dir=model_dir, metrics={},
+                     checksum="0123456789abcdef", primary=primary)

@@ -1,4 +1,5 @@
-"""Atomic step checkpoints: `step-N/` directories, complete only once they hold a marker.
+"""Atomic step checkpoints: `step-N/` directories (trainer.contract.checkpoints), complete only
+once they hold a marker.
 
 Write order: `step-N.tmp/` (files fsynced) -> rename to `step-N/` -> `COMPLETE` marker (fsynced).
 A process killed at any point leaves either no `step-N/` or one without its marker, and both are
@@ -14,37 +15,35 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from trainer.contract.checkpoints import (
+    MARKER,
+    META_FILE,
+    MODEL_FILE,
+    NAME,
+    STATE_FILE,
+    CheckpointInfo,
+    checkpoint_name,
+    latest_checkpoint,
+    list_checkpoints,
+    read_info,
+)
+
 logger = logging.getLogger(__name__)
 
-MARKER = "COMPLETE"
-MODEL_FILE = "model.pt"
-STATE_FILE = "trainer.pt"
-META_FILE = "meta.json"
-_NAME = re.compile(r"^step-(\d+)$")
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    path: Path
-    step: int
-    meta: dict[str, Any]
-
-    @property
-    def val_accuracy(self) -> float | None:
-        value = self.meta.get("metrics", {}).get("val_accuracy")
-        return float(value) if value is not None else None
+# The layout's names, re-exported for the trainer's own modules and tests.
+__all__ = ["MARKER", "CheckpointInfo", "CheckpointWriter", "apply_retention", "cpu_copy",
+           "latest_checkpoint", "list_checkpoints", "load_checkpoint", "read_info",
+           "save_checkpoint"]
 
 
 def _fsync_path(path: Path) -> None:
@@ -76,7 +75,7 @@ def save_checkpoint(directory: Path, step: int, model_state: dict[str, Any],
     survivor may (`shared=True`: no cleanup, no retention, concurrent writers of a step agree).
     """
     directory.mkdir(parents=True, exist_ok=True)
-    final = directory / f"step-{step}"
+    final = directory / checkpoint_name(step)
     if (final / MARKER).is_file():
         return read_info(final)
     if shared:
@@ -110,32 +109,6 @@ def save_checkpoint(directory: Path, step: int, model_state: dict[str, Any],
     return info
 
 
-def read_info(path: Path) -> CheckpointInfo:
-    match = _NAME.match(path.name)
-    if match is None:
-        raise ValueError(f"{path} is not a step-N checkpoint directory")
-    return CheckpointInfo(path, int(match.group(1)), json.loads((path / META_FILE).read_text()))
-
-
-def list_checkpoints(directory: Path) -> list[CheckpointInfo]:
-    """Complete checkpoints, oldest step first."""
-    if not directory.is_dir():
-        return []
-    found = []
-    for path in directory.iterdir():
-        if _NAME.match(path.name) and (path / MARKER).is_file():
-            try:
-                found.append(read_info(path))
-            except (OSError, ValueError) as exc:
-                logger.warning("ignoring unreadable checkpoint %s: %s", path, exc)
-    return sorted(found, key=lambda info: info.step)
-
-
-def latest_checkpoint(directory: Path) -> CheckpointInfo | None:
-    found = list_checkpoints(directory)
-    return found[-1] if found else None
-
-
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu",
                     ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(model state without `module.` prefixes, trainer state, meta) of a complete checkpoint."""
@@ -154,7 +127,7 @@ def _delete(path: Path) -> None:
 
 def _remove_incomplete(directory: Path) -> None:
     for path in directory.iterdir():
-        incomplete = _NAME.match(path.name) and not (path / MARKER).exists()
+        incomplete = NAME.match(path.name) and not (path / MARKER).exists()
         if incomplete or (path.name.startswith("step-") and ".tmp" in path.name):
             logger.info("removing incomplete checkpoint %s", path.name)
             shutil.rmtree(path, ignore_errors=True)

@@ -16,18 +16,16 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from trainer.config import JobSpec
+from trainer.contract.spec import HUB_DATASETS, LOCAL_DATA_SUFFIXES, OFFLINE_DATASET, JobSpec
 
 logger = logging.getLogger(__name__)
 
-HUB_DATASETS: dict[str, tuple[str, str, str]] = {
-    # alias: (hub id, text column, split used as test)
+HUB_SOURCES: dict[str, tuple[str, str, str]] = {
+    # alias (contract.spec.HUB_DATASETS): (hub id, text column, split used as test)
     "imdb": ("stanfordnlp/imdb", "text", "test"),
     "sst2": ("stanfordnlp/sst2", "sentence", "validation"),  # SST-2's test labels are hidden
     "yelp_polarity": ("fancyzhx/yelp_polarity", "text", "test"),
 }
-OFFLINE_DATASET = "rotten_tomatoes"
-LOCAL_SUFFIXES = (".csv", ".jsonl", ".parquet")
 LABEL_NAMES = {"negative": 0, "neg": 0, "false": 0, "rotten": 0,
                "positive": 1, "pos": 1, "true": 1, "fresh": 1}
 
@@ -95,7 +93,7 @@ def load_rotten_tomatoes() -> dict[str, Split]:
 
 
 def load_hub(alias: str, cache_dir: Path) -> dict[str, Split]:
-    hub_id, text_column, test_split = HUB_DATASETS[alias]
+    hub_id, text_column, test_split = HUB_SOURCES[alias]
     try:
         import datasets
 
@@ -163,7 +161,7 @@ def _rows(path: Path, spec: JobSpec) -> Iterator[tuple[str, dict[str, Any]]]:
         for index, row in enumerate(frame.to_dict("records")):
             yield f"{path.name}: row {index}", {str(k): v for k, v in row.items()}
     else:
-        raise DataError(f"{path.name}: unsupported file type; use {', '.join(LOCAL_SUFFIXES)}")
+        raise DataError(f"{path.name}: unsupported file type; use {', '.join(LOCAL_DATA_SUFFIXES)}")
 
 
 def load_local(path: Path, spec: JobSpec) -> dict[str, Split]:
@@ -195,13 +193,13 @@ def load_source(spec: JobSpec, inputs_dir: Path, cache_dir: Path) -> dict[str, S
         return load_local(local, spec)
     if spec.dataset == OFFLINE_DATASET:
         return load_rotten_tomatoes()
-    if spec.dataset in HUB_DATASETS:
+    if spec.dataset in HUB_SOURCES:
         return load_hub(spec.dataset, cache_dir)
-    if spec.dataset.lower().endswith(LOCAL_SUFFIXES):
+    if spec.dataset.lower().endswith(LOCAL_DATA_SUFFIXES):
         raise DataError(f"dataset '{spec.dataset}': no such file under {inputs_dir}")
     known = ", ".join([OFFLINE_DATASET, *HUB_DATASETS])
     raise DataError(f"dataset '{spec.dataset}': unknown; expected one of {known}, or a "
-                    f"{'/'.join(LOCAL_SUFFIXES)} file under the inputs dir")
+                    f"{'/'.join(LOCAL_DATA_SUFFIXES)} file under the inputs dir")
 
 
 # --- splits --------------------------------------------------------------------------------

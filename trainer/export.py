@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from trainer.config import JobSpec, spec_to_dict
+from trainer.contract.spec import JobSpec
 from trainer.model import unwrap
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def export_model(model: nn.Module, tokenizer: Any, target: Path, spec: JobSpec,
     bare.save_pretrained(staging)  # type: ignore[operator]
     tokenizer.save_pretrained(staging)
     (staging / "metrics.json").write_text(json.dumps(
-        {"metrics": metrics, "samples": data, "spec": spec_to_dict(spec)}, indent=2))
+        {"metrics": metrics, "samples": data, "spec": spec.model_dump(mode="json")}, indent=2))
     (staging / "README.md").write_text(model_card(spec, metrics, data))
     if target.exists() and not shared:
         shutil.rmtree(target)

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from trainer.config import ConfigError, TrainConfig, load_config
 from trainer.contract.process import ExitCode, log_format
+from trainer.contract.records import Failed
 from trainer.data import DataError
 from trainer.distributed import Group, die_with_parent
 from trainer.model import ModelError, choose_device
@@ -80,11 +81,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
             return ExitCode.PEER_STOPPED
     except (DataError, ModelError) as exc:
         logger.error("%s", exc)
-        reporter.event("failed", str(exc), reason="bad_input")
+        reporter.emit(Failed(message=str(exc), reason="bad_input"))
         return ExitCode.BAD_INPUT
     except Exception as exc:
         logger.exception("training failed")
-        reporter.event("failed", f"{type(exc).__name__}: {exc}", reason="error")
+        reporter.emit(Failed(message=f"{type(exc).__name__}: {exc}", reason="error"))
         return ExitCode.FAILED
     else:
         return ExitCode.OK

@@ -10,9 +10,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer.contract.spec import OFFLINE_MODEL
+
 logger = logging.getLogger(__name__)
 
-OFFLINE_MODEL = "minilm"
 LABELS = {0: "negative", 1: "positive"}
 
 

@@ -1,23 +1,7 @@
 """Reports from the trainer: a sink interface with no-op, JSON-lines and HTTP implementations.
 
-Report schema (the control plane's `POST /api/v1/jobs/{id}/reports` consumes it):
-
-    {"pod": "job-1", "incarnation": "3f2a...", "dropped": 0,
-     "records": [{"seq": 17, "kind": "metric", "time": 1763871234.5, "data": {...}}, ...]}
-
-`(pod, incarnation, seq)` identifies a record: seq starts at 1 for every incarnation (one process
-life of the pod) and grows by one per record, so the server drops duplicates of retried batches.
-`dropped` counts records discarded because the bounded buffer overflowed while the server was down
-(only `metric` records are ever dropped). A batch with no records is a heartbeat.
-
-Record kinds and their `data`:
-- `metric`: step, epoch, loss, learning_rate, samples_per_second, participants, samples_seen
-- `eval`: split (`validation` | `test`), epoch, step, accuracy, loss, f1, samples
-- `checkpoint`: step, epoch, path, size_bytes, epoch_end, val_accuracy
-- `event`: type (`started`, `resumed`, `epoch_end`, `sigterm`, `completed`, `failed`), message,
-  plus type-specific fields (`completed` carries model_dir and the test metrics)
-- `samples` (debug, `log_sample_ids`): step, epoch, cursor, rank, ids - the sample ids this
-  participant used in a committed step - and window, the ids of all participants of that step
+What a record holds is the contract's (trainer.contract.records): the Reporter stamps typed
+record data with (seq, kind, time) and hands the JSON form to every sink.
 """
 
 from __future__ import annotations
@@ -33,6 +17,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+
+from trainer.contract.records import RecordData
 
 logger = logging.getLogger(__name__)
 
@@ -230,17 +216,15 @@ class Reporter:
         self._seq = 0
         self._lock = threading.Lock()
 
-    def emit(self, kind: str, **data: Any) -> None:
+    def emit(self, data: RecordData) -> None:
+        payload = data.model_dump(mode="json")
         # Sinks get records in seq order even from several threads (the server drops a seq
         # below one it already stored as a duplicate); their write returns at once.
         with self._lock:
             self._seq += 1
-            record = {"seq": self._seq, "kind": kind, "time": time.time(), "data": data}
+            record = {"seq": self._seq, "kind": data.KIND, "time": time.time(), "data": payload}
             for sink in self.sinks:
                 sink.write(record)
-
-    def event(self, type_: str, message: str, **data: Any) -> None:
-        self.emit("event", type=type_, message=message, **data)
 
     def flush(self, timeout: float = 0.0) -> bool:
         return all([sink.flush(timeout) for sink in self.sinks])

@@ -19,7 +19,23 @@ from torch import nn
 from torch.nn import functional
 
 from trainer import checkpoint
-from trainer.config import JobSpec, TrainConfig
+from trainer.config import TrainConfig
+from trainer.contract.records import (
+    CheckpointSaved,
+    Completed,
+    EpochEnd,
+    EvalSplit,
+    Evaluation,
+    Healed,
+    Metric,
+    Primary,
+    Quorum,
+    Resumed,
+    SampleIds,
+    Started,
+    Stopped,
+)
+from trainer.contract.spec import JobSpec
 from trainer.data import TokenizedSplit, load_source, make_splits, tokenize
 from trainer.distributed import Group
 from trainer.export import export_model
@@ -212,10 +228,11 @@ class Trainer:
                     state["pod"], self.sampler.epoch + 1, self.step, self.sampler.cursor,
                     transfer.get("bytes", 0), transfer.get("seconds", 0.0))
         # At step 0 every replica takes the first one's initial weights: a sync, not a heal.
-        self.reporter.event("healed" if self.step else "synced",
-                            f"fetched the live state from {state['pod']}",
-                            source=state["pod"], target=self.reporter.pod, step=self.step,
-                            epoch=self.sampler.epoch + 1, cursor=self.sampler.cursor, **transfer)
+        self.reporter.emit(Healed(type="healed" if self.step else "synced",
+                                  message=f"fetched the live state from {state['pod']}",
+                                  source=state["pod"], target=self.reporter.pod, step=self.step,
+                                  epoch=self.sampler.epoch + 1, cursor=self.sampler.cursor,
+                                  **transfer))
 
     def resume(self, info: checkpoint.CheckpointInfo) -> None:
         # Loaded on the CPU: RNG states must stay there, and load_state_dict copies to the device.
@@ -225,9 +242,9 @@ class Trainer:
         self.resumed_from = info
         logger.info("resumed from %s: epoch %d, step %d, cursor %d", info.path.name,
                     self.sampler.epoch + 1, self.step, self.sampler.cursor)
-        self.reporter.event("resumed", f"resumed from {info.path.name}", checkpoint=info.path.name,
-                            step=self.step, epoch=self.sampler.epoch + 1,
-                            cursor=self.sampler.cursor)
+        self.reporter.emit(Resumed(message=f"resumed from {info.path.name}",
+                                   checkpoint=info.path.name, step=self.step,
+                                   epoch=self.sampler.epoch + 1, cursor=self.sampler.cursor))
 
     # --- training ------------------------------------------------------------------------
 
@@ -302,12 +319,12 @@ class Trainer:
         # A healing pod joins a quorum one step before it participates: count both changes.
         membership = (self.group.quorum_id, self.group.participants)
         if primary and membership != self._membership:
-            self.reporter.event("quorum", f"{self.group.participants} participants",
-                                quorum_id=membership[0], participants=membership[1],
-                                step=self.step)
+            self.reporter.emit(Quorum(message=f"{self.group.participants} participants",
+                                      quorum_id=membership[0], participants=membership[1],
+                                      step=self.step))
         if primary and not self._was_primary:
-            self.reporter.event("primary", f"{self.reporter.pod} is the primary",
-                                pod=self.reporter.pod, step=self.step)
+            self.reporter.emit(Primary(message=f"{self.reporter.pod} is the primary",
+                                       pod=self.reporter.pod, step=self.step))
         self._membership, self._was_primary = membership, primary
 
     def train(self) -> dict[str, Any]:
@@ -318,8 +335,8 @@ class Trainer:
 
     def fit(self) -> bool:
         """Train through the remaining epochs; False when stopped early (see `stop_reason`)."""
-        self.reporter.event("started", "training started", step=self.step,
-                            epoch=self.sampler.epoch + 1, samples=self.data_sizes)
+        self.reporter.emit(Started(message="training started", step=self.step,
+                                   epoch=self.sampler.epoch + 1, samples=self.data_sizes))
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
             if self.epoch_end_pending:  # resumed from an emergency checkpoint at an epoch end
@@ -351,9 +368,9 @@ class Trainer:
             model_dir = str(export_model(self.model, self.tokenizer, runtime.model_dir, spec,
                                          self.metrics, self.data_sizes,
                                          shared=self.group.recovers_in_place))
-        self.reporter.event("completed", "training completed", step=self.step,
-                            model_dir=model_dir, metrics=self.metrics, checksum=checksum,
-                            primary=self.group.is_primary)
+        self.reporter.emit(Completed(message="training completed", step=self.step,
+                                     model_dir=model_dir, metrics=self.metrics,
+                                     checksum=checksum, primary=self.group.is_primary))
 
     def _run_epochs(self, spec: JobSpec, max_steps: int | None) -> bool:
         """Train until every epoch is done (False) or a stop was requested and saved (True)."""
@@ -372,17 +389,18 @@ class Trainer:
             throughput = window_samples / max(now - window_start, 1e-9)
             if now - window_start > 5.0:
                 window_start, window_samples = now, 0
-            self.reporter.emit("metric", step=self.step, epoch=assignment.epoch + 1,
-                               loss=result.loss, learning_rate=self.optimizer.param_groups[0]["lr"],
-                               samples_per_second=throughput,
-                               participants=self.group.participants,
-                               samples_seen=self.samples_seen)
+            self.reporter.emit(Metric(step=self.step, epoch=assignment.epoch + 1,
+                                      loss=result.loss,
+                                      learning_rate=self.optimizer.param_groups[0]["lr"],
+                                      samples_per_second=throughput,
+                                      participants=self.group.participants,
+                                      samples_seen=self.samples_seen))
             if self.config.runtime.log_sample_ids:
-                self.reporter.emit("samples", step=self.step, epoch=assignment.epoch + 1,
-                                   cursor=assignment.cursor, rank=self.group.rank,
-                                   ids=result.used.tolist(), window=self.sampler.order(
-                                       assignment.epoch)[assignment.cursor:assignment.cursor
-                                                         + assignment.window].tolist())
+                window = self.sampler.order(assignment.epoch)[
+                    assignment.cursor:assignment.cursor + assignment.window]
+                self.reporter.emit(SampleIds(step=self.step, epoch=assignment.epoch + 1,
+                                             cursor=assignment.cursor, rank=self.group.rank,
+                                             ids=result.used.tolist(), window=window.tolist()))
             self._log_progress(assignment, result, throughput)
             if self.sampler.epoch != assignment.epoch:
                 self.epoch_end_pending = True
@@ -393,10 +411,10 @@ class Trainer:
                 self.save_checkpoint(epoch_end=False)
             if result.stop_requested:
                 self.stop_reason = "sigterm" if self._stop_requested else "peer"
-                self.reporter.event("sigterm", "stopped on SIGTERM after a checkpoint"
-                                    if self._stop_requested else
-                                    "stopped with a participant that got SIGTERM",
-                                    step=self.step)
+                self.reporter.emit(Stopped(message="stopped on SIGTERM after a checkpoint"
+                                           if self._stop_requested else
+                                           "stopped with a participant that got SIGTERM",
+                                           step=self.step))
                 return True
         return False
 
@@ -405,8 +423,8 @@ class Trainer:
         self.metrics["validation"] = self.evaluate(self.validation_data, "validation")
         self.epoch_end_pending = False
         self.save_checkpoint(epoch_end=True)
-        self.reporter.event("epoch_end", f"epoch {epoch + 1} done", epoch=epoch + 1,
-                            step=self.step)
+        self.reporter.emit(EpochEnd(message=f"epoch {epoch + 1} done", epoch=epoch + 1,
+                                    step=self.step))
 
     def _log_progress(self, assignment: Assignment, result: StepResult, throughput: float) -> None:
         now = time.monotonic()
@@ -437,9 +455,10 @@ class Trainer:
 
         def reported(info: checkpoint.CheckpointInfo) -> None:
             size = sum(p.stat().st_size for p in info.path.iterdir())
-            self.reporter.emit("checkpoint", step=step, epoch=epoch, path=info.path.name,
-                               size_bytes=size, epoch_end=epoch_end,
-                               val_accuracy=info.val_accuracy, emergency=emergency)
+            self.reporter.emit(CheckpointSaved(step=step, epoch=epoch, path=info.path.name,
+                                               size_bytes=size, epoch_end=epoch_end,
+                                               val_accuracy=info.val_accuracy,
+                                               emergency=emergency))
             self.reporter.flush()
 
         if emergency:
@@ -480,7 +499,7 @@ class Trainer:
     # --- evaluation ----------------------------------------------------------------------
 
     @torch.no_grad()
-    def evaluate(self, data: TokenizedSplit, split: str) -> dict[str, float]:
+    def evaluate(self, data: TokenizedSplit, split: EvalSplit) -> dict[str, float]:
         """Accuracy, loss and F1 (positive class) over the split, sharded across participants."""
         model = unwrap(self.model)
         model.eval()
@@ -510,7 +529,7 @@ class Trainer:
                   "samples": int(count), "epoch": self.sampler.epoch, "step": self.step}
         logger.info("%s: accuracy %.4f f1 %.4f loss %.4f (%d samples)", split,
                     result["accuracy"], f1, result["loss"], count)
-        self.reporter.emit("eval", split=split, **result)
+        self.reporter.emit(Evaluation(split=split, **result))
         return result
 
     def close(self) -> None:

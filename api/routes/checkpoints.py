@@ -1,19 +1,21 @@
-"""A job's checkpoints and their download."""
+"""A job's checkpoints, and signed links to download one."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Request
 
+from api.auth import AdminRoute
 from api.deps import AdminDep, SessionDep, SettingsDep
-from api.models import CheckpointPublic
+from api.errors import error_responses
+from api.models import CheckpointPublic, DownloadLink
 from api.routes import API_PREFIX
 from api.services import checkpoints as service
-from api.services.archive import iter_tar_gz
+from api.services.downloads import signed_link
 from api.services.jobs import get_job, job_dir
 
 router = APIRouter(prefix=API_PREFIX + "/jobs/{job_id}/checkpoints", tags=["checkpoints"],
-                   dependencies=[AdminDep])
+                   dependencies=[AdminDep], route_class=AdminRoute,
+                   responses=error_responses(401, 403, 404, 422))
 
 
 @router.get("", response_model=list[CheckpointPublic])
@@ -23,12 +25,11 @@ def list_checkpoints(job_id: str, session: SessionDep,
     return service.list_public(job_id, job_dir(settings, job_id) / "checkpoints")
 
 
-@router.get("/{checkpoint_id}/download", response_class=StreamingResponse)
-def download_checkpoint(job_id: str, checkpoint_id: str, session: SessionDep,
-                        settings: SettingsDep) -> StreamingResponse:
+@router.post("/{checkpoint_id}/download-link", response_model=DownloadLink,
+             responses=error_responses(413))
+def checkpoint_link(job_id: str, checkpoint_id: str, request: Request, session: SessionDep,
+                    settings: SettingsDep) -> DownloadLink:
+    """A URL that downloads the checkpoint without a token, for a few minutes."""
     get_job(session, job_id)
-    path = service.find(job_dir(settings, job_id) / "checkpoints", checkpoint_id)
-    name = f"{job_id}-{checkpoint_id}"
-    disposition = f'attachment; filename="{name}.tar.gz"'
-    return StreamingResponse(iter_tar_gz(path, checkpoint_id), media_type="application/gzip",
-                             headers={"Content-Disposition": disposition})
+    service.find(job_dir(settings, job_id) / "checkpoints", checkpoint_id)
+    return signed_link(request, f"{API_PREFIX}/jobs/{job_id}/checkpoints/{checkpoint_id}/download")

@@ -1,4 +1,4 @@
-"""Jobs: create, list, read, cancel, and their event history."""
+"""Jobs: create, list, read, cancel, delete, and their event history."""
 
 from __future__ import annotations
 
@@ -6,20 +6,24 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 
-from api.deps import AdminDep, BackendDep, BrokerDep, SessionDep, SettingsDep
-from api.models import MAX_INT, Accepted, EventsPublic, JobCreate, JobPublic, JobsPublic, JobStatus
+from api.auth import AdminRoute
+from api.deps import AdminDep, BackendDep, EventsDep, SessionDep, SettingsDep
+from api.errors import error_responses
+from api.models import Accepted, EventsPublic, JobCreate, JobPublic, JobsPublic, JobStatus
 from api.routes import API_PREFIX
 from api.services import jobs as service
+from trainer.contract.spec import MAX_INT
 
-router = APIRouter(prefix=API_PREFIX + "/jobs", tags=["jobs"],
-                   dependencies=[AdminDep])
+router = APIRouter(prefix=API_PREFIX + "/jobs", tags=["jobs"], dependencies=[AdminDep],
+                   route_class=AdminRoute, responses=error_responses(401, 403, 413, 422))
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic)
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic,
+             responses=error_responses(503))
 def create_job(spec: JobCreate, response: Response, session: SessionDep, settings: SettingsDep,
-               backend: BackendDep) -> JobPublic:
-    job = service.create_job(session, settings, backend, spec)
-    response.headers["Location"] = f"/api/v1/jobs/{job.id}"
+               backend: BackendDep, events: EventsDep) -> JobPublic:
+    job = service.create_job(session, settings, backend, events, spec)
+    response.headers["Location"] = f"{API_PREFIX}/jobs/{job.id}"
     return service.to_public(session, job)
 
 
@@ -30,23 +34,32 @@ def list_jobs(session: SessionDep, offset: Annotated[int, Query(ge=0, le=MAX_INT
     return service.list_jobs(session, offset, limit, status)
 
 
-@router.get("/{job_id}", response_model=JobPublic)
+@router.get("/{job_id}", response_model=JobPublic, responses=error_responses(404))
 def get_job(job_id: str, session: SessionDep) -> JobPublic:
     return service.to_public(session, service.get_job(session, job_id))
 
 
-@router.delete("/{job_id}", status_code=status.HTTP_202_ACCEPTED, response_model=Accepted)
+@router.post("/{job_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=Accepted,
+             responses=error_responses(404, 409, 503))
 def cancel_job(job_id: str, session: SessionDep, backend: BackendDep,
-               broker: BrokerDep) -> Accepted:
-    job = service.delete_workload(session, backend, job_id)  # seconds: outside the lock
-    with broker.ordering:
-        event = service.mark_cancelled(session, job)
-        broker.publish(job.id, [service.event_item(event)])
+               events: EventsDep) -> Accepted:
+    """Stop the job: its workload is deleted, its checkpoints are kept."""
+    job = service.cancel_job(session, backend, events, job_id)
     return Accepted(id=job.id, status=job.status.value,
                     detail="workload deleted; checkpoints are kept")
 
 
-@router.get("/{job_id}/events", response_model=EventsPublic)
+@router.delete("/{job_id}", status_code=status.HTTP_204_NO_CONTENT,
+               responses=error_responses(404, 409))
+def delete_job(job_id: str, session: SessionDep, settings: SettingsDep,
+               delete_artifacts: bool = False) -> Response:
+    """Remove an ended job's record (409 while it runs: cancel it first). Its checkpoints, logs
+    and model stay unless `delete_artifacts` is true."""
+    service.delete_job(session, settings, job_id, delete_artifacts)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.get("/{job_id}/events", response_model=EventsPublic, responses=error_responses(404))
 def list_events(job_id: str, session: SessionDep,
                 after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
                 limit: Annotated[int, Query(ge=1, le=1000)] = 200,

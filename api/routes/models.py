@@ -1,18 +1,19 @@
-"""Trained models: list, read, download, predict."""
+"""Trained models: list, read, predict, and signed links to download one."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 
+from api.auth import AdminRoute
 from api.deps import AdminDep, SessionDep, SettingsDep
-from api.models import ModelPublic, ModelsPublic, PredictRequest, PredictResponse
+from api.errors import error_responses
+from api.models import DownloadLink, ModelPublic, ModelsPublic, PredictRequest, PredictResponse
 from api.routes import API_PREFIX
 from api.services import models as service
-from api.services.archive import iter_tar_gz
+from api.services.downloads import signed_link
 
-router = APIRouter(prefix=API_PREFIX + "/models", tags=["models"],
-                   dependencies=[AdminDep])
+router = APIRouter(prefix=API_PREFIX + "/models", tags=["models"], dependencies=[AdminDep],
+                   route_class=AdminRoute, responses=error_responses(401, 403))
 
 
 @router.get("", response_model=ModelsPublic)
@@ -20,22 +21,23 @@ def list_models(session: SessionDep) -> ModelsPublic:
     return service.list_models(session)
 
 
-@router.get("/{model_id}", response_model=ModelPublic)
+@router.get("/{model_id}", response_model=ModelPublic, responses=error_responses(404))
 def get_model(model_id: str, session: SessionDep) -> ModelPublic:
     return service.to_public(service.get_model(session, model_id))
 
 
-@router.get("/{model_id}/download", response_class=StreamingResponse)
-def download_model(model_id: str, session: SessionDep, settings: SettingsDep,
-                   ) -> StreamingResponse:
+@router.post("/{model_id}/download-link", response_model=DownloadLink,
+             responses=error_responses(404, 413))
+def model_link(model_id: str, request: Request, session: SessionDep,
+               settings: SettingsDep) -> DownloadLink:
+    """A URL that downloads the model without a token, for a few minutes."""
     model = service.get_model(session, model_id)
-    path = service.model_path(settings, model)
-    return StreamingResponse(
-        iter_tar_gz(path, model.id), media_type="application/gzip",
-        headers={"Content-Disposition": f'attachment; filename="{model.id}.tar.gz"'})
+    service.model_path(settings, model)
+    return signed_link(request, f"{API_PREFIX}/models/{model.id}/download")
 
 
-@router.post("/{model_id}/predict", response_model=PredictResponse)
+@router.post("/{model_id}/predict", response_model=PredictResponse,
+             responses=error_responses(404, 413, 422))
 def predict(model_id: str, body: PredictRequest, request: Request, session: SessionDep,
             settings: SettingsDep) -> PredictResponse:
     model = service.get_model(session, model_id)

@@ -6,23 +6,25 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Query, status
 
-from api.deps import AdminDep, BackendDep, BrokerDep, SessionDep
+from api.auth import AdminRoute
+from api.deps import AdminDep, BackendDep, EventsDep, SessionDep
+from api.errors import error_responses
 from api.models import Accepted, KillRequest
 from api.routes import API_PREFIX
 from api.services import jobs as service
 
 router = APIRouter(prefix=API_PREFIX + "/jobs/{job_id}/pods", tags=["pods"],
-                   dependencies=[AdminDep])
+                   dependencies=[AdminDep], route_class=AdminRoute,
+                   responses=error_responses(401, 403, 404, 413, 422))
 
 
-@router.post("/{ordinal}/kill", status_code=status.HTTP_202_ACCEPTED, response_model=Accepted)
+@router.post("/{ordinal}/kill", status_code=status.HTTP_202_ACCEPTED, response_model=Accepted,
+             responses=error_responses(409, 503))
 def kill_pod(job_id: str, ordinal: int, session: SessionDep, backend: BackendDep,
-             broker: BrokerDep, request: Annotated[KillRequest | None, Body()] = None,
+             events: EventsDep, request: Annotated[KillRequest | None, Body()] = None,
              ) -> Accepted:
     grace = (request or KillRequest()).grace_seconds
-    with broker.ordering:  # the kill takes milliseconds: its event is written in the lock
-        event = service.kill_pod(session, backend, job_id, ordinal, grace)
-        broker.publish(job_id, [service.event_item(event)])
+    service.kill_pod(session, backend, events, job_id, ordinal, grace)
     return Accepted(id=f"{job_id}-{ordinal}", status="killed",
                     detail=f"pod killed (grace {grace:g} s); its controller recreates it")
 

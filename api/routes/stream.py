@@ -11,11 +11,15 @@ from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 from starlette.concurrency import run_in_threadpool
 
+from api.auth import StreamRoute
 from api.db import session_scope
-from api.deps import AdminDep, BrokerDep, EngineDep
-from api.models import MAX_INT, Event
+from api.deps import BrokerDep, EngineDep, StreamAuthDep
+from api.errors import error_responses
+from api.models import Event
 from api.routes import API_PREFIX
-from api.services.jobs import event_item, get_job
+from api.services.events import event_item
+from api.services.jobs import get_job
+from trainer.contract.spec import MAX_INT
 
 
 def job_exists(job_id: str, engine: EngineDep) -> None:
@@ -25,7 +29,8 @@ def job_exists(job_id: str, engine: EngineDep) -> None:
 
 
 router = APIRouter(prefix=API_PREFIX + "/jobs/{job_id}/stream", tags=["stream"],
-                   dependencies=[AdminDep, Depends(job_exists)])
+                   dependencies=[StreamAuthDep, Depends(job_exists)], route_class=StreamRoute,
+                   responses=error_responses(401, 403, 404, 422))
 
 REPLAY_PAGE = 1000
 

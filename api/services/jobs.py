@@ -1,18 +1,19 @@
-"""Job lifecycle: create and launch, read, cancel, kill a pod, list events."""
+"""Job lifecycle: create and launch, read, cancel, delete, kill a pod, list events."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
 import secrets
-import time
+import shutil
 from pathlib import Path
-from typing import Any
 
+from sqlalchemy import delete
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
+from api.auth import hash_token
 from api.backends.base import Backend, BackendError, Launch, Resources, WorkloadNotFound
 from api.errors import BackendUnavailable, Conflict, InvalidSpec, NotFound
 from api.models import (
@@ -20,39 +21,25 @@ from api.models import (
     Event,
     EventPublic,
     EventsPublic,
+    Incarnation,
     Job,
     JobCreate,
     JobPublic,
     JobsPublic,
     JobStatus,
+    Model,
     Pod,
     PodPublic,
     Progress,
     utc_now,
 )
+from api.services.events import EventLog, new_event
 from api.settings import Settings
+from trainer.contract.spec import DATASET_ALIASES, LOCAL_DATA_SUFFIXES, OFFLINE_MODEL
 
 logger = logging.getLogger(__name__)
 
-DATASET_ALIASES = ("rotten_tomatoes", "imdb", "sst2", "yelp_polarity")
-MODEL_ALIASES = ("minilm",)
-LOCAL_DATA_SUFFIXES = (".csv", ".jsonl", ".parquet")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def add_event(session: Session, job_id: str, type_: str, **data: Any) -> Event:
-    event = Event(job_id=job_id, type=type_, time=time.time(), data=data)
-    session.add(event)
-    return event
-
-
-def event_item(event: Event) -> dict[str, Any]:
-    """The broker/SSE form of a stored event."""
-    return {"id": event.id, "type": event.type, "time": event.time, "data": event.data}
 
 
 def _inside_inputs(field: str, value: str, inputs: Path) -> Path | None:
@@ -68,17 +55,13 @@ def _inside_inputs(field: str, value: str, inputs: Path) -> Path | None:
 
 def validate_sources(spec: JobCreate, inputs: Path) -> None:
     """Local path under the inputs dir first, then aliases, then hub ids (models only)."""
-    if spec.parallelism == "pipeline":
-        raise InvalidSpec("parallelism", "'pipeline' is not available yet; use 'data'")
-    if spec.finetune == "lora":
-        raise InvalidSpec("finetune", "'lora' is not available yet; use 'full'")
     model = _inside_inputs("model", spec.model, inputs)
     if model is not None and not (model / "config.json").is_file():
         raise InvalidSpec("model", f"'{spec.model}' under the inputs dir has no config.json")
-    if model is None and spec.model not in MODEL_ALIASES and (
+    if model is None and spec.model != OFFLINE_MODEL and (
             not HUB_ID.match(spec.model) or ".." in spec.model):
         raise InvalidSpec("model", f"'{spec.model}' is neither a model directory under the "
-                                   "inputs dir, nor 'minilm', nor a Hugging Face hub id")
+                                   f"inputs dir, nor '{OFFLINE_MODEL}', nor a Hugging Face hub id")
     dataset = _inside_inputs("dataset", spec.dataset, inputs)
     if dataset is not None:
         if not dataset.is_file() or dataset.suffix.lower() not in LOCAL_DATA_SUFFIXES:
@@ -93,40 +76,45 @@ def job_dir(settings: Settings, job_id: str) -> Path:
     return settings.jobs_dir / job_id
 
 
-def create_job(session: Session, settings: Settings, backend: Backend, spec: JobCreate) -> Job:
-    validate_sources(spec, settings.resolved_inputs_dir)
-    token = secrets.token_urlsafe(32)
-    # `resources` is stored only when given, and never reaches the trainer (not a trainer field).
-    stored = spec.model_dump(exclude={"resources"} if spec.resources is None else None)
-    job = Job(id=f"job-{secrets.token_hex(4)}", name=spec.name, spec=stored,
-              report_token_hash=hash_token(token))
-    session.add(job)
-    session.flush()  # the job row first: pods and events refer to it
-    for ordinal in range(spec.replicas):
-        session.add(Pod(job_id=job.id, ordinal=ordinal, name=f"{job.id}-{ordinal}"))
-    add_event(session, job.id, "job", status="pending", message="job created", spec=job.spec)
-    session.commit()
+def _launch(settings: Settings, job: Job, spec: JobCreate, token: str) -> Launch:
     directory = job_dir(settings, job.id)
     resources = Resources(**spec.resources.model_dump()) if spec.resources else None
-    trainer_spec = {key: value for key, value in job.spec.items() if key != "resources"}
-    launch = Launch(job_id=job.id, replicas=spec.replicas, fault_tolerance=spec.fault_tolerance,
-                    spec=trainer_spec, resources=resources,
-                    report_url=f"{settings.base_url}/api/v1/jobs/{job.id}/reports",
-                    report_token=token, checkpoint_dir=directory / "checkpoints",
-                    model_dir=directory / "model", inputs_dir=settings.resolved_inputs_dir,
-                    cache_dir=settings.cache_dir)
+    return Launch(job_id=job.id, replicas=spec.replicas, fault_tolerance=spec.fault_tolerance,
+                  spec=job.spec, resources=resources,
+                  report_url=f"{settings.base_url}/api/v1/jobs/{job.id}/reports",
+                  report_token=token, checkpoint_dir=directory / "checkpoints",
+                  model_dir=directory / "model", inputs_dir=settings.resolved_inputs_dir,
+                  cache_dir=settings.cache_dir)
+
+
+def create_job(session: Session, settings: Settings, backend: Backend, events: EventLog,
+               spec: JobCreate) -> Job:
+    validate_sources(spec, settings.resolved_inputs_dir)
+    token = secrets.token_urlsafe(32)
+    job = Job(id=f"job-{secrets.token_hex(4)}", name=spec.name,
+              spec=spec.model_dump(mode="json"), report_token_hash=hash_token(token))
+    with events.transaction(session) as created:
+        session.add(job)
+        session.flush()  # the job's row first: its pods and events refer to it
+        session.add_all([Pod(job_id=job.id, ordinal=ordinal, name=f"{job.id}-{ordinal}")
+                         for ordinal in range(spec.replicas)])
+        created.append(new_event(job.id, "job", status="pending", message="job created",
+                                 spec=job.spec))
     try:
-        backend.launch(launch)
-    except BackendError as exc:
-        job.status, job.reason, job.finished_at = JobStatus.failed, f"launch failed: {exc}", \
-            utc_now()
-        add_event(session, job.id, "job", status="failed", message=job.reason)
-        session.commit()
+        backend.launch(_launch(settings, job, spec, token))
+    except Exception as exc:
+        # Whatever failed, the job must not stay pending: it ends here, with the reason.
+        known = isinstance(exc, BackendError | OSError)
+        reason = f"launch failed: {exc}" if known else "launch failed: internal error"
+        job.status, job.reason, job.finished_at = JobStatus.failed, reason, utc_now()
+        events.commit(session, [new_event(job.id, "job", status="failed", message=reason)])
+        if not known:
+            raise
         raise BackendUnavailable(f"job {job.id} could not be launched: {exc}") from None
     job.status, job.started_at = JobStatus.starting, utc_now()
-    add_event(session, job.id, "job", status="starting", message=f"{backend.name} backend "
-                                                                 f"launched {spec.replicas} pods")
-    session.commit()
+    events.commit(session, [new_event(job.id, "job", status="starting",
+                                      message=f"{backend.name} backend launched "
+                                              f"{spec.replicas} pods")])
     logger.info("job %s launched on %s with %d pods", job.id, backend.name, spec.replicas)
     return job
 
@@ -151,7 +139,8 @@ def to_public(session: Session, job: Job) -> JobPublic:
         eta = round(max(remaining, 0) / throughput, 1)
     base = f"/api/v1/jobs/{job.id}"
     links = {"self": base, "events": f"{base}/events", "stream": f"{base}/stream",
-             "checkpoints": f"{base}/checkpoints", "kill": f"{base}/pods/{{ordinal}}/kill"}
+             "checkpoints": f"{base}/checkpoints", "cancel": f"{base}/cancel",
+             "kill": f"{base}/pods/{{ordinal}}/kill"}
     if job.model_id:
         links["model"] = f"/api/v1/models/{job.model_id}"
     return JobPublic(
@@ -176,25 +165,65 @@ def list_jobs(session: Session, offset: int, limit: int,
                       count=session.exec(count_query).one(), offset=offset, limit=limit)
 
 
-def delete_workload(session: Session, backend: Backend, job_id: str) -> Job:
-    """The first half of a cancel: the job's pods are gone (its checkpoints stay)."""
+def still_active(session: Session, job_id: str) -> bool:
+    """Whether the job is still unfinished in the database (a guard for EventLog.commit)."""
+    status = session.exec(select(Job.status).where(Job.id == job_id)).first()
+    return status is not None and not JobStatus(status).finished
+
+
+def cancel_job(session: Session, backend: Backend, events: EventLog, job_id: str) -> Job:
+    """Delete the job's workload (its checkpoints stay) and mark it cancelled."""
     job = get_job(session, job_id)
     if job.status.finished:
         raise Conflict(f"job {job_id} already {job.status.value}")
     try:
-        backend.delete(job_id)
+        backend.delete(job_id)  # seconds, on Kubernetes: outside the event lock
     except BackendError as exc:
         raise BackendUnavailable(f"could not delete the workload of {job_id}: {exc}") from None
+    job.status, job.finished_at, job.reason = JobStatus.cancelled, utc_now(), "cancelled by user"
+    event = new_event(job.id, "job", status="cancelled",
+                      message="cancelled: workload deleted, checkpoints kept")
+    if not events.commit(session, [event], guard=lambda: still_active(session, job_id)):
+        session.refresh(job)
+        raise Conflict(f"job {job_id} {job.status.value} before it could be cancelled")
     return job
 
 
-def mark_cancelled(session: Session, job: Job) -> Event:
-    """The second half of a cancel: the job and its event say so."""
-    job.status, job.finished_at, job.reason = JobStatus.cancelled, utc_now(), "cancelled by user"
-    event = add_event(session, job.id, "job", status="cancelled",
-                      message="cancelled: workload deleted, checkpoints kept")
-    session.commit()
-    return event
+def delete_job(session: Session, settings: Settings, job_id: str, artifacts: bool) -> None:
+    """Remove an ended job's record; with `artifacts`, its checkpoints, logs and model too."""
+    job = get_job(session, job_id)
+    if not job.status.finished:
+        raise Conflict(f"job {job_id} is {job.status.value}: cancel it first")
+    models = list(session.exec(select(Model).where(Model.job_id == job_id)))
+    for table in (Event, Pod, Incarnation):
+        session.exec(delete(table).where(col(table.job_id) == job_id))
+    if artifacts:
+        for model in models:
+            session.delete(model)
+    session.delete(job)
+    try:
+        session.commit()
+    except IntegrityError:
+        # A database created before models outlived their jobs keeps a foreign key on them.
+        session.rollback()
+        raise Conflict(f"job {job_id}'s model is registered in a database that ties it to the "
+                       "job: delete with delete_artifacts=true to remove both") from None
+    if artifacts:
+        _delete_files(settings, job_id, [model.path for model in models])
+    logger.info("job %s deleted%s", job_id, " with its artifacts" if artifacts else "")
+
+
+def _delete_files(settings: Settings, job_id: str, model_paths: list[str]) -> None:
+    """The job's directory and what its links point to (Kubernetes volumes), never outside the
+    data dir."""
+    root = settings.data_dir.resolve()
+    directory = job_dir(settings, job_id)
+    targets = [(root / path).resolve() for path in model_paths]
+    if directory.is_dir():
+        targets += [entry.resolve() for entry in directory.iterdir() if entry.is_symlink()]
+    for target in [*targets, directory]:
+        if target.is_relative_to(root) and target != root and target.is_dir():
+            shutil.rmtree(target, ignore_errors=True)
 
 
 def check_ordinal(job: Job, ordinal: int) -> None:
@@ -203,8 +232,8 @@ def check_ordinal(job: Job, ordinal: int) -> None:
                        f"{int(job.spec['replicas']) - 1})")
 
 
-def kill_pod(session: Session, backend: Backend, job_id: str, ordinal: int,
-             grace_seconds: float) -> Event:
+def kill_pod(session: Session, backend: Backend, events: EventLog, job_id: str, ordinal: int,
+             grace_seconds: float) -> None:
     job = get_job(session, job_id)
     check_ordinal(job, ordinal)
     if job.status not in ACTIVE_STATUSES:
@@ -215,12 +244,10 @@ def kill_pod(session: Session, backend: Backend, job_id: str, ordinal: int,
         raise Conflict(f"job {job_id} has no running workload: {exc}") from None
     except BackendError as exc:
         raise BackendUnavailable(str(exc)) from None
-    event = add_event(session, job_id, "pod", action="kill", ordinal=ordinal,
-                      name=f"{job_id}-{ordinal}", grace_seconds=grace_seconds, by="admin",
-                      message=f"pod {job_id}-{ordinal} killed on request "
-                              f"(grace {grace_seconds:g} s)")
-    session.commit()
-    return event
+    events.commit(session, [new_event(
+        job_id, "pod", action="kill", ordinal=ordinal, name=f"{job_id}-{ordinal}",
+        grace_seconds=grace_seconds, by="admin",
+        message=f"pod {job_id}-{ordinal} killed on request (grace {grace_seconds:g} s)")])
 
 
 def list_events(session: Session, job_id: str, after: int, limit: int,

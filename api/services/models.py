@@ -42,7 +42,8 @@ def register_model(session: Session, settings: Settings, job: Job, model_dir: Pa
 def to_public(model: Model) -> ModelPublic:
     public = ModelPublic.model_validate(model)
     base = f"/api/v1/models/{model.id}"
-    public.links = {"self": base, "download": f"{base}/download", "predict": f"{base}/predict",
+    public.links = {"self": base, "download": f"{base}/download",
+                    "download_link": f"{base}/download-link", "predict": f"{base}/predict",
                     "job": f"/api/v1/jobs/{model.job_id}"}
     return public
 

@@ -10,24 +10,28 @@ high-water marks) and drops the caches whenever a transaction fails.
 
 from __future__ import annotations
 
-import contextlib
-import hmac
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, insert, select, update
 from sqlalchemy.engine import Engine
 
-from api.errors import DomainError, Forbidden, InvalidSpec, NotFound
-from api.models import Event, Incarnation, Job, JobStatus, Pod, ReportBatch, utc_now
-from api.services.jobs import hash_token
+from api.errors import DomainError, InvalidSpec, NotFound
+from api.models import Event, Incarnation, Job, JobStatus, Pod, utc_now
+from api.services.events import EventLog
+from trainer.contract.records import (
+    Completed,
+    Evaluation,
+    Metric,
+    RecordData,
+    ReportBatch,
+    Started,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +49,6 @@ class JobView:
     """The columns of a job that ingestion reads and changes."""
 
     id: str
-    token_hash: str
     status: JobStatus
     epochs: int
     step: int
@@ -58,23 +61,22 @@ class JobView:
     started_running: bool = False
     """The first report arrived: starting -> running."""
 
-    def apply(self, kind: str, data: dict[str, Any]) -> None:
-        if kind == "metric" and int(data.get("step", 0)) >= self.step:
-            self.step, self.epoch = int(data.get("step", 0)), int(data.get("epoch", self.epoch))
-            self.samples_seen = int(data.get("samples_seen", self.samples_seen))
-            self.metrics = {**self.metrics, **{k: data[k] for k in LIVE_METRICS if k in data}}
-        elif kind == "eval":
-            prefix = "val" if data.get("split") == "validation" else data.get("split", "eval")
-            self.metrics = {**self.metrics, **{f"{prefix}_{k}": data[k]
-                                               for k in ("accuracy", "f1", "loss") if k in data}}
-        elif kind == "event" and data.get("type") == "started" and \
-                isinstance(data.get("samples"), dict):
-            self.total_samples = int(data["samples"].get("train", 0)) * self.epochs
-        elif kind == "event" and data.get("type") == "completed" and data.get("model_dir"):
-            # The primary's export, or a live pod's that outlived it.
-            self.completed_model_dir = str(data["model_dir"])
-        else:
-            return
+    def apply(self, data: RecordData) -> None:
+        match data:
+            case Metric() if data.step >= self.step:
+                self.step, self.epoch, self.samples_seen = data.step, data.epoch, data.samples_seen
+                self.metrics = {**self.metrics, **data.model_dump(include=set(LIVE_METRICS))}
+            case Evaluation():
+                prefix = "val" if data.split == "validation" else data.split
+                self.metrics = {**self.metrics, f"{prefix}_accuracy": data.accuracy,
+                                f"{prefix}_f1": data.f1, f"{prefix}_loss": data.loss}
+            case Started():
+                self.total_samples = data.samples.get("train", 0) * self.epochs
+            case Completed() if data.model_dir:
+                # The primary's export, or a live pod's that outlived it.
+                self.completed_model_dir = data.model_dir
+            case _:
+                return
         self.changed = True
 
 
@@ -87,7 +89,6 @@ class PodView:
 @dataclass
 class _Pending:
     job_id: str
-    token: str
     batch: ReportBatch
     done: Future[tuple[Items, int]] = field(default_factory=Future)
 
@@ -95,11 +96,8 @@ class _Pending:
 class ReportWriter:
     MAX_GROUP = 200
 
-    def __init__(self, engine: Engine, publish: Callable[[str, Items], None],
-                 ordering: AbstractContextManager[Any] | None = None) -> None:
-        self.engine, self.publish = engine, publish
-        self.ordering = ordering or contextlib.nullcontext()
-        """Held from the first write to the publish (Broker.ordering)."""
+    def __init__(self, engine: Engine, events: EventLog) -> None:
+        self.engine, self.events = engine, events
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="report-writer", daemon=True)
         self._pods: dict[tuple[str, str], PodView] = {}
@@ -113,9 +111,9 @@ class ReportWriter:
         self._queue.put(None)
         self._thread.join(timeout=10)
 
-    def submit(self, job_id: str, token: str, batch: ReportBatch) -> Future[tuple[Items, int]]:
-        """Queue a batch; the future gives (stored stream items, duplicates skipped)."""
-        pending = _Pending(job_id, token, batch)
+    def submit(self, job_id: str, batch: ReportBatch) -> Future[tuple[Items, int]]:
+        """Queue an authenticated batch; the future gives (stored stream items, duplicates)."""
+        pending = _Pending(job_id, batch)
         self._queue.put(pending)
         return pending.done
 
@@ -137,10 +135,10 @@ class ReportWriter:
             self._write(group)
 
     def _write(self, group: list[_Pending]) -> None:
-        with self.ordering:
+        with self.events.batch() as publish:
             stored = self._store(group)
             for pending, items, _ in stored:
-                self.publish(pending.job_id, items)
+                publish(pending.job_id, items)
         for pending, items, duplicates in stored:
             pending.done.set_result((items, duplicates))
 
@@ -154,7 +152,7 @@ class ReportWriter:
                 seqs: dict[tuple[str, str, str], int] = {}
                 for pending in group:
                     try:
-                        job = self._authenticate(jobs, pending)
+                        job = self._job(jobs, pending.job_id)
                         pod = self._pod(connection, job.id, pending.batch.pod)
                     except DomainError as exc:  # nothing of this batch was staged
                         pending.done.set_exception(exc)
@@ -179,24 +177,22 @@ class ReportWriter:
 
     @staticmethod
     def _jobs(connection: Connection, ids: set[str]) -> dict[str, JobView]:
-        columns = (JOBS.c.id, JOBS.c.report_token_hash, JOBS.c.status, JOBS.c.spec, JOBS.c.step,
+        columns = (JOBS.c.id, JOBS.c.status, JOBS.c.spec, JOBS.c.step,
                    JOBS.c.epoch, JOBS.c.samples_seen, JOBS.c.total_samples, JOBS.c.metrics,
                    JOBS.c.completed_model_dir)
         found = {}
         for row in connection.execute(select(*columns).where(JOBS.c.id.in_(ids))):
             found[row.id] = JobView(
-                row.id, row.report_token_hash, JobStatus(row.status), int(row.spec["epochs"]),
+                row.id, JobStatus(row.status), int(row.spec["epochs"]),
                 row.step, row.epoch, row.samples_seen, row.total_samples, row.metrics or {},
                 row.completed_model_dir)
         return found
 
     @staticmethod
-    def _authenticate(jobs: dict[str, JobView], pending: _Pending) -> JobView:
-        job = jobs.get(pending.job_id)
-        if job is None:
-            raise NotFound(f"job {pending.job_id} not found")
-        if not hmac.compare_digest(hash_token(pending.token), job.token_hash):
-            raise Forbidden(f"this report token is not valid for job {pending.job_id}")
+    def _job(jobs: dict[str, JobView], job_id: str) -> JobView:
+        job = jobs.get(job_id)
+        if job is None:  # deleted since its token was checked
+            raise NotFound(f"job {job_id} not found")
         return job
 
     def _pod(self, connection: Connection, job_id: str, name: str) -> PodView:
@@ -225,10 +221,11 @@ class ReportWriter:
         rows: Items = []
         for record in unique:
             rows.append({"job_id": job.id, "type": STREAM_TYPES[record.kind], "time": record.time,
-                         "data": {**record.data, "pod": batch.pod, "kind": record.kind}})
-            job.apply(record.kind, record.data)
-            if record.kind == "metric":
-                pod.step = max(pod.step, int(record.data.get("step", 0)))
+                         "data": {**record.data.model_dump(mode="json"), "pod": batch.pod,
+                                  "kind": record.kind}})
+            job.apply(record.data)
+            if isinstance(record.data, Metric):
+                pod.step = max(pod.step, record.data.step)
         now = time.time()
         if batch.dropped:
             rows.append({"job_id": job.id, "type": "log", "time": now, "data": {

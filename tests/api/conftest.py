@@ -11,7 +11,7 @@ from api.app import create_app
 from api.settings import Settings
 from tests.api.fakes import FakeBackend
 from tests.conftest import Processes
-from tests.factories import make_reviews_csv
+from tests.factories import make_reviews_csv, metric_data, record
 
 if TYPE_CHECKING:
     from tests.api.control_plane import ControlPlane
@@ -56,9 +56,7 @@ def report(client: TestClient, backend: FakeBackend, job_id: str, records: list[
 
 
 def metric(seq: int, step: int, **data: object) -> dict:
-    return {"seq": seq, "kind": "metric", "time": 1_700_000_000.0 + seq,
-            "data": {"step": step, "epoch": 1, "loss": 0.5, "samples_seen": step * 16,
-                     "samples_per_second": 32.0, "participants": 2, **data}}
+    return record(seq, metric_data(step, **data))
 
 
 @pytest.fixture

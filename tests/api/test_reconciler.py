@@ -4,15 +4,18 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from api.reconciler import Reconciler
-from tests.api.conftest import AUTH, create_job, report
+from api.services.events import EventLog
+from tests.api.conftest import AUTH, create_job, metric, report
 from tests.api.fakes import FakeBackend
+from tests.factories import completed, record
 
 
 def reconcile(client: TestClient, backend: FakeBackend) -> list[tuple[str, list[dict]]]:
+    """One pass; what it published, per job."""
     published: list[tuple[str, list[dict]]] = []
     app = client.app
-    Reconciler(app.state.engine, app.state.settings, backend,
-               lambda job_id, items: published.append((job_id, items))).reconcile_once()
+    events = EventLog(lambda job_id, items: published.append((job_id, items)))
+    Reconciler(app.state.engine, app.state.settings, backend, events).reconcile_once()
     return published
 
 
@@ -22,8 +25,7 @@ def job_state(client: TestClient, job_id: str) -> dict:
 
 def test_pod_changes_become_events_and_status(client: TestClient, backend: FakeBackend) -> None:
     job = create_job(client)
-    report(client, backend, job["id"], [{"seq": 1, "kind": "metric", "time": 1.0,
-                                        "data": {"step": 1}}])
+    report(client, backend, job["id"], [metric(1, 1)])
     published = reconcile(client, backend)
     state = job_state(client, job["id"])
     assert [p["phase"] for p in state["pods"]] == ["Running", "Running"]
@@ -43,7 +45,7 @@ def test_pod_changes_become_events_and_status(client: TestClient, backend: FakeB
     reconcile(client, backend)
     state = job_state(client, job["id"])
     assert state["status"] == "running" and state["pods"][1]["restarts"] == 1
-    assert reconcile(client, backend) == [(job["id"], [])]  # nothing changed, nothing new
+    assert reconcile(client, backend) == []  # nothing changed, nothing new
 
 
 def test_fewer_participants_than_replicas_is_degraded(client: TestClient,
@@ -52,8 +54,7 @@ def test_fewer_participants_than_replicas_is_degraded(client: TestClient,
     step = iter(range(1, 100))
 
     def step_with(participants: int) -> None:
-        report(client, backend, job["id"], [{"seq": next(step), "kind": "metric", "time": 1.0,
-                                            "data": {"step": 1, "participants": participants}}])
+        report(client, backend, job["id"], [metric(next(step), 1, participants=participants)])
         reconcile(client, backend)
 
     step_with(2)
@@ -89,8 +90,7 @@ def test_completion_registers_the_model_and_deletes_the_workload(
     model_dir = backend.launches[0].model_dir
     shutil.copytree(tiny_model_dir, model_dir)
     (model_dir / "metrics.json").write_text('{"metrics": {"test": {"accuracy": 0.9}}}')
-    report(client, backend, job["id"], [{"seq": 1, "kind": "event", "time": 1.0, "data": {
-        "type": "completed", "message": "done", "primary": True, "model_dir": str(model_dir)}}])
+    report(client, backend, job["id"], [record(1, completed(str(model_dir)))])
     reconcile(client, backend)
     state = job_state(client, job["id"])
     assert state["status"] == "succeeded" and backend.deleted == [job["id"]]
@@ -109,17 +109,15 @@ def test_completion_waits_for_every_pod_to_report(client: TestClient, backend: F
     job = create_job(client)
     shutil.copytree(tiny_model_dir, backend.launches[0].model_dir)
 
-    def completed(pod: int, primary: bool) -> None:
-        report(client, backend, job["id"], [{"seq": 1, "kind": "event", "time": time.time(),
-                                            "data": {"type": "completed", "primary": primary,
-                                                     "model_dir": "x", "checksum": "c"}}],
+    def reported(pod: int, primary: bool) -> None:
+        report(client, backend, job["id"], [record(1, completed("x", primary), time.time())],
                pod=pod)
 
-    completed(0, primary=True)
+    reported(0, primary=True)
     reconcile(client, backend)
     assert job_state(client, job["id"])["status"] == "running"  # pod 1 may still be reporting
     assert backend.deleted == []
-    completed(1, primary=False)
+    reported(1, primary=False)
     reconcile(client, backend)
     assert job_state(client, job["id"])["status"] == "succeeded"
 
@@ -131,7 +129,7 @@ def test_a_cancel_during_a_pass_is_not_overwritten(client: TestClient,
 
     def cancelled_meanwhile(job_id: str):
         # The user cancels after the pass listed the job: it finds the workload gone.
-        assert client.delete(f"/api/v1/jobs/{job_id}", headers=AUTH).status_code == 202
+        assert client.post(f"/api/v1/jobs/{job_id}/cancel", headers=AUTH).status_code == 202
         return observe(job_id)
 
     backend.status = cancelled_meanwhile  # type: ignore[method-assign]

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from trainer.config import load_config
+from trainer.contract.records import Started
 from trainer.main import build_reporter
 from trainer.report import HeartbeatFile
 
@@ -30,7 +31,7 @@ def test_heartbeat_file_from_the_environment(tmp_path: Path) -> None:
     config = load_config([], {"HEARTBEAT_FILE": str(path), "JOB_ID": "job-1"})
     assert config.runtime.heartbeat_file == path
     reporter = build_reporter(config, "job-1-0", {})
-    reporter.event("started", "training started")
+    reporter.emit(Started(message="training started", step=0, epoch=1, samples={}))
     assert path.is_file()
     reporter.close()
     assert not any(isinstance(s, HeartbeatFile)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.factories import metric_data
+from trainer.contract.records import CheckpointSaved, Started
 from trainer.report import HttpSink, JsonlSink, Reporter
 
 
@@ -95,11 +97,11 @@ def reporter_for(server: ReportServer, **options: object) -> tuple[Reporter, Htt
 def test_server_down_then_up_loses_nothing_and_keeps_order(server: ReportServer) -> None:
     reporter, sink = reporter_for(server)
     for step in range(1, 301):
-        reporter.emit("metric", step=step)
+        reporter.emit(metric_data(step))
     assert not sink.flush(timeout=0.3)  # nobody listening yet: still pending
     server.start()
     for step in range(301, 501):
-        reporter.emit("metric", step=step)
+        reporter.emit(metric_data(step))
     assert sink.flush(timeout=20)
     reporter.close()
     records = server.records()
@@ -113,7 +115,7 @@ def test_retried_batches_are_deduplicated_by_seq(server: ReportServer) -> None:
     server.status = 503
     reporter, sink = reporter_for(server)
     for step in range(20):
-        reporter.emit("metric", step=step)
+        reporter.emit(metric_data(step))
     wait_for(lambda: len(server.headers) >= 2)  # refused and retried
     server.status = 200
     assert sink.flush(timeout=20)
@@ -125,10 +127,10 @@ def test_emit_never_waits_for_a_hanging_server(server: ReportServer) -> None:
     server.release.clear()  # every request hangs until released
     server.start()
     reporter, sink = reporter_for(server)
-    reporter.emit("metric", step=0)
+    reporter.emit(metric_data(0))
     wait_for(lambda: sink._buffer and sink.flush(0) is False)
     for step in range(1, 5001):  # would block (and time out the test) if emit waited
-        reporter.emit("metric", step=step)
+        reporter.emit(metric_data(step))
     server.release.set()
     assert sink.flush(timeout=30)
     reporter.close()
@@ -137,10 +139,11 @@ def test_emit_never_waits_for_a_hanging_server(server: ReportServer) -> None:
 
 def test_overflow_drops_only_metrics_and_counts_them(server: ReportServer) -> None:
     reporter, sink = reporter_for(server, capacity=100)
-    reporter.event("started", "go")
+    reporter.emit(Started(message="go", step=0, epoch=1, samples={}))
     for step in range(300):
-        reporter.emit("metric", step=step)
-    reporter.emit("checkpoint", step=300)
+        reporter.emit(metric_data(step))
+    reporter.emit(CheckpointSaved(step=300, epoch=1, path="step-300", size_bytes=1,
+                                   epoch_end=False, val_accuracy=None))
     server.start()
     assert sink.flush(timeout=20)
     reporter.close()
@@ -156,7 +159,7 @@ def test_rejected_reports_are_not_retried_forever(server: ReportServer) -> None:
     server.start()
     server.status = 403
     reporter, sink = reporter_for(server)
-    reporter.emit("metric", step=1)
+    reporter.emit(metric_data(1))
     assert sink.flush(timeout=20)
     reporter.close()
     assert len(server.headers) == 1
@@ -174,8 +177,9 @@ def test_jsonl_sink_stamps_pod_and_appends(tmp_path: Path) -> None:
     path = tmp_path / "reports.jsonl"
     for pod in ("job-0", "job-1"):
         reporter = Reporter(pod, "i", [JsonlSink(path, pod, "i")])
-        reporter.emit("metric", step=1)
+        reporter.emit(metric_data(1))
         reporter.close()
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [(line["pod"], line["seq"], line["data"]) for line in lines] == [
-        ("job-0", 1, {"step": 1}), ("job-1", 1, {"step": 1})]
+    data = metric_data(1).model_dump(mode="json")
+    assert [(line["pod"], line["seq"], line["kind"], line["data"]) for line in lines] == [
+        ("job-0", 1, "metric", data), ("job-1", 1, "metric", data)]

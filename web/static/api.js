@@ -32,12 +32,27 @@ export async function api(path, { method = 'GET', body, signal } = {}) {
   return data;
 }
 
-/** A GET URL that carries the token itself (EventSource and download links cannot set headers). */
+/** A stream URL that carries the token itself: an EventSource cannot set headers. */
 export function withToken(path, params = {}) {
   const url = new URL(path, location.origin);
   for (const [key, value] of Object.entries(params)) url.searchParams.set(key, value);
   url.searchParams.set('token', state.token ?? '');
   return url.pathname + url.search;
+}
+
+/**
+ * Download through a signed link (`POST linkPath` answers `{url, expires_at}`), so the token
+ * never sits in a URL or the browser's history.
+ */
+export async function download(linkPath, filename) {
+  const link = await api(linkPath, { method: 'POST' });
+  const anchor = document.createElement('a');
+  anchor.href = link.url;
+  anchor.download = filename;
+  anchor.hidden = true;
+  document.body.append(anchor);
+  anchor.click();
+  anchor.remove();
 }
 
 /** Move a `?token=` of the login URL into sessionStorage and out of the address bar. */

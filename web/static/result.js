@@ -1,6 +1,22 @@
 // A finished job's result (test metrics, model download, try-it box) and the checkpoints table.
-import { api, withToken } from './api.js';
+import { api, download } from './api.js';
 import { bytes, clock, fill, h, notice, number, percent } from './dom.js';
+
+/** A download anchor that fetches a signed link when clicked (`links.download_link`). */
+function downloadLink(links, filename, label, tag = 'a') {
+  const anchor = h(tag, {
+    href: links.download, download: filename,
+    on: {
+      click: (event) => {
+        event.preventDefault();
+        download(links.download_link, filename).catch((error) => {
+          if (!error.unauthorized) anchor.title = `Download failed: ${error.message}`;
+        });
+      },
+    },
+  }, label);
+  return anchor;
+}
 
 export class Checkpoints {
   constructor(body, empty) {
@@ -30,8 +46,7 @@ export class Checkpoints {
       h('td.num', {}, c.val_accuracy === null ? '–' : percent(c.val_accuracy)),
       h('td.num', {}, bytes(c.size_bytes)),
       h('td', {}, c.saved_at ? clock(c.saved_at) : '–'),
-      h('td', {}, h('a', { href: withToken(c.links.download), download: `${jobId}-${c.id}.tar.gz` },
-        'Download')))));
+      h('td', {}, downloadLink(c.links, `${jobId}-${c.id}.tar.gz`, 'Download')))));
   }
 
   stop() { clearTimeout(this.timer); }
@@ -88,9 +103,8 @@ export class Result {
         h('div', {}, h('dt', {}, 'Test F1'), h('dd', {}, number(metrics.test_f1))),
         h('div', {}, h('dt', {}, 'Test loss'), h('dd', {}, number(metrics.test_loss))),
         h('div', {}, h('dt', {}, 'Model'), h('dd.mono', {}, model.id))),
-      h('p', {}, h('a.button#model-download', {
-        href: withToken(model.links.download), download: `${model.id}.tar.gz`,
-      }, `Download model (${bytes(model.size_bytes)}, .tar.gz)`),
+      h('p', {}, downloadLink(model.links, `${model.id}.tar.gz`,
+        `Download model (${bytes(model.size_bytes)}, .tar.gz)`, 'a.button#model-download'),
       ' ', h('span.small.muted', {}, 'loads with AutoModelForSequenceClassification.from_pretrained')),
       form);
     this.section.hidden = false;

@@ -174,7 +174,7 @@ def cancel(client: TestClient, settings: Settings, fake_k8s: FakeApiServer) -> N
     checkpoints, _ = manifests.volume_dirs(settings.resolved_volumes_dir, job_id)
     (checkpoints / "step-5").mkdir()
     fake_k8s.cluster.collect_garbage = False  # a real foreground deletion takes a while
-    response = client.delete(f"/api/v1/jobs/{job_id}", headers=AUTH)
+    response = client.post(f"/api/v1/jobs/{job_id}/cancel", headers=AUTH)
     assert response.status_code == 202, response.text
     assert job_state(client, job_id)["status"] == "cancelled"
     fake_k8s.cluster.collect_garbage = True

@@ -30,6 +30,11 @@ def test_list_and_download(client: TestClient, backend: FakeBackend, tmp_path) -
     model_state, _, meta = load_checkpoint(tmp_path / "step-10")
     assert torch.equal(model_state["w"], torch.ones(3) * 10) and meta["step"] == 10
 
+    link = client.post(f"{base}/step-10/download-link", headers=AUTH).json()
+    assert client.get(link["url"]).status_code == 200
+    assert client.get(listed[0]["links"]["download"]).status_code == 401
+    assert client.post(f"{base}/step-99/download-link", headers=AUTH).status_code == 404
+
 
 def test_unknown_or_malicious_ids_are_404(client: TestClient) -> None:
     job = create_job(client)

@@ -13,9 +13,10 @@ def test_endpoints_need_the_admin_token(client: TestClient) -> None:
     assert missing.json()["error"] == "unauthorized"
     wrong = client.get("/api/v1/jobs", headers={"Authorization": "Bearer nope"})
     assert (wrong.status_code, wrong.json()["error"]) == (403, "forbidden")
-    assert client.get(f"/api/v1/jobs?token={AUTH['Authorization'][7:]}").status_code == 200
-    as_query = client.post(f"/api/v1/jobs?token={AUTH['Authorization'][7:]}", json={})
-    assert as_query.status_code == 401  # ?token= is for GET (links, EventSource) only
+    # ?token= is for the event stream alone (EventSource sends no headers): not for reads.
+    token = AUTH["Authorization"][7:]
+    assert client.get(f"/api/v1/jobs?token={token}").status_code == 401
+    assert client.post(f"/api/v1/jobs?token={token}", json={}).status_code == 401
 
 
 def test_create_with_defaults_launches_the_pods(client: TestClient,
@@ -29,10 +30,15 @@ def test_create_with_defaults_launches_the_pods(client: TestClient,
         "name": None, "model": "minilm", "dataset": "rotten_tomatoes", "preset": None,
         "max_train_samples": None, "max_eval_samples": None, "replicas": 2, "epochs": 1,
         "batch_size": 16, "learning_rate": 1e-4, "max_length": 128, "fault_tolerance": "live",
-        "parallelism": "data", "finetune": "full", "checkpoint_every_steps": 50, "seed": 42}
+        "parallelism": "data", "finetune": "full", "checkpoint_every_steps": 50, "seed": 42,
+        "warmup_ratio": 0.1, "weight_decay": 0.01, "max_grad_norm": 1.0,
+        "validation_fraction": 0.2, "eval_batch_size": 64, "keep_checkpoints": 3,
+        "text_column": "text", "label_column": "label", "resources": None}
+    assert launch_spec(backend) == job["spec"]  # the pods get exactly the stored spec
     assert [(p["ordinal"], p["name"], p["phase"]) for p in job["pods"]] == [
         (0, f"{job['id']}-0", "Pending"), (1, f"{job['id']}-1", "Pending")]
     assert job["links"]["stream"] == f"/api/v1/jobs/{job['id']}/stream"
+    assert job["links"]["cancel"] == f"/api/v1/jobs/{job['id']}/cancel"
     launch = backend.launches[0]
     assert launch.job_id == job["id"] and launch.replicas == 2
     assert launch.report_url == f"http://127.0.0.1:8123/api/v1/jobs/{job['id']}/reports"
@@ -81,8 +87,13 @@ def test_list_is_paged_and_filterable(client: TestClient) -> None:
     assert client.get("/api/v1/jobs?status=succeeded", headers=AUTH).json()["count"] == 0
 
 
+def launch_spec(backend: FakeBackend) -> dict:
+    return backend.launches[-1].spec
+
+
 def test_unknown_job_is_404(client: TestClient) -> None:
     for method, path in (("get", "/api/v1/jobs/job-nope"), ("delete", "/api/v1/jobs/job-nope"),
+                         ("post", "/api/v1/jobs/job-nope/cancel"),
                          ("get", "/api/v1/jobs/job-nope/events"),
                          ("post", "/api/v1/jobs/job-nope/pods/0/kill")):
         response = client.request(method, path, headers=AUTH)
@@ -92,12 +103,33 @@ def test_unknown_job_is_404(client: TestClient) -> None:
 
 def test_cancel_deletes_the_workload_once(client: TestClient, backend: FakeBackend) -> None:
     job = create_job(client)
-    response = client.delete(f"/api/v1/jobs/{job['id']}", headers=AUTH)
+    response = client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=AUTH)
     assert response.status_code == 202
     assert backend.deleted == [job["id"]]
     assert client.get(f"/api/v1/jobs/{job['id']}", headers=AUTH).json()["status"] == "cancelled"
-    again = client.delete(f"/api/v1/jobs/{job['id']}", headers=AUTH)
+    again = client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=AUTH)
     assert again.status_code == 409 and "already cancelled" in again.json()["detail"]
+
+
+def test_delete_removes_an_ended_job_and_keeps_its_artifacts_unless_asked(
+        client: TestClient, backend: FakeBackend, settings) -> None:
+    kept, purged = create_job(client), create_job(client)
+    running = client.delete(f"/api/v1/jobs/{kept['id']}", headers=AUTH)
+    assert running.status_code == 409 and "cancel it first" in running.json()["detail"]
+    for job in (kept, purged):
+        client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=AUTH)
+        (settings.jobs_dir / job["id"] / "checkpoints" / "step-5").mkdir(parents=True)
+
+    assert client.delete(f"/api/v1/jobs/{kept['id']}", headers=AUTH).status_code == 204
+    assert client.get(f"/api/v1/jobs/{kept['id']}", headers=AUTH).status_code == 404
+    assert client.get(f"/api/v1/jobs/{kept['id']}/events", headers=AUTH).status_code == 404
+    assert (settings.jobs_dir / kept["id"] / "checkpoints" / "step-5").is_dir()
+    assert client.delete(f"/api/v1/jobs/{kept['id']}", headers=AUTH).status_code == 404
+
+    deleted = client.delete(f"/api/v1/jobs/{purged['id']}?delete_artifacts=true", headers=AUTH)
+    assert deleted.status_code == 204
+    assert not (settings.jobs_dir / purged["id"]).exists()
+    assert [j["id"] for j in client.get("/api/v1/jobs", headers=AUTH).json()["data"]] == []
 
 
 def test_kill_a_pod(client: TestClient, backend: FakeBackend) -> None:
@@ -116,7 +148,7 @@ def test_kill_a_pod(client: TestClient, backend: FakeBackend) -> None:
     assert missing.status_code == 404 and "no pod 2" in missing.json()["detail"]
     bad = client.post(f"{path}/0/kill", json={"grace_seconds": -1}, headers=AUTH)
     assert bad.status_code == 422
-    client.delete(f"/api/v1/jobs/{job['id']}", headers=AUTH)
+    client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=AUTH)
     late = client.post(f"{path}/0/kill", headers=AUTH)
     assert late.status_code == 409 and "not running" in late.json()["detail"]
 
@@ -142,6 +174,20 @@ def test_launch_failure_keeps_the_job_as_failed(client: TestClient,
     assert jobs[0]["status"] == "failed" and "launch failed" in jobs[0]["reason"]
 
 
+def test_an_os_error_while_launching_fails_the_job_with_503(client: TestClient,
+                                                             backend: FakeBackend) -> None:
+    def cannot_create_the_directory(launch: object) -> None:
+        raise PermissionError(13, "Permission denied", "/data/jobs/job-x")
+
+    backend.launch = cannot_create_the_directory  # type: ignore[method-assign]
+    response = client.post("/api/v1/jobs", json={}, headers=AUTH)
+    assert response.status_code == 503, response.text
+    assert "Permission denied" in response.json()["detail"]
+    job = client.get("/api/v1/jobs", headers=AUTH).json()["data"][0]
+    assert job["status"] == "failed" and "Permission denied" in job["reason"]
+    assert job["finished_at"] is not None
+
+
 def test_events_are_paged_with_after(client: TestClient) -> None:
     job = create_job(client)
     for ordinal in (0, 1, 0):
@@ -164,6 +210,6 @@ def test_pending_jobs_at_start_up_are_failed(client: TestClient, backend: FakeBa
     with Session(engine) as session:
         session.add(Job(id="job-stuck", spec={"replicas": 1}, report_token_hash="x"))
         session.commit()
-    Reconciler(engine, settings, backend, lambda *_: None).fail_unlaunched()
+    Reconciler(engine, settings, backend, client.app.state.events).fail_unlaunched()
     stuck = client.get("/api/v1/jobs/job-stuck", headers=AUTH).json()
     assert stuck["status"] == JobStatus.failed and "before the job was launched" in stuck["reason"]

@@ -9,14 +9,14 @@ from fastapi.testclient import TestClient
 from tests.api.conftest import AUTH, create_job, report
 from tests.api.fakes import FakeBackend
 from tests.api.test_reconciler import reconcile
+from tests.factories import completed, record
 
 
 @pytest.fixture
 def model_id(client: TestClient, backend: FakeBackend, tiny_model_dir: Path) -> str:
     job = create_job(client)
     shutil.copytree(tiny_model_dir, backend.launches[0].model_dir)
-    report(client, backend, job["id"], [{"seq": 1, "kind": "event", "time": 1.0, "data": {
-        "type": "completed", "primary": True, "model_dir": "x"}}])
+    report(client, backend, job["id"], [record(1, completed("x"))])
     reconcile(client, backend)
     return client.get(f"/api/v1/jobs/{job['id']}", headers=AUTH).json()["model_id"]
 
@@ -58,3 +58,28 @@ def test_predict(client: TestClient, model_id: str) -> None:
                            json=body).status_code == 422
     assert client.post("/api/v1/models/model-nope/predict", headers=AUTH,
                        json={"texts": ["x"]}).status_code == 404
+
+
+def test_downloads_take_a_signed_link_instead_of_the_token(client: TestClient, model_id: str,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            ) -> None:
+    path = f"/api/v1/models/{model_id}/download"
+    token = AUTH["Authorization"].removeprefix("Bearer ")
+    assert client.get(f"{path}?token={token}").status_code == 401  # never in a URL
+    link = client.post(f"/api/v1/models/{model_id}/download-link", headers=AUTH).json()
+    assert link["url"].startswith(f"{path}?expires=") and token not in link["url"]
+    assert client.get(link["url"]).status_code == 200  # no header needed
+    assert client.post(f"/api/v1/models/{model_id}/download-link").status_code == 401
+    assert client.post("/api/v1/models/model-nope/download-link", headers=AUTH).status_code == 404
+
+    # The signature covers the path and the expiry: neither can be changed, nor outlived.
+    other = link["url"].replace(model_id, "model-other")
+    assert client.get(other).status_code == 403
+    expires = link["url"].split("expires=")[1].split("&")[0]
+    later = link["url"].replace(f"expires={expires}", f"expires={int(expires) + 3600}")
+    assert client.get(later).status_code == 403
+    import time
+
+    monkeypatch.setattr(time, "time", lambda: float(expires) + 1)
+    expired = client.get(link["url"])
+    assert expired.status_code == 403 and "expired" in expired.json()["detail"]

@@ -2,13 +2,14 @@ from fastapi.testclient import TestClient
 
 from tests.api.conftest import AUTH, create_job, metric, report
 from tests.api.fakes import FakeBackend
+from tests.factories import completed, evaluation, record
+from trainer.contract.records import Started
 
 
 def test_reports_update_progress_and_are_idempotent(client: TestClient,
                                                     backend: FakeBackend) -> None:
     job = create_job(client, epochs=2)
-    started = {"seq": 1, "kind": "event", "time": 1.0,
-               "data": {"type": "started", "message": "go", "samples": {"train": 800}}}
+    started = record(1, Started(message="go", step=0, epoch=1, samples={"train": 800}))
     first = report(client, backend, job["id"], [started, metric(2, 1), metric(3, 2)])
     assert first == {"accepted": 3, "duplicates": 0}
     # A retried batch overlapping the first: only the new record is stored.
@@ -29,12 +30,7 @@ def test_reports_update_progress_and_are_idempotent(client: TestClient,
 
 def test_evaluations_and_completion(client: TestClient, backend: FakeBackend) -> None:
     job = create_job(client)
-    report(client, backend, job["id"], [
-        {"seq": 1, "kind": "eval", "time": 1.0,
-         "data": {"split": "validation", "accuracy": 0.8, "f1": 0.81, "loss": 0.4}},
-        {"seq": 2, "kind": "event", "time": 2.0,
-         "data": {"type": "completed", "message": "done", "primary": True,
-                  "model_dir": "/somewhere/model"}}])
+    report(client, backend, job["id"], [record(1, evaluation()), record(2, completed())])
     state = client.get(f"/api/v1/jobs/{job['id']}", headers=AUTH).json()
     assert (state["metrics"]["val_accuracy"], state["metrics"]["val_f1"]) == (0.8, 0.81)
     events = client.get(f"/api/v1/jobs/{job['id']}/events?type=job", headers=AUTH).json()
@@ -68,7 +64,12 @@ def test_bad_reports(client: TestClient, backend: FakeBackend, settings) -> None
     not_json = client.post(url, headers=headers, content=b"{nope")
     assert not_json.status_code == 422
     huge = b'{"pod": "' + b"x" * settings.max_report_bytes + b'"}'
-    too_large = client.post(url, headers=headers, content=huge)
+    assert client.post(url, headers=headers, content=huge).status_code == 413
+
+    def chunked():  # no Content-Length: counted while read, refused at the limit
+        yield huge
+
+    too_large = client.post(url, headers=headers, content=chunked())
     assert too_large.status_code == 413 and too_large.json()["error"] == "payload_too_large"
 
 
@@ -81,3 +82,17 @@ def test_dropped_records_are_recorded(client: TestClient, backend: FakeBackend) 
     assert response.status_code == 200
     logs = client.get(f"/api/v1/jobs/{job['id']}/events?type=log", headers=AUTH).json()["data"]
     assert "7 metric records" in logs[0]["data"]["message"]
+
+
+def test_the_token_is_checked_before_the_body(client: TestClient, backend: FakeBackend) -> None:
+    job = create_job(client)
+    url = f"/api/v1/jobs/{job['id']}/reports"
+    wrong = {"Authorization": "Bearer not-the-report-token"}
+    assert client.post(url, headers=wrong, content=b"{not json").status_code == 403
+    assert client.post(url, content=b"{not json").status_code == 401
+    # An unknown job answers like a wrong token: nobody learns which job ids exist.
+    unknown = client.post("/api/v1/jobs/job-00000000/reports", headers=wrong,
+                          json={"pod": "p", "incarnation": "i", "records": []})
+    known = client.post(url, headers=wrong, json={"pod": "p", "incarnation": "i", "records": []})
+    assert (unknown.status_code, known.status_code) == (403, 403)
+    assert unknown.json()["detail"].replace("job-00000000", job["id"]) == known.json()["detail"]

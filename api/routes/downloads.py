@@ -1,0 +1,50 @@
+"""Downloads of models and checkpoints: with the admin token, or a signed link from
+`POST .../download-link` (so the token never sits in a URL)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
+
+from api.auth import DownloadRoute
+from api.deps import AdminDep, SessionDep, SettingsDep
+from api.errors import error_responses
+from api.routes import API_PREFIX
+from api.services import checkpoints
+from api.services import models as model_service
+from api.services.archive import iter_tar_gz
+from api.services.jobs import get_job, job_dir
+
+router = APIRouter(prefix=API_PREFIX, tags=["downloads"], dependencies=[AdminDep],
+                   route_class=DownloadRoute, responses=error_responses(401, 403, 404, 422))
+
+# Read by DownloadRoute before the handler; declared here so OpenAPI shows them.
+Expires = Annotated[int | None, Query(description="Expiry of a signed link (Unix time)")]
+Signature = Annotated[str | None, Query(max_length=128, description="Signature of the link")]
+
+
+def _archive(path: Path, name: str, filename: str) -> StreamingResponse:
+    return StreamingResponse(iter_tar_gz(path, name), media_type="application/gzip",
+                             headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+
+
+@router.get("/models/{model_id}/download", response_class=StreamingResponse)
+def download_model(model_id: str, session: SessionDep, settings: SettingsDep,
+                   expires: Expires = None, signature: Signature = None) -> StreamingResponse:
+    """The model as a .tar.gz that `from_pretrained` loads once unpacked."""
+    model = model_service.get_model(session, model_id)
+    path = model_service.model_path(settings, model)
+    return _archive(path, model.id, f"{model.id}.tar.gz")
+
+
+@router.get("/jobs/{job_id}/checkpoints/{checkpoint_id}/download",
+            response_class=StreamingResponse)
+def download_checkpoint(job_id: str, checkpoint_id: str, session: SessionDep,
+                        settings: SettingsDep, expires: Expires = None,
+                        signature: Signature = None) -> StreamingResponse:
+    get_job(session, job_id)
+    path = checkpoints.find(job_dir(settings, job_id) / "checkpoints", checkpoint_id)
+    return _archive(path, checkpoint_id, f"{job_id}-{checkpoint_id}.tar.gz")

@@ -1,0 +1,68 @@
+"""The layout of a job's checkpoint directory, read by the API and written by the trainer.
+
+`step-N/` holds `model.pt`, `trainer.pt` and `meta.json`; it is complete once it holds the
+`COMPLETE` marker (written last). Anything else in the directory (`step-N.tmp*` staging, a
+`step-N/` without its marker) is an unfinished write that nobody may read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+MARKER = "COMPLETE"
+MODEL_FILE = "model.pt"
+STATE_FILE = "trainer.pt"
+META_FILE = "meta.json"
+NAME = re.compile(r"^step-(\d{1,12})$")
+"""A checkpoint's directory name; the group is its step."""
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step}"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: Path
+    step: int
+    meta: dict[str, Any]
+    """`meta.json`: epoch, cursor, epoch_end, emergency, metrics.val_accuracy, step, saved_at."""
+
+    @property
+    def val_accuracy(self) -> float | None:
+        value = self.meta.get("metrics", {}).get("val_accuracy")
+        return float(value) if value is not None else None
+
+
+def read_info(path: Path) -> CheckpointInfo:
+    match = NAME.match(path.name)
+    if match is None:
+        raise ValueError(f"{path} is not a step-N checkpoint directory")
+    return CheckpointInfo(path, int(match.group(1)), json.loads((path / META_FILE).read_text()))
+
+
+def list_checkpoints(directory: Path) -> list[CheckpointInfo]:
+    """Complete checkpoints, oldest step first."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for path in directory.iterdir():
+        if NAME.match(path.name) and (path / MARKER).is_file():
+            try:
+                found.append(read_info(path))
+            except (OSError, ValueError) as exc:
+                logger.warning("ignoring unreadable checkpoint %s: %s", path, exc)
+    return sorted(found, key=lambda info: info.step)
+
+
+def latest_checkpoint(directory: Path) -> CheckpointInfo | None:
+    """The complete checkpoint with the highest step (never chosen by file time)."""
+    found = list_checkpoints(directory)
+    return found[-1] if found else None

@@ -1,0 +1,252 @@
+"""Report records: what pods post to `POST /api/v1/jobs/{id}/reports`, one typed kind each.
+
+A batch is `{"pod", "incarnation", "dropped", "records": [{"seq", "kind", "time", "data"}]}`.
+`(pod, incarnation, seq)` identifies a record: seq starts at 1 for every incarnation (one process
+life of the pod) and grows by one per record, so the API drops duplicates of retried batches.
+`dropped` counts records the pod discarded while the API was unreachable (only metrics ever are).
+A batch with no records is a heartbeat.
+
+`kind` selects the type of `data`: `metric`, `eval`, `checkpoint`, `samples`, or `event`, whose
+`data.type` selects the event. The trainer builds records from these classes, and the API
+validates them against the same ones, so a field exists on both sides or on neither.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainer.contract.spec import MAX_INT
+
+Kind = Literal["metric", "eval", "checkpoint", "samples", "event"]
+
+
+class RecordData(BaseModel):
+    """The `data` of one record; KIND says which record kind carries it."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    KIND: ClassVar[Kind]
+
+
+Count = Annotated[int, Field(ge=0, le=MAX_INT)]
+EvalSplit = Literal["validation", "test"]
+
+
+class Metric(RecordData):
+    """A committed training step (the dashboard's loss and throughput charts)."""
+
+    KIND = "metric"
+    step: Count
+    """Committed steps of the whole job."""
+    epoch: int = Field(ge=1)
+    """Epoch of the step, counted from 1."""
+    loss: float
+    """Mean training loss over the samples this pod counted."""
+    learning_rate: float
+    samples_per_second: float
+    """Job-wide training throughput over the last few seconds."""
+    participants: int = Field(ge=0)
+    """Pods that took part in the step."""
+    samples_seen: Count
+    """Training samples consumed by committed steps, over all epochs."""
+
+
+class Evaluation(RecordData):
+    """Metrics over a validation or test split."""
+
+    KIND = "eval"
+    split: EvalSplit
+    accuracy: float
+    loss: float
+    f1: float
+    """F1 of the positive class."""
+    samples: Count
+    epoch: int = Field(ge=0)
+    """Epochs completed when evaluated."""
+    step: Count
+
+
+class CheckpointSaved(RecordData):
+    """A complete checkpoint (its marker written)."""
+
+    KIND = "checkpoint"
+    step: Count
+    epoch: int = Field(ge=0)
+    path: str
+    """The checkpoint's directory name, `step-N`."""
+    size_bytes: Count
+    epoch_end: bool
+    val_accuracy: float | None
+    emergency: bool = False
+    """Written by a survivor after a failure (restart mode), not on schedule."""
+
+
+class SampleIds(RecordData):
+    """Debug (`log_sample_ids`): the samples of a committed step, to prove exactly-once use."""
+
+    KIND = "samples"
+    step: Count
+    epoch: int = Field(ge=1)
+    cursor: Count
+    """Position in the epoch's sample order where the step's window starts."""
+    rank: int = Field(ge=0)
+    ids: list[int]
+    """Sample ids this pod trained on."""
+    window: list[int]
+    """Sample ids of every participant of the step."""
+
+
+# --- events --------------------------------------------------------------------------------
+
+
+class Event(RecordData):
+    """Something that happened to the pod or the job; `message` is for people."""
+
+    KIND = "event"
+    message: str = Field(max_length=10_000)
+
+
+class Started(Event):
+    type: Literal["started"] = "started"
+    step: Count
+    epoch: int = Field(ge=1)
+    samples: dict[str, int]
+    """Samples per split: train, validation, test."""
+
+
+class Resumed(Event):
+    """Loaded a checkpoint (a restart, or a live group that lost every pod)."""
+
+    type: Literal["resumed"] = "resumed"
+    checkpoint: str
+    step: Count
+    epoch: int = Field(ge=1)
+    cursor: Count
+
+
+class Healed(Event):
+    """Fetched the live state from a peer: `healed` mid-training, `synced` at step 0 (every
+    replica takes the first one's initial weights)."""
+
+    type: Literal["healed", "synced"] = "healed"
+    source: str
+    """Pod the state came from."""
+    target: str
+    step: Count
+    epoch: int = Field(ge=1)
+    cursor: Count
+    bytes: Count = 0
+    seconds: float = 0.0
+    source_address: str | None = None
+
+
+class Quorum(Event):
+    """The set of participants changed (reported by the primary)."""
+
+    type: Literal["quorum"] = "quorum"
+    quorum_id: int
+    participants: int = Field(ge=0)
+    step: Count
+
+
+class Primary(Event):
+    """This pod became the primary: it writes checkpoints and the export."""
+
+    type: Literal["primary"] = "primary"
+    pod: str
+    step: Count
+
+
+class EpochEnd(Event):
+    type: Literal["epoch_end"] = "epoch_end"
+    epoch: int = Field(ge=1)
+    step: Count
+
+
+class Stopped(Event):
+    """Stopped on SIGTERM (this pod's, or a participant's) after a checkpoint."""
+
+    type: Literal["sigterm"] = "sigterm"
+    step: Count
+
+
+class Completed(Event):
+    """Training done: test metrics, the weights' checksum, and the export if this pod wrote it."""
+
+    type: Literal["completed"] = "completed"
+    step: Count
+    model_dir: str | None
+    metrics: dict[str, Any]
+    checksum: str
+    """Digest of every weight: equal across replicas that hold equal weights."""
+    primary: bool
+
+
+class Failed(Event):
+    type: Literal["failed"] = "failed"
+    reason: Literal["bad_input", "error"]
+
+
+EventData = Annotated[Started | Resumed | Healed | Quorum | Primary | EpochEnd | Stopped
+                      | Completed | Failed, Field(discriminator="type")]
+
+
+# --- records and batches -------------------------------------------------------------------
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    seq: int = Field(ge=1, le=MAX_INT)
+    time: float
+    """Unix time the pod recorded it."""
+
+
+class MetricRecord(_Record):
+    kind: Literal["metric"]
+    data: Metric
+
+
+class EvalRecord(_Record):
+    kind: Literal["eval"]
+    data: Evaluation
+
+
+class CheckpointRecord(_Record):
+    kind: Literal["checkpoint"]
+    data: CheckpointSaved
+
+
+class SamplesRecord(_Record):
+    kind: Literal["samples"]
+    data: SampleIds
+
+
+class EventRecord(_Record):
+    kind: Literal["event"]
+    data: EventData
+
+
+Record = Annotated[MetricRecord | EvalRecord | CheckpointRecord | SamplesRecord | EventRecord,
+                   Field(discriminator="kind")]
+
+
+class ReportBatch(BaseModel):
+    """One POST of a pod: its records since the last one that was accepted."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    pod: str = Field(min_length=1, max_length=100)
+    """The pod's stable name, `<job>-<ordinal>`."""
+    incarnation: str = Field(min_length=1, max_length=100)
+    """One process life of the pod; seq restarts at 1 with each."""
+    dropped: int = Field(default=0, ge=0, le=MAX_INT)
+    records: list[Record] = Field(max_length=10_000)
+
+
+RECORD_KINDS: tuple[str, ...] = get_args(Kind)
+EVENT_TYPES: tuple[str, ...] = tuple(
+    value for cls in get_args(get_args(EventData)[0])
+    for value in get_args(cls.model_fields["type"].annotation))
+"""Every `data.type` an event record may carry."""

@@ -1,0 +1,82 @@
+"""Where a pod runs: what its backend tells it through environment variables.
+
+Backends build a pod's environment with `Runtime.to_env` (or name a variable with `env_name`,
+for values Kubernetes fills in itself); the trainer reads it back with `Runtime.fields_from_env`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Runtime(BaseModel):
+    """Where this pod runs; each field's alias is its environment variable."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True,
+                              validate_by_name=True, validate_by_alias=True)
+
+    job_id: str = Field(default="local", alias="JOB_ID")
+    """Job id, carried in every log line and report."""
+
+    pod_name: str = Field(default="", alias="POD_NAME")
+    """This pod's stable name, `<job>-<ordinal>`; `<job_id>-<rank>` when empty."""
+
+    incarnation: str = Field(default="", alias="POD_INCARNATION")
+    """This process's life of the pod (restart count or uid); generated when empty."""
+
+    report_url: str | None = Field(default=None, alias="REPORT_URL")
+    """Where reports are POSTed (`.../api/v1/jobs/{id}/reports`); none: no HTTP reports."""
+
+    report_token: str | None = Field(default=None, alias="REPORT_TOKEN")
+    """Bearer token for `report_url`: the job's report token."""
+
+    metrics_file: Path | None = Field(default=None, alias="METRICS_FILE")
+    """A JSON-lines file that receives every report record too."""
+
+    checkpoint_dir: Path = Field(default=Path("runs/checkpoints"), alias="CHECKPOINT_DIR")
+    """The job's shared checkpoint directory (`step-N/`)."""
+
+    model_dir: Path = Field(default=Path("runs/model"), alias="MODEL_DIR")
+    """Where the trained model is exported with `save_pretrained`."""
+
+    inputs_dir: Path = Field(default=Path("data/inputs"), alias="INPUTS_DIR")
+    """Root of local models and datasets named by a relative path."""
+
+    cache_dir: Path = Field(default=Path("data/cache"), alias="TRAINER_CACHE_DIR")
+    """Tokenization cache, keyed by dataset, tokenizer and max_length."""
+
+    log_sample_ids: bool = Field(default=False, alias="LOG_SAMPLE_IDS")
+    """Debug: report the sample ids of every committed step (proves exactly-once use)."""
+
+    max_steps: int | None = Field(default=None, ge=1, alias="MAX_STEPS")
+    """Stop after this many committed steps in all (benchmarks, tests); none: every epoch."""
+
+    heartbeat_file: Path | None = Field(default=None, alias="HEARTBEAT_FILE")
+    """Touched about once a second while report records flow; Kubernetes probes its age."""
+
+    @model_validator(mode="after")
+    def _token_with_url(self) -> Runtime:
+        if self.report_url and not self.report_token:
+            raise ValueError("report_token (REPORT_TOKEN) is required when report_url is set")
+        return self
+
+    @classmethod
+    def env_name(cls, field: str) -> str:
+        alias = cls.model_fields[field].alias
+        assert alias is not None, field
+        return alias
+
+    @classmethod
+    def fields_from_env(cls, environ: Mapping[str, str]) -> dict[str, str]:
+        """Field values set by `environ`, by field name (an empty variable leaves the default)."""
+        return {field: environ[name] for field in cls.model_fields
+                if environ.get(name := cls.env_name(field))}
+
+    def to_env(self) -> dict[str, str]:
+        """The environment variables that reproduce this runtime (unset fields left out)."""
+        values = self.model_dump(by_alias=True, exclude_unset=True, exclude_none=True)
+        return {name: str(value).lower() if isinstance(value, bool) else str(value)
+                for name, value in values.items()}

