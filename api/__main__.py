@@ -25,23 +25,28 @@ def login_hint(url: str, token: AdminToken, terminal: bool) -> str:
             f"{url}/?token=$(cat {token.path})")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_settings(argv: list[str] | None = None) -> Settings:
+    """Settings from the environment; --host and --port override them only when given."""
     parser = argparse.ArgumentParser(prog="python -m api", description=__doc__)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--host", help="default: MIGRATOR_HOST, else 127.0.0.1")
+    parser.add_argument("--port", type=int, help="default: MIGRATOR_PORT, else 8000")
     args = parser.parse_args(argv)
+    return Settings(**{name: value for name, value in vars(args).items() if value is not None})
+
+
+def main(argv: list[str] | None = None) -> int:
     try:
-        settings = Settings(host=args.host, port=args.port)
+        settings = parse_settings(argv)
     except ValidationError as exc:
         print(f"invalid settings: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_format)
     app = create_app(settings)
-    url = f"http://{args.host}:{args.port}"
+    url = f"http://{settings.host}:{settings.port}"
     print(f"Live Migrator control plane on {url} ({settings.backend} backend, data in "
           f"{settings.data_dir.resolve()})", flush=True)
     print(login_hint(url, app.state.admin_token_source, sys.stdout.isatty()), flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
     return 0
 
 

@@ -1,155 +1,184 @@
-"""`python -m api.cli`: submit, list, watch, kill and download from the terminal."""
+"""`migrator` (or `python -m api.cli`): jobs, pods, logs and models from the terminal.
+
+Exit codes: 0 done, 1 the API refused or could not be reached (or a watched job did not
+succeed), 2 bad arguments, spec or settings, 130 interrupted.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 
-from api.settings import Settings
+from api.client import BadInput, Client, CliError, resolve_token
+from api.watch import progress_line, watch
 
-FINISHED = ("succeeded", "failed", "cancelled")
-
-
-class CliError(Exception):
-    pass
+DEFAULT_URL = "http://127.0.0.1:8000"
 
 
-def resolve_token(explicit: str | None) -> str:
-    """--token, else MIGRATOR_ADMIN_TOKEN, else the token the server generated in its data dir."""
-    if explicit:
-        return explicit
-    settings = Settings()
-    if settings.admin_token:
-        return settings.admin_token
-    path = settings.data_dir / "admin_token"
-    if path.is_file():
-        return path.read_text().strip()
-    raise CliError("no token: pass --token, set MIGRATOR_ADMIN_TOKEN, or run where the server's "
-                   "data dir is")
+class Parser(argparse.ArgumentParser):
+    """Usage errors in one line, like every other bad input (argparse adds the whole usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-class Client:
-    def __init__(self, url: str, token: str) -> None:
-        self.http = httpx.Client(base_url=url.rstrip("/"), timeout=30,
-                                 headers={"Authorization": f"Bearer {token}"})
-
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+def read_spec(text: str) -> dict[str, Any]:
+    """A job spec from JSON text, or from a file named after `@`."""
+    if text.startswith("@"):
         try:
-            response = self.http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise CliError(f"cannot reach {self.http.base_url}: {exc}") from None
-        if response.is_error:
-            raise CliError(f"{response.status_code}: {response.text}")
-        return response.json()
+            text = Path(text[1:]).read_text()
+        except OSError as exc:
+            raise BadInput(f"cannot read the spec file {text[1:]}: {exc.strerror}") from None
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"the spec is not valid JSON: {exc}") from None
+    if not isinstance(spec, dict):
+        raise BadInput("the spec must be a JSON object, such as '{\"replicas\": 2}'")
+    return spec
 
 
-def progress_line(job: dict[str, Any]) -> str:
-    progress, metrics = job["progress"], job["metrics"]
-    total = progress["total_samples"]
-    share = f"{100 * progress['samples_seen'] / total:5.1f}%" if total else "  ...%"
-    pods = " ".join(f"{p['ordinal']}:{p['phase'][:4]}" + (f"(r{p['restarts']})"
-                                                           if p["restarts"] else "")
-                    for p in job["pods"])
-    loss = f"loss {metrics['loss']:.3f}" if "loss" in metrics else ""
-    speed = f"{metrics['samples_per_second']:.0f} samples/s" if "samples_per_second" in metrics \
-        else ""
-    eta = f"eta {progress['eta_seconds']:.0f}s" if progress.get("eta_seconds") else ""
-    return (f"{job['id']} {job['status']:<9} epoch {progress['epoch']}/{progress['epochs']} "
-            f"step {progress['step']} {share} {loss} {speed} {eta} pods [{pods}]")
+def human_size(size: float) -> str:
+    for unit in ("B", "kB", "MB"):
+        if size < 1000:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} GB"
 
 
-def watch(client: Client, job_id: str, interval: float = 1.0) -> dict[str, Any]:
-    """Print new job/pod/checkpoint events and the progress line until the job finishes.
-
-    On a terminal the progress line is redrawn in place; otherwise it is printed when it changes.
-    """
-    after, shown, tty = 0, "", sys.stdout.isatty()
-    while True:
-        job = client.request("GET", f"/api/v1/jobs/{job_id}")
-        events = client.request("GET", f"/api/v1/jobs/{job_id}/events",
-                                params={"after": after, "type": ["job", "pod", "checkpoint"]})
-        for event in events["data"]:
-            after = event["id"]
-            data = event["data"]
-            text = data.get("message") or f"checkpoint {data.get('path')} (step {data.get('step')})"
-            source = f"{data['pod']}: " if "pod" in data else ""
-            print(("\r\033[K" if tty else "") + f"  [{event['type']}] {source}{text}")
-        line = progress_line(job)
-        if tty:
-            print(f"\r\033[K{line}", end="", flush=True)
-        elif line != shown:
-            print(line, flush=True)
-        shown = line
-        if job["status"] in FINISHED:
-            if tty:
-                print()
-            return job
-        time.sleep(interval)
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
+    """Columns padded to their widest cell; the columns in `right` aligned right (numbers)."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.rjust(width) if i in right else cell.ljust(width)
+                  for i, (cell, width) in enumerate(zip(row, widths, strict=True))).rstrip()
+        for row in [header, *rows])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m api.cli", description=__doc__)
-    parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--token")
-    commands = parser.add_subparsers(dest="command", required=True)
+def build_parser() -> Parser:
+    parser = Parser(prog="migrator", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default=DEFAULT_URL, help=f"the control plane ({DEFAULT_URL})")
+    parser.add_argument("--token", help="default: MIGRATOR_ADMIN_TOKEN, else <data dir>/"
+                                        "admin_token")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     submit = commands.add_parser("submit", help="start a job from a JSON spec")
     submit.add_argument("spec", nargs="?", default="{}", help="JSON object or @file.json")
-    submit.add_argument("--watch", action="store_true")
+    submit.add_argument("--watch", action="store_true", help="then watch it to the end")
     commands.add_parser("list", help="list jobs")
-    for name in ("get", "watch", "cancel"):
-        commands.add_parser(name).add_argument("job_id")
+    for name, text in (("get", "a job as JSON"), ("watch", "follow a job to its end"),
+                       ("cancel", "stop a job's pods; its record and checkpoints stay")):
+        commands.add_parser(name, help=text).add_argument("job_id")
+    delete = commands.add_parser("delete", help="remove an ended job's record")
+    delete.add_argument("job_id")
+    delete.add_argument("--artifacts", action="store_true",
+                        help="also delete its checkpoints, logs and model")
     kill = commands.add_parser("kill", help="kill one pod of a job")
     kill.add_argument("job_id")
     kill.add_argument("ordinal", type=int)
     kill.add_argument("--grace-seconds", type=float, default=0)
+    logs = commands.add_parser("logs", help="the last lines of a pod's log")
+    logs.add_argument("job_id")
+    logs.add_argument("ordinal", type=int)
+    logs.add_argument("--lines", type=int, default=200)
+    commands.add_parser("models", help="list trained models")
+    predict = commands.add_parser("predict", help="classify texts with a model")
+    predict.add_argument("model_id")
+    predict.add_argument("texts", nargs="+", metavar="TEXT")
     download = commands.add_parser("download", help="download a model as .tar.gz")
     download.add_argument("model_id")
     download.add_argument("--output", type=Path)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, http: httpx.Client | None = None) -> int:
+    """The console script; `http` replaces the connection to the API (tests pass a TestClient)."""
+    args = build_parser().parse_args(argv)
     try:
-        client = Client(args.url, resolve_token(args.token))
+        client = Client(args.url, resolve_token(args.token), http)
         return run(client, args)
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+
+
+def follow(client: Client, job_id: str) -> int:
+    try:
+        job = watch(client, job_id)
+    except KeyboardInterrupt:
+        # Supervisors are detached on purpose: leaving the watch leaves the job running.
+        print(f"\nstopped watching; {job_id} goes on (migrator cancel {job_id} stops it)",
+              file=sys.stderr)
+        return 130
+    if job["status"] != "succeeded":
+        print(f"{job_id} {job['status']}" + (f": {job['reason']}" if job["reason"] else ""),
+              file=sys.stderr)
         return 1
+    return 0
 
 
 def run(client: Client, args: argparse.Namespace) -> int:
     if args.command == "submit":
-        text = Path(args.spec[1:]).read_text() if args.spec.startswith("@") else args.spec
-        job = client.request("POST", "/api/v1/jobs", json=json.loads(text))
-        print(job["id"])
-        if args.watch:
-            return 0 if watch(client, job["id"])["status"] == "succeeded" else 1
-    elif args.command == "list":
+        job = client.request("POST", "/api/v1/jobs", json=read_spec(args.spec))
+        print(job["id"], flush=True)
+        return follow(client, job["id"]) if args.watch else 0
+    if args.command == "list":
         for job in client.request("GET", "/api/v1/jobs")["data"]:
             print(progress_line(job))
     elif args.command == "get":
         print(json.dumps(client.request("GET", f"/api/v1/jobs/{args.job_id}"), indent=2))
     elif args.command == "watch":
-        return 0 if watch(client, args.job_id)["status"] == "succeeded" else 1
+        return follow(client, args.job_id)
     elif args.command == "cancel":
-        print(client.request("DELETE", f"/api/v1/jobs/{args.job_id}")["detail"])
+        print(client.cancel(args.job_id)["detail"])
+    elif args.command == "delete":
+        params = {"delete_artifacts": "true"} if args.artifacts else {}
+        client.request("DELETE", f"/api/v1/jobs/{args.job_id}", params=params)
+        print(f"deleted {args.job_id}" + (" with its checkpoints, logs and model"
+                                          if args.artifacts else
+                                          "; its checkpoints, logs and model are kept"))
     elif args.command == "kill":
         answer = client.request("POST", f"/api/v1/jobs/{args.job_id}/pods/{args.ordinal}/kill",
                                 json={"grace_seconds": args.grace_seconds})
         print(answer["detail"])
+    elif args.command == "logs":
+        answer = client.request("GET", f"/api/v1/jobs/{args.job_id}/pods/{args.ordinal}/logs",
+                                params={"lines": args.lines})
+        for line in answer["lines"]:
+            print(line)
+    elif args.command == "models":
+        print_models(client.request("GET", "/api/v1/models")["data"])
+    elif args.command == "predict":
+        answer = client.request("POST", f"/api/v1/models/{args.model_id}/predict",
+                                json={"texts": args.texts})
+        predictions = answer["predictions"]
+        print(table(["LABEL", "SCORE", "TEXT"],
+                    [[p["label"], f"{p['score']:.3f}", text]
+                     for p, text in zip(predictions, args.texts, strict=True)], right=[1]))
     elif args.command == "download":
         target = args.output or Path(f"{args.model_id}.tar.gz")
-        with client.http.stream("GET", f"/api/v1/models/{args.model_id}/download") as response:
-            if response.is_error:
-                raise CliError(f"{response.status_code}: {response.read().decode()}")
-            with target.open("wb") as handle:
-                for chunk in response.iter_bytes():
-                    handle.write(chunk)
+        client.download(f"/api/v1/models/{args.model_id}/download", target)
         print(target)
     return 0
+
+
+def print_models(models: list[dict[str, Any]]) -> None:
+    rows = []
+    for model in models:
+        accuracy = model["metrics"].get("test_accuracy")
+        rows.append([model["id"], model["job_id"], model["base_model"], model["dataset"],
+                     "-" if accuracy is None else f"{100 * accuracy:.1f}%",
+                     human_size(model["size_bytes"])])
+    print(table(["ID", "JOB", "BASE MODEL", "DATASET", "TEST ACC", "SIZE"], rows, right=[4, 5]))
 
 
 if __name__ == "__main__":

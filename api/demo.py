@@ -1,5 +1,6 @@
 """`python -m api.demo`: the main job. Start the control plane, submit the offline demo job,
 show its progress until it finishes, then keep serving (interactive) or stop (non-interactive).
+Ctrl-C cancels the job (its supervisor would keep it training) and stops the control plane.
 """
 
 from __future__ import annotations
@@ -10,11 +11,15 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import httpx
 
-from api.cli import Client, watch
+from api.app import TOKEN_FILE
+from api.cli import read_spec
+from api.client import Client, CliError, load_settings
 from api.settings import Settings
+from api.watch import watch
 
 DEMO_SPEC = {"name": "demo: MiniLM on Rotten Tomatoes", "model": "minilm",
              "dataset": "rotten_tomatoes", "max_train_samples": 2000, "max_eval_samples": 500,
@@ -35,42 +40,87 @@ def wait_healthy(url: str, server: subprocess.Popen[bytes], timeout: float = 60)
     raise SystemExit(f"the control plane did not answer on {url} within {timeout:.0f} s")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m api.demo", description=__doc__)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    args = parser.parse_args()
-    url = f"http://{args.host}:{args.port}"
-    server = subprocess.Popen([sys.executable, "-m", "api", "--host", args.host,
-                               "--port", str(args.port)], start_new_session=True)
+    parser.add_argument("--host", help="default: MIGRATOR_HOST, else 127.0.0.1")
+    parser.add_argument("--port", type=int, help="default: MIGRATOR_PORT, else 8000")
+    parser.add_argument("--spec", help="a job spec to run instead of the demo job (JSON object "
+                                       "or @file.json)")
+    args = parser.parse_args(argv)
+    try:
+        spec: dict[str, Any] = read_spec(args.spec) if args.spec else DEMO_SPEC
+        # Checked here: the control plane would only say it exited.
+        settings = load_settings()
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    host = settings.host if args.host is None else args.host
+    port = settings.port if args.port is None else args.port
+    url = f"http://{host}:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "api", "--host", host, "--port", str(port)],
+                              start_new_session=True)
+    client: Client | None = None
+    job_id: str | None = None
     try:
         wait_healthy(url, server)
-        settings = Settings()
-        token = settings.admin_token or (settings.data_dir / "admin_token").read_text().strip()
+        token = settings.admin_token or (settings.data_dir / TOKEN_FILE).read_text().strip()
+        shown = shown_token(settings, token, sys.stdout.isatty())
         client = Client(url, token)
-        job = client.request("POST", "/api/v1/jobs", json=DEMO_SPEC)
-        print(f"\nSubmitted {job['id']}: {DEMO_SPEC['name']}, {DEMO_SPEC['replicas']} pods. "
-              f"Kill a pod while it trains:\n  curl -X POST -H 'Authorization: Bearer {token}' "
-              f"{url}/api/v1/jobs/{job['id']}/pods/1/kill\n", flush=True)
-        final = watch(client, job["id"])
+        job = client.request("POST", "/api/v1/jobs", json=spec)
+        job_id = job["id"]
+        named = f": {job['name']}" if job["name"] else ""
+        print(f"\nSubmitted {job_id}{named}, {job['spec']['replicas']} pods. "
+              f"Kill a pod while it trains:\n  curl -X POST -H \"Authorization: Bearer {shown}\" "
+              f"{url}/api/v1/jobs/{job_id}/pods/1/kill\n", flush=True)
+        final = watch(client, job_id)
+        job_id = None  # finished: nothing left to cancel
         if final["status"] != "succeeded":
-            print(f"\nThe demo job {final['status']}: {final['reason']}")
+            reason = f": {final['reason']}" if final["reason"] else ""
+            print(f"\nThe demo job {final['status']}{reason}")
             return 1
         metrics = final["metrics"]
         print(f"\nDone: test accuracy {100 * metrics.get('test_accuracy', 0):.1f}%, "
               f"F1 {100 * metrics.get('test_f1', 0):.1f}%. Model {final['model_id']}:\n"
-              f"  curl -H 'Authorization: Bearer {token}' -o model.tar.gz "
+              f"  curl -H \"Authorization: Bearer {shown}\" -o model.tar.gz "
               f"{url}/api/v1/models/{final['model_id']}/download")
         if sys.stdin.isatty():
             print(f"\nThe control plane keeps running on {url}; Ctrl-C stops it.")
             server.wait()
         return 0
     except KeyboardInterrupt:
+        if client is not None and job_id is not None:
+            cancel(client, job_id)
         return 130
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
     finally:
         if server.poll() is None:
+            print("Stopping the control plane.", flush=True)
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(timeout=30)
+
+
+def shown_token(settings: Settings, token: str, terminal: bool) -> str:
+    """The token as the printed commands show it: itself only on a terminal, else where to
+    read it (the demo's output may go to a log)."""
+    if terminal:
+        return token
+    if settings.admin_token:
+        return "$MIGRATOR_ADMIN_TOKEN"
+    return f"$(cat {settings.data_dir.resolve() / TOKEN_FILE})"
+
+
+def cancel(client: Client, job_id: str) -> None:
+    """Cancel the demo's job: its supervisor is detached and would otherwise train on."""
+    print(f"\nInterrupted: cancelling {job_id} ...", flush=True)
+    try:
+        answer = client.cancel(job_id)
+    except (CliError, KeyboardInterrupt) as exc:
+        reason = str(exc) or "interrupted again"
+        print(f"error: {job_id} was not cancelled ({reason}); it trains on", file=sys.stderr)
+        return
+    print(f"Cancelled {job_id}: {answer['detail']}", flush=True)
 
 
 if __name__ == "__main__":

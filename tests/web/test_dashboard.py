@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from api.backends.local import LocalBackend
 from tests.api.conftest import ADMIN_TOKEN
 from tests.api.control_plane import ControlPlane, wait_for
 from tests.web.conftest import save_artifact
@@ -145,6 +146,39 @@ def test_a_job_from_the_form_to_a_model(control_plane: ControlPlane, page: Any,
     assert late.locator(".timeline li[data-tag=healed]").count() >= 1
     assert chart_points(late, "accuracy") == SPEC["epochs"]
     assert page.console.unexpected(422) == []
+
+
+def test_the_new_job_form_offers_only_what_the_trainer_runs(control_plane: ControlPlane,
+                                                           page: Any) -> None:
+    login(page, control_plane, "#/new")
+    page.wait_for_selector("#field-parallelism")
+
+    def options(name: str) -> list[str]:
+        return list(page.eval_on_selector_all(f"#field-{name} option",
+                                              "options => options.map(o => o.value)"))
+
+    assert "data" in options("parallelism") and "pipeline" not in options("parallelism")
+    assert "full" in options("finetune") and "lora" not in options("finetune")
+    assert page.console.unexpected() == []
+
+
+def test_the_cancel_button_cancels_the_job(control_plane: ControlPlane, page: Any) -> None:
+    created = control_plane.http.post("/api/v1/jobs", json={**SPEC, "replicas": 1})
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    try:
+        login(page, control_plane, f"#/jobs/{job_id}")
+        page.click(".title-row button.danger")
+        page.wait_for_selector("#confirm[open]")
+        with page.expect_request(lambda r: r.method == "POST"
+                                 and r.url.endswith(f"/api/v1/jobs/{job_id}/cancel")):
+            page.click("#confirm-ok")
+        page.wait_for_selector(".timeline li[data-tag=cancelled]")
+        assert control_plane.job(job_id)["status"] == "cancelled"
+        assert page.locator(".title-row button.danger").is_hidden()
+        assert page.console.unexpected() == []
+    finally:  # its pod would slow the other tests down
+        LocalBackend(control_plane.data_dir / "jobs").delete(job_id)
 
 
 def test_user_text_renders_as_text_and_the_layout_fits_a_phone(control_plane: ControlPlane,

@@ -307,7 +307,7 @@ export function showJob(main, id) {
       + 'workload deleted; checkpoints are kept.', 'Cancel job');
     if (!ok) return;
     try {
-      await api(`/api/v1/jobs/${encodeURIComponent(id)}`, { method: 'DELETE' });
+      await api(`/api/v1/jobs/${encodeURIComponent(id)}/cancel`, { method: 'POST' });
       poll();
     } catch (error) {
       if (!error.unauthorized) notice(el.notice, `Not cancelled: ${error.message}`, 'error');

@@ -1,0 +1,43 @@
+"""The Makefile's setup: where PyTorch comes from (read with `make -n`, nothing is installed)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tomllib
+
+import pytest
+
+from tests.conftest import ROOT
+
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+
+
+def setup_commands(*variables: str) -> list[str]:
+    """What `make setup` would run from scratch (-B: whatever the stamps say)."""
+    result = subprocess.run(["make", "-n", "-B", "-C", str(ROOT), "setup", *variables],
+                            capture_output=True, text=True, timeout=60, check=True)
+    return result.stdout.splitlines()
+
+
+def torch_pin() -> str:
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return next(d for d in dependencies if d.startswith("torch=="))
+
+
+def test_torch_index_installs_the_pinned_torch_from_that_index_first() -> None:
+    commands = setup_commands(f"TORCH_INDEX={CPU_INDEX}")
+    torch = [i for i, c in enumerate(commands) if f"--index-url {CPU_INDEX}" in c]
+    project = [i for i, c in enumerate(commands) if "install --quiet -e '.[dev]'" in c]
+    assert len(torch) == 1 and len(project) == 1 and torch[0] < project[0]
+    assert commands[torch[0]].endswith(f"pip install --quiet --index-url {CPU_INDEX} "
+                                       f"'{torch_pin()}'")
+    assert "index-url" not in commands[project[0]]  # everything else from PyPI, as ever
+
+
+def test_by_default_torch_comes_from_pypi_with_the_rest() -> None:
+    commands = setup_commands()
+    assert not any("index-url" in c for c in commands)
+    assert any("install --quiet -e '.[dev]'" in c for c in commands)
