@@ -25,7 +25,8 @@ from trainer.config import JobSpec, Runtime, TrainConfig
 from trainer.distributed import Group
 from trainer.model import choose_device, load_model, resolve_model
 from trainer.report import HttpSink, JsonlSink, Reporter
-from trainer.train import LinearSchedule, Trainer, _optimizer
+from trainer.schedule import LinearSchedule, build_optimizer
+from trainer.train import Trainer
 
 SERVER = """
 import sys
@@ -47,7 +48,7 @@ def bare_loop(trainer: Trainer, steps: int) -> float:
     """The same work with nothing around it: forward, backward, clip, AdamW, schedule."""
     spec = trainer.config.spec
     model = load_model(resolve_model(spec.model, trainer.config.runtime.inputs_dir), spec.seed)
-    optimizer = _optimizer(model, spec)
+    optimizer = build_optimizer(model, spec)
     schedule = LinearSchedule(spec.learning_rate, spec.warmup_ratio,
                               spec.epochs * len(trainer.train_data))
     order = trainer.sampler.order(0)

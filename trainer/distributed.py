@@ -22,6 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer.model import DeviceChoice
+from trainer.recovery import Recovery
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +47,8 @@ class Group:
     shards_evaluation = True
     """Participants evaluate disjoint shards and sum the results."""
 
-    recovers_in_place = False
-    """A failed peer is replaced without restarting this process (live mode)."""
+    recovery: type[Recovery] = Recovery
+    """The fault-tolerance rules the training loop follows in this group."""
 
     def __init__(self, device: DeviceChoice, environ: Mapping[str, str] = os.environ) -> None:
         self.device = device

@@ -5,11 +5,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import random
 import signal
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -20,61 +18,22 @@ from torch.nn import functional
 
 from trainer import checkpoint
 from trainer.config import TrainConfig
-from trainer.contract.records import (
-    CheckpointSaved,
-    Completed,
-    EpochEnd,
-    EvalSplit,
-    Evaluation,
-    Healed,
-    Metric,
-    Primary,
-    Quorum,
-    Resumed,
-    SampleIds,
-    Started,
-    Stopped,
-)
+from trainer.contract import records
 from trainer.contract.spec import JobSpec
 from trainer.data import TokenizedSplit, load_source, make_splits, tokenize
 from trainer.distributed import Group
+from trainer.evaluation import evaluate
 from trainer.export import export_model
 from trainer.model import load_model, load_tokenizer, resolve_model, unwrap
+from trainer.recovery import Recovery
 from trainer.report import Reporter
 from trainer.sampler import Assignment, GlobalSampler
+from trainer.schedule import LinearSchedule, build_optimizer
+from trainer.state import rng_state, set_rng_state, weights_checksum
 
 logger = logging.getLogger(__name__)
 
 LOG_EVERY_SECONDS = 10.0
-TAKEOVER_SECONDS = 15.0
-"""Live mode, at the end: how long other pods wait for the primary's final checkpoint and
-export before writing them themselves (the primary may have died after the last step). Too
-short only costs a duplicate write: replicas hold the same weights and the first copy wins."""
-
-
-class LinearSchedule:
-    """Linear warm-up then linear decay, driven by the share of training samples consumed.
-
-    Keyed to samples rather than steps, so a job whose participant count changes mid-epoch
-    follows the same learning-rate curve per sample it would have followed at full size.
-    """
-
-    def __init__(self, peak: float, warmup_ratio: float, total_samples: int) -> None:
-        self.peak, self.warmup_ratio, self.total_samples = peak, warmup_ratio, total_samples
-
-    def lr_at(self, samples_done: int) -> float:
-        progress = min(samples_done / self.total_samples, 1.0)
-        if progress < self.warmup_ratio:
-            return self.peak * progress / self.warmup_ratio
-        return self.peak * (1.0 - progress) / max(1.0 - self.warmup_ratio, 1e-12)
-
-    def state_dict(self) -> dict[str, float]:
-        return {"peak": self.peak, "warmup_ratio": self.warmup_ratio,
-                "total_samples": self.total_samples}
-
-    def load_state_dict(self, state: dict[str, float]) -> None:
-        self.peak, self.warmup_ratio = float(state["peak"]), float(state["warmup_ratio"])
-        self.total_samples = int(state["total_samples"])
 
 
 @dataclass
@@ -86,54 +45,6 @@ class StepResult:
     used: np.ndarray
     """Sample ids this participant trained on (none while healing)."""
     stop_requested: bool
-
-
-def _optimizer(model: nn.Module, spec: JobSpec) -> torch.optim.Optimizer:
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    for name, parameter in model.named_parameters():
-        if parameter.requires_grad:
-            (no_decay if parameter.ndim < 2 or "LayerNorm" in name else decay).append(parameter)
-    return torch.optim.AdamW([{"params": decay, "weight_decay": spec.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=spec.learning_rate)
-
-
-def _appears(path: Path, timeout: float) -> bool:
-    """Whether `path` exists within `timeout` seconds (polled)."""
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.2)
-    return True
-
-
-def weights_checksum(model: nn.Module) -> str:
-    """Digest of every parameter and buffer: equal across replicas that hold equal weights."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(unwrap(model).state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    kind, keys, position, has_gauss, gauss = np.random.get_state(legacy=True)
-    state["numpy"] = (kind, torch.from_numpy(np.asarray(keys, dtype=np.int64)), position,
-                      has_gauss, gauss)
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    kind, keys, position, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 class Trainer:
@@ -160,6 +71,8 @@ class Trainer:
     """Why `fit` stopped early: `sigterm` (this process) or `peer` (another participant's)."""
     checkpoints: checkpoint.CheckpointWriter
     """Writes the primary's checkpoints in the background while training goes on."""
+    recovery: Recovery
+    """The fault-tolerance rules of the group's mode."""
 
     def __init__(self, config: TrainConfig, group: Group, reporter: Reporter) -> None:
         self.config, self.group, self.reporter = config, group, reporter
@@ -175,23 +88,21 @@ class Trainer:
                            "test": len(splits.test)}
         model = load_model(name_or_path, spec.seed).to(self.device.device)
         self.model = group.wrap(model)
-        self.optimizer = _optimizer(model, spec)
+        self.optimizer = build_optimizer(model, spec)
         self.schedule = LinearSchedule(spec.learning_rate, spec.warmup_ratio,
                                        spec.epochs * len(splits.train))
         self.sampler = GlobalSampler(len(splits.train), spec.batch_size, spec.seed)
         self.step, self.samples_seen, self.epoch_end_pending, self.metrics = 0, 0, False, {}
         self.stop_reason = None
         self.checkpoints = checkpoint.CheckpointWriter()
+        self.recovery = group.recovery(runtime.checkpoint_dir, runtime.model_dir)
         self._stop_requested = False
         self._last_log = 0.0
         self._membership: tuple[int, int] | None = None
         self._first_step = True
-        self._primary_lost = False
         self._was_primary = False
         self.resumed_from: checkpoint.CheckpointInfo | None = None
-        # A live pod resumes at its first step (see train_step); a static one now.
-        latest = (None if group.recovers_in_place
-                  else checkpoint.latest_checkpoint(runtime.checkpoint_dir))
+        latest = self.recovery.resume_before_training()
         if latest is not None:
             self.resume(latest)
         group.register_state(self._load_live_state, self._live_state)
@@ -200,7 +111,7 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.schedule.state_dict(),
-                "sampler": self.sampler.state_dict(), "rng": _rng_state(),
+                "sampler": self.sampler.state_dict(), "rng": rng_state(),
                 "progress": {"step": self.step, "samples_seen": self.samples_seen,
                              "epoch_end_pending": self.epoch_end_pending},
                 "metrics": self.metrics}
@@ -209,7 +120,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
-        _set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         self.step = int(state["progress"]["step"])
         self.samples_seen = int(state["progress"]["samples_seen"])
         self.epoch_end_pending = bool(state["progress"].get("epoch_end_pending", False))
@@ -228,7 +139,7 @@ class Trainer:
                     state["pod"], self.sampler.epoch + 1, self.step, self.sampler.cursor,
                     transfer.get("bytes", 0), transfer.get("seconds", 0.0))
         # At step 0 every replica takes the first one's initial weights: a sync, not a heal.
-        self.reporter.emit(Healed(type="healed" if self.step else "synced",
+        self.reporter.emit(records.Healed(type="healed" if self.step else "synced",
                                   message=f"fetched the live state from {state['pod']}",
                                   source=state["pod"], target=self.reporter.pod, step=self.step,
                                   epoch=self.sampler.epoch + 1, cursor=self.sampler.cursor,
@@ -242,7 +153,7 @@ class Trainer:
         self.resumed_from = info
         logger.info("resumed from %s: epoch %d, step %d, cursor %d", info.path.name,
                     self.sampler.epoch + 1, self.step, self.sampler.cursor)
-        self.reporter.emit(Resumed(message=f"resumed from {info.path.name}",
+        self.reporter.emit(records.Resumed(message=f"resumed from {info.path.name}",
                                    checkpoint=info.path.name, step=self.step,
                                    epoch=self.sampler.epoch + 1, cursor=self.sampler.cursor))
 
@@ -261,11 +172,9 @@ class Trainer:
         self._observe_group()
         participants = self.group.participants
         assignment = self.sampler.assign(self.group.rank, participants)
-        # Live, first step: whether to resume from a checkpoint waits for the quorum. A pod
-        # that heals from a peer ahead (a recreated one) needs none and skips loading one;
-        # a fresh group (every pod died, or the last ones left) resumes from the newest.
-        newest = (checkpoint.latest_checkpoint(self.config.runtime.checkpoint_dir)
-                  if self._first_step and self.group.recovers_in_place else None)
+        # A pod that heals from a peer ahead (a recreated one) loads no checkpoint: it learns
+        # so at the first step's quorum, and resumes only if no live peer was ahead.
+        newest = self.recovery.resume_at_first_step() if self._first_step else None
         self._first_step = False
         self._seed_step(assignment)
         indices, weight = assignment.indices, 1.0
@@ -319,11 +228,11 @@ class Trainer:
         # A healing pod joins a quorum one step before it participates: count both changes.
         membership = (self.group.quorum_id, self.group.participants)
         if primary and membership != self._membership:
-            self.reporter.emit(Quorum(message=f"{self.group.participants} participants",
+            self.reporter.emit(records.Quorum(message=f"{self.group.participants} participants",
                                       quorum_id=membership[0], participants=membership[1],
                                       step=self.step))
         if primary and not self._was_primary:
-            self.reporter.emit(Primary(message=f"{self.reporter.pod} is the primary",
+            self.reporter.emit(records.Primary(message=f"{self.reporter.pod} is the primary",
                                        pod=self.reporter.pod, step=self.step))
         self._membership, self._was_primary = membership, primary
 
@@ -335,7 +244,7 @@ class Trainer:
 
     def fit(self) -> bool:
         """Train through the remaining epochs; False when stopped early (see `stop_reason`)."""
-        self.reporter.emit(Started(message="training started", step=self.step,
+        self.reporter.emit(records.Started(message="training started", step=self.step,
                                    epoch=self.sampler.epoch + 1, samples=self.data_sizes))
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
@@ -343,12 +252,12 @@ class Trainer:
                 self._end_epoch(self.sampler.epoch - 1)
             finished = not self._run_epochs(self.config.spec, self.config.runtime.max_steps)
             self.checkpoints.wait()  # the last checkpoint is durable before anything else
-            if (finished and self.group.recovers_in_place and not self.group.is_primary
-                    and self.sampler.epoch >= self.config.spec.epochs):
-                self._take_over_final_checkpoint()
+            if (finished and self.sampler.epoch >= self.config.spec.epochs
+                    and self.recovery.writes_final_checkpoint(self.step, self.group.is_primary)):
+                self.save_checkpoint(epoch_end=True, emergency=True)
             return finished
         except Exception:
-            if not self.group.recovers_in_place and self.group.participants > 1:
+            if self.recovery.saves_on_failure(self.group.participants):
                 self.save_emergency_checkpoint()
             raise
         finally:
@@ -361,14 +270,11 @@ class Trainer:
         self.metrics["test"] = self.evaluate(self.test_data, "test")
         checksum = weights_checksum(self.model)
         model_dir = None
-        exported = runtime.model_dir / "config.json"
-        if self.group.is_primary or (self.group.recovers_in_place and (
-                self._primary_lost or not _appears(exported, TAKEOVER_SECONDS))):
-            # Live replicas hold identical weights: whichever exports first, the model is one.
+        if self.recovery.exports(self.group.is_primary):
             model_dir = str(export_model(self.model, self.tokenizer, runtime.model_dir, spec,
                                          self.metrics, self.data_sizes,
-                                         shared=self.group.recovers_in_place))
-        self.reporter.emit(Completed(message="training completed", step=self.step,
+                                         shared=self.recovery.shared_writes))
+        self.reporter.emit(records.Completed(message="training completed", step=self.step,
                                      model_dir=model_dir, metrics=self.metrics,
                                      checksum=checksum, primary=self.group.is_primary))
 
@@ -389,7 +295,7 @@ class Trainer:
             throughput = window_samples / max(now - window_start, 1e-9)
             if now - window_start > 5.0:
                 window_start, window_samples = now, 0
-            self.reporter.emit(Metric(step=self.step, epoch=assignment.epoch + 1,
+            self.reporter.emit(records.Metric(step=self.step, epoch=assignment.epoch + 1,
                                       loss=result.loss,
                                       learning_rate=self.optimizer.param_groups[0]["lr"],
                                       samples_per_second=throughput,
@@ -398,7 +304,7 @@ class Trainer:
             if self.config.runtime.log_sample_ids:
                 window = self.sampler.order(assignment.epoch)[
                     assignment.cursor:assignment.cursor + assignment.window]
-                self.reporter.emit(SampleIds(step=self.step, epoch=assignment.epoch + 1,
+                self.reporter.emit(records.SampleIds(step=self.step, epoch=assignment.epoch + 1,
                                              cursor=assignment.cursor, rank=self.group.rank,
                                              ids=result.used.tolist(), window=window.tolist()))
             self._log_progress(assignment, result, throughput)
@@ -411,7 +317,7 @@ class Trainer:
                 self.save_checkpoint(epoch_end=False)
             if result.stop_requested:
                 self.stop_reason = "sigterm" if self._stop_requested else "peer"
-                self.reporter.emit(Stopped(message="stopped on SIGTERM after a checkpoint"
+                self.reporter.emit(records.Stopped(message="stopped on SIGTERM after a checkpoint"
                                            if self._stop_requested else
                                            "stopped with a participant that got SIGTERM",
                                            step=self.step))
@@ -423,7 +329,7 @@ class Trainer:
         self.metrics["validation"] = self.evaluate(self.validation_data, "validation")
         self.epoch_end_pending = False
         self.save_checkpoint(epoch_end=True)
-        self.reporter.emit(EpochEnd(message=f"epoch {epoch + 1} done", epoch=epoch + 1,
+        self.reporter.emit(records.EpochEnd(message=f"epoch {epoch + 1} done", epoch=epoch + 1,
                                     step=self.step))
 
     def _log_progress(self, assignment: Assignment, result: StepResult, throughput: float) -> None:
@@ -455,7 +361,7 @@ class Trainer:
 
         def reported(info: checkpoint.CheckpointInfo) -> None:
             size = sum(p.stat().st_size for p in info.path.iterdir())
-            self.reporter.emit(CheckpointSaved(step=step, epoch=epoch, path=info.path.name,
+            self.reporter.emit(records.CheckpointSaved(step=step, epoch=epoch, path=info.path.name,
                                                size_bytes=size, epoch_end=epoch_end,
                                                val_accuracy=info.val_accuracy,
                                                emergency=emergency))
@@ -471,16 +377,6 @@ class Trainer:
         trainer_state = checkpoint.cpu_copy(self.state_dict())
         self.checkpoints.submit(lambda: checkpoint.save_checkpoint(
             directory, step, model_state, trainer_state, meta, keep=keep), reported)
-
-    def _take_over_final_checkpoint(self) -> None:
-        """The final state lives only in memory until the primary's epoch-end checkpoint is
-        written; a pod recreated later must resume from it, not retrain from an older one."""
-        if _appears(self.config.runtime.checkpoint_dir / f"step-{self.step}" / checkpoint.MARKER,
-                    TAKEOVER_SECONDS):
-            return
-        logger.info("the primary wrote no final checkpoint: writing it (step %d)", self.step)
-        self._primary_lost = True
-        self.save_checkpoint(epoch_end=True, emergency=True)
 
     def save_emergency_checkpoint(self) -> None:
         """After a failed collective: keep the last committed step so a restart loses none.
@@ -498,38 +394,14 @@ class Trainer:
 
     # --- evaluation ----------------------------------------------------------------------
 
-    @torch.no_grad()
-    def evaluate(self, data: TokenizedSplit, split: EvalSplit) -> dict[str, float]:
-        """Accuracy, loss and F1 (positive class) over the split, sharded across participants."""
-        model = unwrap(self.model)
-        model.eval()
-        rank, participants = ((self.group.rank, self.group.participants)
-                              if self.group.shards_evaluation else (0, 1))
-        shard = np.arange(rank, len(data), participants)
-        # loss sum, correct, count, true positives, false positives, false negatives
-        totals = torch.zeros(6, dtype=torch.float64)
-        size = self.config.spec.eval_batch_size
-        for start in range(0, len(shard), size):
-            batch = {k: v.to(self.device.device)
-                     for k, v in data.batch(shard[start:start + size]).items()}
-            with (torch.autocast(self.device.device.type, dtype=self.device.autocast_dtype)
-                  if self.device.autocast_dtype else contextlib.nullcontext()):
-                logits = model(input_ids=batch["input_ids"],
-                               attention_mask=batch["attention_mask"]).logits.float()
-            labels, predicted = batch["labels"], logits.argmax(-1)
-            totals += torch.tensor([
-                functional.cross_entropy(logits, labels, reduction="sum").item(),
-                (predicted == labels).sum().item(), len(labels),
-                ((predicted == 1) & (labels == 1)).sum().item(),
-                ((predicted == 1) & (labels == 0)).sum().item(),
-                ((predicted == 0) & (labels == 1)).sum().item()], dtype=torch.float64)
-        loss, correct, count, tp, fp, fn = self.group.all_reduce_sum(totals).tolist()
-        f1 = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0
-        result = {"accuracy": correct / max(count, 1), "loss": loss / max(count, 1), "f1": f1,
-                  "samples": int(count), "epoch": self.sampler.epoch, "step": self.step}
+    def evaluate(self, data: TokenizedSplit, split: records.EvalSplit) -> dict[str, Any]:
+        """Evaluate on `split`, log and report it; the result with its epoch and step."""
+        result: dict[str, Any] = {**evaluate(unwrap(self.model), data, self.group,
+                                             self.config.spec.eval_batch_size),
+                                  "epoch": self.sampler.epoch, "step": self.step}
         logger.info("%s: accuracy %.4f f1 %.4f loss %.4f (%d samples)", split,
-                    result["accuracy"], f1, result["loss"], count)
-        self.reporter.emit(Evaluation(split=split, **result))
+                    result["accuracy"], result["f1"], result["loss"], result["samples"])
+        self.reporter.emit(records.Evaluation(split=split, **result))
         return result
 
     def close(self) -> None:

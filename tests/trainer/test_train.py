@@ -10,7 +10,8 @@ from trainer.config import TrainConfig
 from trainer.distributed import Group
 from trainer.model import choose_device
 from trainer.report import JsonlSink, Reporter
-from trainer.train import Trainer, weights_checksum
+from trainer.state import weights_checksum
+from trainer.train import Trainer
 
 
 def run(config: TrainConfig, reports: Path) -> Trainer:

@@ -24,6 +24,7 @@ from torchft.checkpointing.http_transport import HTTPTransport
 
 from trainer.distributed import Group
 from trainer.model import DeviceChoice
+from trainer.recovery import LiveRecovery
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class LiveGroup(Group):
     """One torchft replica group (this process) of a job coordinated by a lighthouse."""
 
     shards_evaluation = False  # peers may vanish mid-evaluation: each evaluates the whole split
-    recovers_in_place = True
+    recovery = LiveRecovery
 
     def __init__(self, device: DeviceChoice, replica_id: str, lighthouse: str,
                  environ: Mapping[str, str] = os.environ) -> None:

@@ -1,0 +1,44 @@
+"""The optimizer and its learning-rate schedule."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from trainer.contract.spec import JobSpec
+
+
+def build_optimizer(model: nn.Module, spec: JobSpec) -> torch.optim.Optimizer:
+    """AdamW with weight decay on matrices only (not on biases and LayerNorm weights)."""
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            (no_decay if parameter.ndim < 2 or "LayerNorm" in name else decay).append(parameter)
+    return torch.optim.AdamW([{"params": decay, "weight_decay": spec.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=spec.learning_rate)
+
+
+class LinearSchedule:
+    """Linear warm-up then linear decay, driven by the share of training samples consumed.
+
+    Keyed to samples rather than steps, so a job whose participant count changes mid-epoch
+    follows the same learning-rate curve per sample it would have followed at full size.
+    """
+
+    def __init__(self, peak: float, warmup_ratio: float, total_samples: int) -> None:
+        self.peak, self.warmup_ratio, self.total_samples = peak, warmup_ratio, total_samples
+
+    def lr_at(self, samples_done: int) -> float:
+        progress = min(samples_done / self.total_samples, 1.0)
+        if progress < self.warmup_ratio:
+            return self.peak * progress / self.warmup_ratio
+        return self.peak * (1.0 - progress) / max(1.0 - self.warmup_ratio, 1e-12)
+
+    def state_dict(self) -> dict[str, float]:
+        return {"peak": self.peak, "warmup_ratio": self.warmup_ratio,
+                "total_samples": self.total_samples}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.peak, self.warmup_ratio = float(state["peak"]), float(state["warmup_ratio"])
+        self.total_samples = int(state["total_samples"])
