@@ -161,7 +161,11 @@ class Pod(SQLModel, table=True):
 
 # --- events (the stream and its history) -------------------------------------------------
 
-EventType = Literal["metric", "checkpoint", "pod", "job", "log"]
+EventType = Literal["metric", "checkpoint", "samples", "job", "pod", "log"]
+"""A stream event's type (its SSE `event:`). From pods' reports: `metric` (metric and eval
+records, `data.kind` says which), `checkpoint`, `samples`, `job` (event records, `data.type` says
+which: trainer.contract.records); from the control plane: `job` (status moves, `data.status`),
+`pod` (phases, restarts, kills) and `log` (a failed pod's last lines)."""
 
 
 class Event(SQLModel, table=True):
@@ -178,7 +182,7 @@ class EventPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     id: int
-    type: str
+    type: EventType
     time: float
     data: dict[str, Any]
 

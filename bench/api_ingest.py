@@ -87,6 +87,7 @@ async def reporter(url: str, path: str, token: str, pod: str, points: int, stop:
                 seq += 1
                 records.append({"seq": seq, "kind": "metric", "time": time.time(),
                                 "data": {"step": seq, "epoch": 1, "loss": 0.4,
+                                         "learning_rate": 1e-4, "participants": 2,
                                          "samples_per_second": 100.0, "samples_seen": seq * 16}})
             body = json.dumps({"pod": pod, "incarnation": f"bench-{stop}",
                                "records": records}).encode()

@@ -93,7 +93,8 @@ def seed(client: httpx.Client, data_dir: Path, points: int) -> tuple[str, str, s
             if step in epoch_ends:  # one validation result per epoch
                 records.append({"kind": "eval", "time": start + step / 10, "data": {
                     "split": "validation", "epoch": epoch_ends[step], "step": step,
-                    "accuracy": 0.7 + 0.05 * epoch_ends[step], "f1": 0.7, "loss": 0.5}})
+                    "accuracy": 0.7 + 0.05 * epoch_ends[step], "f1": 0.7, "loss": 0.5,
+                    "samples": 1000}})
         for record in records:
             seq += 1
             record["seq"] = seq

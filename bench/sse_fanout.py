@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from bench.api_ingest import ADMIN, start_server
+from trainer.contract.records import Metric
 
 
 async def listen(client: httpx.AsyncClient, path: str, expected: int, connected: asyncio.Event,
@@ -56,8 +57,10 @@ async def round_trip(url: str, data_dir: Path, clients: int, posts: int, rate: f
             records = []
             for _ in range(points):
                 seq += 1
-                records.append({"seq": seq, "kind": "metric", "time": time.time(),
-                                "data": {"step": seq, "loss": 0.3}})
+                data = Metric(step=seq, epoch=1, loss=0.3, learning_rate=1e-4,
+                              samples_per_second=100.0, participants=1, samples_seen=seq)
+                records.append({"seq": seq, "kind": data.KIND, "time": time.time(),
+                                "data": data.model_dump()})
             response = await http.post(f"/api/v1/jobs/{job['id']}/reports",
                                        headers={"Authorization": f"Bearer {token}"},
                                        json={"pod": f"{job['id']}-0", "incarnation": "b",

@@ -22,11 +22,12 @@ from sqlalchemy import Connection, bindparam, insert, select, update
 from sqlalchemy.engine import Engine
 
 from api.errors import DomainError, InvalidSpec, NotFound
-from api.models import Event, Incarnation, Job, JobStatus, Pod, utc_now
+from api.models import Event, EventType, Incarnation, Job, JobStatus, Pod, utc_now
 from api.services.events import EventLog
 from trainer.contract.records import (
     Completed,
     Evaluation,
+    Kind,
     Metric,
     RecordData,
     ReportBatch,
@@ -36,8 +37,9 @@ from trainer.contract.records import (
 logger = logging.getLogger(__name__)
 
 # Report record kind -> stream event type.
-STREAM_TYPES = {"metric": "metric", "eval": "metric", "checkpoint": "checkpoint", "event": "job",
-                "samples": "samples"}
+STREAM_TYPES: dict[Kind, EventType] = {"metric": "metric", "eval": "metric",
+                                       "checkpoint": "checkpoint", "event": "job",
+                                       "samples": "samples"}
 LIVE_METRICS = ("loss", "samples_per_second", "learning_rate", "participants")
 JOBS, PODS, EVENTS, SEQS = (Job.__table__, Pod.__table__,  # type: ignore[attr-defined]
                             Event.__table__, Incarnation.__table__)  # type: ignore[attr-defined]

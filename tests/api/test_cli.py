@@ -19,6 +19,7 @@ from tests.api.fakes import FakeBackend
 from tests.api.live import free_port
 from tests.api.test_reconciler import reconcile
 from tests.conftest import ROOT
+from tests.factories import completed, record
 
 Run = Callable[..., tuple[int, str, str]]
 
@@ -54,8 +55,7 @@ def model_id(client: TestClient, backend: FakeBackend, tiny_model_dir: Path) -> 
     model_dir = backend.launches[0].model_dir
     shutil.copytree(tiny_model_dir, model_dir)
     (model_dir / "metrics.json").write_text(json.dumps({"metrics": {"test_accuracy": 0.8421}}))
-    report(client, backend, job["id"], [{"seq": 1, "kind": "event", "time": 1.0, "data": {
-        "type": "completed", "primary": True, "model_dir": "x"}}])
+    report(client, backend, job["id"], [record(1, completed("x"))])
     reconcile(client, backend)
     return str(client.get(f"/api/v1/jobs/{job['id']}", headers=AUTH).json()["model_id"])
 

@@ -13,6 +13,7 @@ import pytest
 from api.backends.local import LocalBackend
 from tests.api.conftest import ADMIN_TOKEN
 from tests.api.control_plane import ControlPlane, wait_for
+from tests.factories import evaluation, record
 from tests.web.conftest import save_artifact
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -239,9 +240,8 @@ def test_the_stream_reconnects_after_a_control_plane_restart_and_misses_nothing(
     token, pod = control_plane.report_token(job_id), f"{job_id}-0"
 
     def evaluations(first: int, last: int) -> None:
-        records = [{"seq": n, "kind": "eval", "time": time.time(), "data": {
-            "split": "validation", "epoch": n, "step": 10 * n, "accuracy": 0.5 + n / 20}}
-            for n in range(first, last + 1)]
+        records = [record(n, evaluation(epoch=n, step=10 * n, accuracy=0.5 + n / 20),
+                          time.time()) for n in range(first, last + 1)]
         response = control_plane.http.post(
             f"/api/v1/jobs/{job_id}/reports", headers={"Authorization": f"Bearer {token}"},
             json={"pod": pod, "incarnation": "web-test", "records": records})

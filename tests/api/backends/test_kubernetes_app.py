@@ -20,7 +20,8 @@ from api.backends import commands, manifests
 from api.settings import Settings
 from tests.api.backends.k8s_fake import FakeApiServer
 from tests.api.backends.test_supervisor import wait_for
-from tests.api.conftest import ADMIN_TOKEN, AUTH
+from tests.api.conftest import ADMIN_TOKEN, AUTH, metric
+from tests.factories import completed, record
 
 NS = "live-migrator"
 SPEC = {"model": "tiny", "dataset": "reviews.csv", "replicas": 2,
@@ -91,8 +92,7 @@ def start_training(client: TestClient, fake: FakeApiServer) -> str:
     wait_job(client, job_id, lambda s: [p["phase"] for p in s["pods"]] == ["Running"] * 2,
              "both pods to run")
     for ordinal in (0, 1):
-        post_report(client, fake, job_id, ordinal, [{"seq": 1, "kind": "metric", "time": 1.0,
-                                                     "data": {"step": 1, "epoch": 1}}])
+        post_report(client, fake, job_id, ordinal, [metric(1, 1)])
     wait_job(client, job_id, lambda s: s["status"] == "running", "the job to run")
     return job_id
 
@@ -106,7 +106,7 @@ def lifecycle(client: TestClient, settings: Settings, fake_k8s: FakeApiServer) -
     assert client.get("/readyz").json()["backend"] == "kubernetes"
     job_id = start_training(client, fake_k8s)
 
-    # The objects exist, built from the job: its spec (without resources) for the trainer.
+    # The objects exist, built from the job: its spec, as stored, for the trainer.
     cluster = fake_k8s.cluster
     assert {(k[0], k[2]) for k in cluster.store.objects if k[0] != "persistentvolumeclaims"} \
         >= {("statefulsets", job_id), ("secrets", f"{job_id}-report"), ("services", job_id),
@@ -115,8 +115,7 @@ def lifecycle(client: TestClient, settings: Settings, fake_k8s: FakeApiServer) -
         "containers"][0]
     env = {e["name"]: e.get("value") for e in trainer["env"]}
     stored = job_state(client, job_id)["spec"]
-    assert json.loads(env["TRAINER_CONFIG"]) == {k: v for k, v in stored.items()
-                                                 if k != "resources"}
+    assert json.loads(env["TRAINER_CONFIG"]) == stored
     assert env["REPORT_URL"] == (f"http://migrator-api.live-migrator.svc:8000/api/v1/jobs/"
                                  f"{job_id}/reports")
     assert env["TORCHFT_LIGHTHOUSE"] == f"http://{job_id}-lighthouse:{commands.LIGHTHOUSE_PORT}"
@@ -148,11 +147,9 @@ def lifecycle(client: TestClient, settings: Settings, fake_k8s: FakeApiServer) -
     (export / "config.json").write_text("{}")
     (export / "metrics.json").write_text(json.dumps({"metrics": {"test": {"accuracy": 0.8}}}))
     for ordinal in (0, 1):
-        post_report(client, fake_k8s, job_id, ordinal, [{
-            "seq": 2, "kind": "event", "time": 2.0,
-            "data": {"type": "completed", "message": "training completed",
-                     "primary": ordinal == 0,
-                     "model_dir": "/models/model" if ordinal == 0 else None}}])
+        export_dir = "/models/model" if ordinal == 0 else None
+        post_report(client, fake_k8s, job_id, ordinal,
+                    [record(2, completed(export_dir, primary=ordinal == 0))])
     state = wait_job(client, job_id, lambda s: s["status"] == "succeeded", "the job to succeed")
     model = client.get(f"/api/v1/models/{state['model_id']}", headers=AUTH).json()
     assert model["metrics"] == {"test": {"accuracy": 0.8}}
