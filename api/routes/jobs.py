@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 
 from api.auth import AdminRoute
 from api.deps import AdminDep, BackendDep, EventsDep, SessionDep, SettingsDep
@@ -51,11 +51,12 @@ def cancel_job(job_id: str, session: SessionDep, backend: BackendDep,
 
 @router.delete("/{job_id}", status_code=status.HTTP_204_NO_CONTENT,
                responses=error_responses(404, 409))
-def delete_job(job_id: str, session: SessionDep, settings: SettingsDep,
+def delete_job(job_id: str, request: Request, session: SessionDep, settings: SettingsDep,
                delete_artifacts: bool = False) -> Response:
     """Remove an ended job's record (409 while it runs: cancel it first). Its checkpoints, logs
     and model stay unless `delete_artifacts` is true."""
     service.delete_job(session, settings, job_id, delete_artifacts)
+    request.app.state.report_tokens.forget(job_id)  # its pods, if any were left, get 403
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
