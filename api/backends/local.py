@@ -1,17 +1,16 @@
 """The local backend: one detached supervisor process per job, observed through its files.
 
-Everything lives in `jobs_dir/<job_id>/`: `launch.json` (what to run), `state.json` (written by
-the supervisor), `commands/` (kill/delete requests for the supervisor), `logs/`. The supervisor
-runs in its own session, so it outlives the API process; a new LocalBackend on the same jobs_dir
-re-adopts it from these files alone. The layout and the file/process helpers here are shared with
-the supervisor (api/backends/supervisor.py).
+Everything lives in `jobs_dir/<job_id>/` (see api/backends/local_jobdir.py). The supervisor runs
+in its own session, so it outlives the API process; a new LocalBackend on the same jobs_dir
+re-adopts it from these files alone. A supervisor that dies while its job runs (SIGKILL, the OOM
+killer) is replaced, as a kubelet is restarted, by one that adopts the pods still running; where
+that cannot be done, every process its state lists is killed and the job finishes, with the
+reason.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import logging
 import os
 import re
@@ -20,9 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -30,241 +27,322 @@ from api.backends.base import (
     BackendError,
     Launch,
     PodStatus,
-    Resources,
     WorkloadNotFound,
     WorkloadStatus,
+)
+from api.backends.local_jobdir import (
+    DEFAULT_BACKOFF_SECONDS,
+    DEFAULT_MAX_RESTARTS,
+    DeleteCommand,
+    JobDir,
+    KillCommand,
+    LaunchDocument,
+    StateDocument,
+    UnreadableDocument,
+    read_launch,
+    read_state,
+    same_process,
+    send_command,
+    signal_group,
+    tail_lines,
+    try_lock,
+    write_launch,
+    write_state,
 )
 
 logger = logging.getLogger(__name__)
 
-LAUNCH_FILE = "launch.json"
-STATE_FILE = "state.json"
-COMMANDS_DIR = "commands"
-LOGS_DIR = "logs"
-DEFAULT_MAX_RESTARTS = 5
-DEFAULT_BACKOFF_SECONDS = 1.0
 JOB_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 DELETE_TIMEOUT = 20.0
 POLL_SECONDS = 0.1
 STARTUP_GRACE = 30.0
 """How long a job with launch.json but no state.json yet counts as starting up."""
-# psutil derives create_time from the boot time, which moves when the wall clock is adjusted.
-CREATE_TIME_TOLERANCE = 1.0
+SUPERVISOR_RESTARTS = 3
+"""How often a job's supervisor may die and be replaced before the job fails instead."""
+KILL_TIMEOUT = 10.0
+"""How long a SIGKILLed process may take to be gone."""
 # The package root, so the supervisor imports this checkout even where it is not installed.
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
-
-
-def write_json_atomic(path: Path, data: Any, mode: int = 0o644) -> None:
-    """Readers see the old or the new document, never half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle)
-    tmp.replace(path)
-
-
-def launch_from_document(document: dict[str, Any]) -> Launch:
-    """The Launch that `LocalBackend` wrote into a job's launch.json."""
-    # Optional fields may be missing from a launch.json written by an older version.
-    values = {f.name: document[f.name] for f in dataclasses.fields(Launch) if f.name in document}
-    for name in ("checkpoint_dir", "model_dir", "inputs_dir", "cache_dir"):
-        values[name] = Path(values[name])
-    if values.get("resources") is not None:
-        values["resources"] = Resources(**values["resources"])
-    return Launch(**values)
-
-
-def same_process(pid: int | None, started: float | None) -> psutil.Process | None:
-    """The live process `pid` if it is the one created at `started`, not a reused pid."""
-    if pid is None or started is None:
-        return None
-    try:
-        process = psutil.Process(pid)
-        if (abs(process.create_time() - started) > CREATE_TIME_TOLERANCE
-                or process.status() == psutil.STATUS_ZOMBIE):
-            return None
-    except psutil.Error:
-        return None
-    return process
-
-
-def signal_group(pgid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
-
-
-def tail_lines(path: Path, lines: int, max_bytes: int = 1 << 20) -> list[str]:
-    """The last `lines` lines of a file, reading at most `max_bytes` from its end."""
-    if lines <= 0:
-        return []
-    try:
-        with path.open("rb") as handle:
-            end = handle.seek(0, os.SEEK_END)
-            data = b""
-            while end > 0 and data.count(b"\n") <= lines and len(data) < max_bytes:
-                start = max(0, end - min(65536, max_bytes - len(data)))
-                handle.seek(start)
-                data = handle.read(end - start) + data
-                end = start
-    except (FileNotFoundError, IsADirectoryError):
-        return []
-    text = data.decode("utf-8", errors="replace").splitlines()
-    if end > 0:
-        text = text[1:]  # the first line read is probably cut
-    return text[-lines:]
-
 
 
 class LocalBackend:
     name = "local"
 
     def __init__(self, jobs_dir: Path, max_restarts: int = DEFAULT_MAX_RESTARTS,
-                 restart_backoff: float = DEFAULT_BACKOFF_SECONDS) -> None:
+                 restart_backoff: float = DEFAULT_BACKOFF_SECONDS,
+                 supervisor_restarts: int = SUPERVISOR_RESTARTS) -> None:
         self.jobs_dir = jobs_dir
         self.max_restarts, self.restart_backoff = max_restarts, restart_backoff
+        self.supervisor_restarts = supervisor_restarts
         # Supervisors this process started; polling them reaps them (no zombies in the API).
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()  # routes and the reconciler call in from several threads
+        self._revivals: dict[str, int] = {}
+        """Supervisors started per job to adopt one that died (some may have died at once)."""
+        self._seen: dict[str, StateDocument] = {}
+        """The last readable state of each unfinished job: what to stop should it turn
+        unreadable."""
+        self._deleting: set[str] = set()
 
     def launch(self, launch: Launch) -> None:
         job_dir = self._job_dir(launch.job_id)
-        if job_dir.is_dir() and self._alive(launch.job_id, job_dir, self._state(job_dir)):
+        if job_dir.path.is_dir() and self._alive(launch.job_id, job_dir, read_state(job_dir)):
             raise BackendError(f"job {launch.job_id} already has a running supervisor")
-        for sub in (LOGS_DIR, COMMANDS_DIR):
-            (job_dir / sub).mkdir(parents=True, exist_ok=True)
+        for sub in (job_dir.logs, job_dir.commands):
+            sub.mkdir(parents=True, exist_ok=True)
         # A previous run's state and commands must not be mistaken for the new supervisor's.
-        (job_dir / STATE_FILE).unlink(missing_ok=True)
-        for stale in (job_dir / COMMANDS_DIR).iterdir():
+        job_dir.state.unlink(missing_ok=True)
+        for stale in job_dir.commands.iterdir():
             stale.unlink(missing_ok=True)
-        write_json_atomic(job_dir / LAUNCH_FILE, self._launch_document(launch), mode=0o600)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(SOURCE_ROOT), os.environ.get("PYTHONPATH")]))}
-        try:
-            with (job_dir / "supervisor.log").open("ab") as log:
-                child = subprocess.Popen(
-                    [sys.executable, "-m", "api.backends.supervisor", str(job_dir)],
-                    cwd=job_dir, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT, start_new_session=True)
-        except OSError as exc:
-            (job_dir / LAUNCH_FILE).unlink(missing_ok=True)
-            raise BackendError(f"cannot start the supervisor of {launch.job_id}: {exc}") from None
+        write_launch(job_dir, LaunchDocument(launch, self.max_restarts, self.restart_backoff))
         with self._lock:
-            self._children[launch.job_id] = child
+            self._revivals.pop(launch.job_id, None)
+            self._seen.pop(launch.job_id, None)
+            try:
+                child = self._start_supervisor(job_dir, adopt=False)
+            except BackendError:
+                job_dir.launch.unlink(missing_ok=True)
+                raise
         logger.info("job %s: supervisor started (pid %d)", launch.job_id, child.pid)
 
     def status(self, job_id: str) -> WorkloadStatus:
         job_dir = self._job_dir(job_id)
-        if not job_dir.is_dir():
+        if not job_dir.path.is_dir():
             return WorkloadStatus(present=False)
-        state = self._state(job_dir)
+        state = self._observe(job_id, job_dir)
         alive = self._alive(job_id, job_dir, state)
         if state is None:
-            replicas = int(self._launch(job_dir).get("replicas", 0))
+            document = read_launch(job_dir)
+            replicas = document.launch.replicas if document else 0
             return WorkloadStatus(present=alive, pods=[
                 PodStatus(i, f"{job_id}-{i}", "Pending", 0) for i in range(replicas)])
-        finished = bool(state["finished"])
-        pods = [PodStatus(ordinal=p["ordinal"], name=p["name"], phase=p["phase"],
-                          restarts=p["restarts"], started_at=p["started_at"],
-                          exit_code=p["exit_code"]) for p in state["pods"]]
-        return WorkloadStatus(present=alive and not finished, pods=pods, finished=finished,
-                              reason=state["reason"])
+        pods = [PodStatus(ordinal=p.ordinal, name=p.name, phase=p.phase, restarts=p.restarts,
+                          started_at=p.started_at, exit_code=p.exit_code) for p in state.pods]
+        return WorkloadStatus(present=alive and not state.finished, pods=pods,
+                              finished=state.finished, reason=state.reason)
 
     def kill_pod(self, job_id: str, ordinal: int, grace_seconds: float) -> None:
         job_dir = self._job_dir(job_id)
-        if not job_dir.is_dir():
+        if not job_dir.path.is_dir():
             raise WorkloadNotFound(f"no job {job_id}")
-        state = self._state(job_dir)
-        if not self._alive(job_id, job_dir, state) or (state and state["finished"]):
+        state = read_state(job_dir)
+        if not self._alive(job_id, job_dir, state) or (state and state.finished):
             raise WorkloadNotFound(f"job {job_id} has no running supervisor")
-        replicas = int(self._launch(job_dir).get("replicas", 0))
+        if state is not None:
+            replicas = len(state.pods)
+        else:
+            document = read_launch(job_dir)
+            replicas = document.launch.replicas if document else 0
         if not 0 <= ordinal < replicas:
             raise WorkloadNotFound(f"job {job_id} has no pod {ordinal} (replicas: {replicas})")
-        self._command(job_dir, {"op": "kill", "ordinal": ordinal,
-                                "grace_seconds": max(0.0, float(grace_seconds))})
+        send_command(job_dir, KillCommand(ordinal=ordinal,
+                                          grace_seconds=max(0.0, float(grace_seconds))))
         logger.info("job %s: kill of pod %d requested (grace %.1f s)", job_id, ordinal,
                     grace_seconds)
 
     def delete(self, job_id: str) -> None:
         job_dir = self._job_dir(job_id)
-        if not job_dir.is_dir():
+        if not job_dir.path.is_dir():
             return
-        if self._alive(job_id, job_dir, self._state(job_dir)):
-            self._command(job_dir, {"op": "delete"})
-            deadline = time.monotonic() + DELETE_TIMEOUT
-            while (self._alive(job_id, job_dir, self._state(job_dir))
-                   and time.monotonic() < deadline):
-                time.sleep(POLL_SECONDS)
-        self._kill_listed(job_id, job_dir)
-        for command in (job_dir / COMMANDS_DIR).glob("*"):
+        with self._lock:
+            self._deleting.add(job_id)  # no dead supervisor of it is replaced meanwhile
+        try:
+            self._delete(job_id, job_dir)
+        finally:
+            with self._lock:
+                self._deleting.discard(job_id)
+                self._seen.pop(job_id, None)
+        for command in job_dir.commands.glob("*"):
             command.unlink(missing_ok=True)  # nobody is left to obey them
 
     def tail_logs(self, job_id: str, ordinal: int, lines: int) -> list[str]:
         job_dir = self._job_dir(job_id)
-        return tail_lines(job_dir / LOGS_DIR / f"{job_id}-{int(ordinal)}.log", lines)
+        return tail_lines(job_dir.log(f"{job_id}-{int(ordinal)}"), lines)
 
     def active_jobs(self) -> list[str]:
         if not self.jobs_dir.is_dir():
             return []
         active = []
-        for job_dir in sorted(self.jobs_dir.iterdir()):
-            if not (JOB_ID.fullmatch(job_dir.name) and job_dir.is_dir()):
+        for path in sorted(self.jobs_dir.iterdir()):
+            if not (JOB_ID.fullmatch(path.name) and path.is_dir()):
                 continue
+            job_dir = JobDir(path)
             try:
-                state = self._state(job_dir)
+                state = read_state(job_dir)
             except BackendError as exc:
-                logger.warning("job %s: %s", job_dir.name, exc)
+                logger.warning("job %s: %s", path.name, exc)
                 continue
-            if self._alive(job_dir.name, job_dir, state) and not (state and state["finished"]):
-                active.append(job_dir.name)
+            if self._alive(path.name, job_dir, state) and not (state and state.finished):
+                active.append(path.name)
         return active
 
-    def _job_dir(self, job_id: str) -> Path:
+    def _job_dir(self, job_id: str) -> JobDir:
         # Job ids become path components: anything but [a-z0-9-] could escape jobs_dir.
         if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
             raise WorkloadNotFound(f"invalid job id {job_id!r}")
-        return self.jobs_dir / job_id
+        return JobDir(self.jobs_dir / job_id)
 
-    def _launch_document(self, launch: Launch) -> dict[str, Any]:
-        document = dataclasses.asdict(launch)
-        for key, value in document.items():
-            if isinstance(value, Path):
-                document[key] = str(value.absolute())
-        document["max_restarts"] = self.max_restarts
-        document["restart_backoff"] = self.restart_backoff
-        return document
-
-    @staticmethod
-    def _launch(job_dir: Path) -> dict[str, Any]:
+    def _start_supervisor(self, job_dir: JobDir, adopt: bool) -> subprocess.Popen[bytes]:
+        """Start the job's supervisor (the caller holds self._lock)."""
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(SOURCE_ROOT), os.environ.get("PYTHONPATH")]))}
+        argv = [sys.executable, "-m", "api.backends.supervisor", str(job_dir.path)]
         try:
-            document: dict[str, Any] = json.loads((job_dir / LAUNCH_FILE).read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            raise BackendError(f"unreadable {LAUNCH_FILE} in {job_dir}: {exc}") from None
-        return document
+            with job_dir.supervisor_log.open("ab") as log:
+                child = subprocess.Popen(
+                    [*argv, "--adopt"] if adopt else argv, cwd=job_dir.path, env=env,
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True)
+        except OSError as exc:
+            raise BackendError(f"cannot start the supervisor of {job_dir.job_id}: {exc}") \
+                from None
+        self._children[job_dir.job_id] = child
+        return child
 
-    @staticmethod
-    def _state(job_dir: Path) -> dict[str, Any] | None:
+    def _observe(self, job_id: str, job_dir: JobDir) -> StateDocument | None:
+        """The job's state, after replacing its supervisor if that died with the job unfinished."""
         try:
-            state: dict[str, Any] = json.loads((job_dir / STATE_FILE).read_text())
-        except FileNotFoundError:
+            state = read_state(job_dir)
+        except UnreadableDocument as exc:
+            final = None if self._supervised(job_id) else self._give_up(
+                job_id, job_dir, self._seen.get(job_id),
+                f"the job's supervisor died and its state is unreadable ({exc}); every pod it "
+                "last listed was stopped")
+            if final is None:
+                raise
+            return final
+        if state is None or state.finished:
+            self._seen.pop(job_id, None)
+            return state
+        self._seen[job_id] = state
+        if self._alive(job_id, job_dir, state):
+            return state
+        return self._revive(job_id, job_dir, state)
+
+    def _revive(self, job_id: str, job_dir: JobDir, state: StateDocument) -> StateDocument:
+        """Start a supervisor that adopts the pods of the dead one; where none can be, kill them
+        and finish the job."""
+        with self._lock:
+            if job_id in self._deleting:
+                return state
+            tries = max(state.adoptions, self._revivals.get(job_id, 0))
+            self._revivals[job_id] = tries + 1
+            if tries >= self.supervisor_restarts:
+                reason = (f"the job's supervisor (pid {state.supervisor_pid}) died and is not "
+                          f"replaced again: replaced {tries} times already (the most allowed); "
+                          "every pod was stopped")
+            else:
+                try:
+                    if read_launch(job_dir) is None:
+                        raise UnreadableDocument(f"no {job_dir.launch.name}")
+                    child = self._start_supervisor(job_dir, adopt=True)
+                except BackendError as exc:
+                    reason = (f"the job's supervisor (pid {state.supervisor_pid}) died and "
+                              f"cannot be replaced ({exc}); every pod was stopped")
+                else:
+                    logger.warning("job %s: supervisor pid %s died; pid %d adopts its pods",
+                                   job_id, state.supervisor_pid, child.pid)
+                    return state
+        return self._give_up(job_id, job_dir, state, reason) or state
+
+    def _give_up(self, job_id: str, job_dir: JobDir, state: StateDocument | None,
+                 reason: str) -> StateDocument | None:
+        """Kill every process the job's state lists, then record the job finished for `reason`.
+
+        Holding the supervisor's lock makes this the only writer of state.json, as a supervisor
+        is. Where a supervisor holds it, that one is alive after all: None, and nothing done.
+        """
+        lock = try_lock(job_dir)
+        if lock is None:
             return None
-        except (OSError, ValueError) as exc:
-            raise BackendError(f"unreadable {STATE_FILE} in {job_dir}: {exc}") from None
-        return state
+        try:
+            if state is None:
+                logger.warning("job %s: no state of it was ever read here: its pods, if any "
+                               "run, are unknown", job_id)
+                state = StateDocument(supervisor_pid=None, supervisor_started=None, pods=[])
+            self._kill_listed(job_id, state)
+            final = state.model_copy(update={
+                "finished": True, "reason": reason, "mode": "finishing", "final_reason": reason,
+                "pods": [p.model_copy(update={"phase": "Failed"}) if p.phase == "Running"
+                         else p for p in state.pods]})
+            write_state(job_dir, final)
+        finally:
+            os.close(lock)
+        if reason != "deleted":
+            logger.error("job %s: %s", job_id, reason)
+        return final
 
-    def _alive(self, job_id: str, job_dir: Path, state: dict[str, Any] | None) -> bool:
+    def _delete(self, job_id: str, job_dir: JobDir) -> None:
+        state = self._readable_state(job_id, job_dir)
+        if self._alive(job_id, job_dir, state):
+            send_command(job_dir, DeleteCommand())
+            deadline = time.monotonic() + DELETE_TIMEOUT
+            while (self._alive(job_id, job_dir, state := self._readable_state(job_id, job_dir))
+                   and time.monotonic() < deadline):
+                time.sleep(POLL_SECONDS)
+        supervisor = self._running_supervisor(job_id, state)
+        if supervisor is not None:
+            # It hung: it goes first, or it would restart the pods killed below.
+            logger.warning("job %s: supervisor did not stop in %.0f s: SIGKILL", job_id,
+                           DELETE_TIMEOUT)
+            supervisor.send_signal(signal.SIGKILL)
+            with contextlib.suppress(psutil.Error):  # a zombie of another parent never "ends"
+                supervisor.wait(timeout=DELETE_TIMEOUT)
+            state = self._readable_state(job_id, job_dir)  # it may have started pods meanwhile
+        if state is None or (not state.finished
+                             and self._give_up(job_id, job_dir, state, "deleted")):
+            return
+        self._kill_listed(job_id, state)
+
+    def _readable_state(self, job_id: str, job_dir: JobDir) -> StateDocument | None:
+        """state.json, or the last readable version of it."""
+        try:
+            return read_state(job_dir)
+        except UnreadableDocument:
+            return self._seen.get(job_id)
+
+    def _alive(self, job_id: str, job_dir: JobDir, state: StateDocument | None) -> bool:
         """Whether the job's supervisor process runs (it may have finished and not exited yet)."""
         exited, running = self._reap_children()
         if job_id in running:
             return True
         if state is not None:
-            return same_process(state["supervisor_pid"], state["supervisor_started"]) is not None
+            # The lock also covers a clock step (that moves create times) and a supervisor that
+            # another process started and that has not written its state yet.
+            return (same_process(state.supervisor_pid, state.supervisor_started) is not None
+                    or self._lock_held(job_dir))
         if job_id in exited:
             return False  # it died before writing any state
         # Launched by another API process that has not written its first state yet.
-        launch_file = job_dir / LAUNCH_FILE
+        launch_file = job_dir.launch
         return launch_file.is_file() and time.time() - launch_file.stat().st_mtime < STARTUP_GRACE
+
+    @staticmethod
+    def _lock_held(job_dir: JobDir) -> bool:
+        lock = try_lock(job_dir)
+        if lock is None:
+            return True
+        os.close(lock)
+        return False
+
+    def _running_supervisor(self, job_id: str,
+                            state: StateDocument | None) -> psutil.Process | None:
+        """The job's supervisor where it runs: the one state.json names, else one that this
+        process started and that has not written its state yet."""
+        if state is not None and (found := same_process(state.supervisor_pid,
+                                                         state.supervisor_started)):
+            return found
+        with self._lock:
+            child = self._children.get(job_id)
+        if child is None or child.poll() is not None:
+            return None
+        with contextlib.suppress(psutil.Error):
+            return psutil.Process(child.pid)
+        return None
+
+    def _supervised(self, job_id: str) -> bool:
+        """Whether a supervisor this process started for the job still runs."""
+        return job_id in self._reap_children()[1]
 
     def _reap_children(self) -> tuple[set[str], set[str]]:
         """Poll the supervisors this process started, so none stays a zombie: (exited, running)."""
@@ -276,31 +354,17 @@ class LocalBackend:
             return exited, set(self._children)
 
     @staticmethod
-    def _command(job_dir: Path, command: dict[str, Any]) -> None:
-        name = f"{time.time_ns()}-{uuid.uuid4().hex}.json"
-        write_json_atomic(job_dir / COMMANDS_DIR / name, command)
-
-    def _kill_listed(self, job_id: str, job_dir: Path) -> None:
-        """SIGKILL the supervisor and each pod group of state.json that is still that process."""
-        state = self._state(job_dir)
-        if state is None:
-            return
-        supervisor = same_process(state["supervisor_pid"], state["supervisor_started"])
-        if supervisor is not None:
-            # It hung: it goes first, or it would restart the pods killed below.
-            logger.warning("job %s: supervisor did not stop in %.0f s: SIGKILL", job_id,
-                           DELETE_TIMEOUT)
-            supervisor.send_signal(signal.SIGKILL)
-            with contextlib.suppress(psutil.Error):  # a zombie of another parent never "ends"
-                supervisor.wait(timeout=DELETE_TIMEOUT)
-            state = self._state(job_dir) or state  # it may have started pods meanwhile
-        coordinator = state.get("coordinator") or {}
-        leftovers = [(pod["name"], pod["pid"], pod["pid_started"]) for pod in state["pods"]]
-        leftovers.append((coordinator.get("name"), coordinator.get("pid"),
-                          coordinator.get("pid_started")))
-        for name, pid, started in leftovers:
+    def _kill_listed(job_id: str, state: StateDocument) -> None:
+        """SIGKILL each pod group and coordinator of `state` that is still that process, and
+        wait until they are gone."""
+        killed = []
+        for what, pid, started in state.listed_processes():
             if same_process(pid, started) is not None:
-                logger.warning("job %s: %s left behind: SIGKILL", job_id,
-                               f"pod {name}" if name in {p["name"] for p in state["pods"]}
-                               else name)
+                logger.warning("job %s: %s left behind: SIGKILL", job_id, what)
                 signal_group(pid, signal.SIGKILL)
+                killed.append((what, pid, started))
+        deadline = time.monotonic() + KILL_TIMEOUT
+        while left := [what for what, pid, started in killed if same_process(pid, started)]:
+            if time.monotonic() > deadline:
+                raise BackendError(f"job {job_id}: {', '.join(left)} outlived SIGKILL")
+            time.sleep(POLL_SECONDS / 10)

@@ -7,52 +7,52 @@ carry on, restarts the coordinator if it dies, obeys the kill/delete commands dr
 `commands/`, and records everything in `state.json` (replaced atomically) so that any API process
 can observe and re-adopt the job. Recovery inside the group is the pods' business: live pods heal
 from a peer, restart pods are restarted by their torchrun agents from the newest checkpoint.
+
+With `--adopt` it takes over from a supervisor that died, as a restarted kubelet re-adopts its
+containers: the pods and coordinator listed in `state.json` that still run go on untouched.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
+import argparse
 import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, Literal
 
 import psutil
 
 from api.backends import commands
-from api.backends.base import PodPhase
-from api.backends.local import (
-    COMMANDS_DIR,
-    DEFAULT_BACKOFF_SECONDS,
-    DEFAULT_MAX_RESTARTS,
-    LAUNCH_FILE,
-    LOGS_DIR,
-    STATE_FILE,
-    launch_from_document,
+from api.backends.local_jobdir import (
+    CoordinatorRecord,
+    DeleteCommand,
+    JobDir,
+    LaunchDocument,
+    Mode,
+    StateDocument,
+    UnreadableDocument,
+    pending_commands,
+    read_command,
+    read_launch,
+    read_state,
     signal_group,
     tail_lines,
-    write_json_atomic,
+    try_lock,
+    write_state,
 )
+from api.backends.supervised import POLL_SECONDS, Adopted, Pod, Watched, spawn
 from trainer.contract.process import ExitCode, failure_reason
 
 logger = logging.getLogger(__name__)
 
-LOCK_FILE = "supervisor.lock"
-POLL_SECONDS = 0.1
 STOP_GRACE_SECONDS = 10.0
+LOCK_WAIT_SECONDS = 1.0
 
 SETTINGS_PREFIX = "MIGRATOR_"  # api.settings.Settings' env prefix
-
-Mode = Literal["running", "finishing"]
 
 
 def free_port() -> int:
@@ -62,67 +62,39 @@ def free_port() -> int:
         return port
 
 
-@dataclass
-class Pod:
-    ordinal: int
-    name: str
-    restarts: int = 0
-    phase: PodPhase = "Pending"
-    process: subprocess.Popen[bytes] | None = None
-    pid_started: float | None = None
-    started_at: float | None = None
-    exit_code: int | None = None
-    stopped: bool = False
-    """The supervisor signalled this incarnation, so it failed even if it exited 0."""
-    signalled_at: float | None = None
-    """Unix time the supervisor first signalled this incarnation (a kill, a stop)."""
-    kill_at: float | None = None
-    """Monotonic time at which a signalled incarnation gets SIGKILL."""
-    restart_at: float | None = None
-    """Monotonic time at which this failed pod is recreated."""
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.returncode is None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"ordinal": self.ordinal, "name": self.name,
-                "pid": self.process.pid if self.process else None,
-                "pid_started": self.pid_started, "phase": self.phase, "restarts": self.restarts,
-                "started_at": self.started_at, "signalled_at": self.signalled_at,
-                "exit_code": self.exit_code}
-
-
 class Supervisor:
-    def __init__(self, job_dir: Path, launch: dict[str, Any]) -> None:
-        self.job_dir, self.launch = job_dir, launch
-        self.job_id: str = launch["job_id"]
-        self.max_restarts = int(launch.get("max_restarts", DEFAULT_MAX_RESTARTS))
-        self.backoff = float(launch.get("restart_backoff", DEFAULT_BACKOFF_SECONDS))
-        self.pods = [Pod(i, f"{self.job_id}-{i}") for i in range(int(launch["replicas"]))]
-        self.launch_spec = launch_from_document(launch)
-        self.live = self.launch_spec.fault_tolerance == "live"
-        self.coordinator: subprocess.Popen[bytes] | None = None
+    def __init__(self, job_dir: JobDir, document: LaunchDocument,
+                 previous: StateDocument | None = None) -> None:
+        self.job_dir, self.launch = job_dir, document.launch
+        self.job_id = self.launch.job_id
+        self.max_restarts, self.backoff = document.max_restarts, document.restart_backoff
+        self.pods = [Pod(i, f"{self.job_id}-{i}") for i in range(self.launch.replicas)]
+        self.live = self.launch.fault_tolerance == "live"
+        self.coordinator: Watched | None = None
         """The torchft lighthouse (live) or the rendezvous store (restart), on a fixed port."""
         self.coordinator_endpoint = commands.Endpoint("127.0.0.1", free_port())
-        self.coordinator_started: float | None = None
         self.coordinator_starts = 0
         self.started = psutil.Process().create_time()
         self.mode: Mode = "running"
         self.final_reason: str | None = None
         self.finished = False
         self.reason: str | None = None
+        self.adoptions = 0
+        self.previous = previous
+        """The state a dead supervisor left, to adopt its processes from."""
         self._sigterm = False
-        self._written = ""
+        self._written: StateDocument | None = None
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
+        if self.previous is not None:
+            self.adopt(self.previous)
         self.write_state()
         try:
             self.ensure_coordinator()
             for pod in self.pods:
-                self.start_pod(pod)
-            self.write_state()
+                if pod.phase == "Pending" and self.mode == "running":
+                    self.start_pod(pod)
             while not self.finished:
                 time.sleep(POLL_SECONDS)
                 self.tick()
@@ -130,6 +102,27 @@ class Supervisor:
             self.kill_leftovers()
         logger.info("finished (%s)", self.reason or "every pod succeeded")
         return 0
+
+    def adopt(self, previous: StateDocument) -> None:
+        """Take over the pods and coordinator of a dead supervisor as its state lists them."""
+        self.adoptions = previous.adoptions + 1
+        self.mode, self.final_reason = previous.mode, previous.final_reason
+        records = {record.ordinal: record for record in previous.pods}
+        for pod in self.pods:
+            if pod.ordinal in records:
+                pod.adopt(records[pod.ordinal], STOP_GRACE_SECONDS)
+        coordinator = previous.coordinator
+        if coordinator is not None:
+            # The pods know the coordinator by this endpoint: a new one must listen there too.
+            host, _, port = coordinator.endpoint.rpartition(":")
+            self.coordinator_endpoint = commands.Endpoint(host, int(port))
+            self.coordinator_starts = coordinator.restarts + 1
+            if coordinator.pid is not None:
+                self.coordinator = Adopted(coordinator.pid, coordinator.pid_started)
+        logger.warning("adopting the job from supervisor pid %s (adoption %d): pods %s",
+                       previous.supervisor_pid, self.adoptions,
+                       ", ".join(f"{p.name} pid {p.process.pid}" for p in self.pods
+                                 if p.process is not None) or "none running")
 
     def tick(self) -> None:
         if self._sigterm:
@@ -145,52 +138,51 @@ class Supervisor:
             self.finished, self.reason = True, self.final_reason
         self.write_state()
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> StateDocument:
         coordinator = self.coordinator
-        return {"supervisor_pid": os.getpid(), "supervisor_started": self.started,
-                "finished": self.finished, "reason": self.reason,
-                "pods": [pod.to_json() for pod in self.pods],
-                "coordinator": {"name": "lighthouse" if self.live else "store",
-                                "endpoint": str(self.coordinator_endpoint),
-                                "pid": coordinator.pid if coordinator else None,
-                                "pid_started": self.coordinator_started,
-                                "restarts": max(self.coordinator_starts - 1, 0)}}
+        return StateDocument(
+            supervisor_pid=os.getpid(), supervisor_started=self.started,
+            finished=self.finished, reason=self.reason,
+            pods=[pod.record() for pod in self.pods],
+            coordinator=CoordinatorRecord(
+                name="lighthouse" if self.live else "store",
+                endpoint=str(self.coordinator_endpoint),
+                pid=coordinator.pid if coordinator else None,
+                pid_started=coordinator.started if coordinator else None,
+                restarts=max(self.coordinator_starts - 1, 0)),
+            mode=self.mode, final_reason=self.final_reason, adoptions=self.adoptions)
 
     def write_state(self) -> None:
         """Write state.json when it changed since the last write."""
         state = self.state()
-        text = json.dumps(state)
-        if text != self._written:
-            write_json_atomic(self.job_dir / STATE_FILE, state)
-            self._written = text
+        if state != self._written:
+            write_state(self.job_dir, state)
+            self._written = state
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self._sigterm = True  # acted on by the loop: a handler must not touch the pods' state
 
     def ensure_coordinator(self) -> None:
-        """Start the job's lighthouse or store, or restart it on the same port if it died."""
+        """Start the job's lighthouse or store, or restart it on the same port if it ended."""
         if self.mode == "finishing" or (
-                self.coordinator is not None and self.coordinator.poll() is None):
+                self.coordinator is not None and not self.coordinator.poll()):
             return
         name = "lighthouse" if self.live else "store"
         if self.coordinator is not None:
+            code = self.coordinator.exit_code
             logger.warning("%s exited with code %s: restarting it", name,
-                           self.coordinator.returncode)
+                           "unknown" if code is None else code)
         endpoint = self.coordinator_endpoint
         argv = (commands.lighthouse_argv(str(endpoint), executable=str(
                     Path(sys.executable).with_name("torchft_lighthouse"))) if self.live
                 else commands.store_argv(endpoint.port, python=sys.executable))
-        with (self.job_dir / LOGS_DIR / f"{name}.log").open("ab") as handle:
-            self.coordinator = subprocess.Popen(
-                argv, cwd=self.job_dir, stdin=subprocess.DEVNULL, stdout=handle,
-                stderr=subprocess.STDOUT, start_new_session=True)
+        self.coordinator = spawn(argv, self.job_dir.path, self.job_dir.log(name))
         self.coordinator_starts += 1
-        with contextlib.suppress(psutil.Error):
-            self.coordinator_started = psutil.Process(self.coordinator.pid).create_time()
         logger.info("%s on %s (pid %d)", name, endpoint, self.coordinator.pid)
+        self.write_state()  # listed at once: should this supervisor die, it is found again
 
     def start_pod(self, pod: Pod) -> None:
-        launch = self.launch_spec
+        launch = self.launch
         # The control plane's own settings (its admin token, database URL) stay out of the pods:
         # a pod holds only its job's report token.
         inherited = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_PREFIX)}
@@ -200,42 +192,30 @@ class Supervisor:
                "POD_INCARNATION": str(pod.restarts)}
         argv = commands.pod_argv(launch, self.coordinator_endpoint, "127.0.0.1",
                                  python=sys.executable)
-        log = self.job_dir / LOGS_DIR / f"{pod.name}.log"
-        with log.open("ab") as handle:
-            pod.process = subprocess.Popen(
-                argv, env=env, cwd=self.job_dir, stdin=subprocess.DEVNULL, stdout=handle,
-                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            pod.pid_started = psutil.Process(pod.process.pid).create_time()
-        except psutil.Error:  # it died at once; reap() records how
-            pod.pid_started = None
+        pod.process = spawn(argv, self.job_dir.path, self.job_dir.log(pod.name), env)
         pod.phase, pod.started_at, pod.stopped, pod.kill_at = "Running", time.time(), False, None
         pod.signalled_at = None
         logger.info("pod %s started: pid %d, restarts %d", pod.name, pod.process.pid,
                     pod.restarts)
+        self.write_state()  # listed at once: should this supervisor die, it is found again
 
     def run_commands(self) -> None:
-        for path in sorted((self.job_dir / COMMANDS_DIR).glob("*.json")):
+        for path in pending_commands(self.job_dir):
             try:
-                self.execute(json.loads(path.read_text()))
-            except (OSError, AttributeError, TypeError, ValueError) as exc:
-                logger.warning("command %s ignored: %s", path.name, exc)
+                command = read_command(path)
+            except UnreadableDocument as exc:
+                logger.warning("command ignored: %s", exc)
+                continue
             finally:
                 path.unlink(missing_ok=True)  # a command runs once, even one that failed
+            if isinstance(command, DeleteCommand):
+                logger.info("delete requested")
+                self.stop_group("finishing", "deleted")
+            else:
+                self.kill(command.ordinal, command.grace_seconds)
 
-    def execute(self, command: Any) -> None:
-        op = command.get("op")
-        if op == "delete":
-            logger.info("delete requested")
-            self.stop_group("finishing", "deleted")
-        elif op == "kill":
-            self.kill(command.get("ordinal"), float(command.get("grace_seconds", 0.0)))
-        else:
-            logger.warning("unknown command %r ignored", command)
-
-    def kill(self, ordinal: Any, grace: float) -> None:
-        valid = isinstance(ordinal, int) and 0 <= ordinal < len(self.pods)
-        pod = self.pods[ordinal] if valid else None
+    def kill(self, ordinal: int, grace: float) -> None:
+        pod = self.pods[ordinal] if 0 <= ordinal < len(self.pods) else None
         if pod is None or pod.process is None or not pod.alive:
             logger.warning("kill: no running pod with ordinal %r; ignored", ordinal)
             return
@@ -267,8 +247,7 @@ class Supervisor:
         for pod in self.pods:
             if pod.process is None or not pod.alive:
                 continue
-            code = pod.process.poll()
-            if code is None:
+            if not pod.process.poll():
                 if pod.kill_at is not None and now >= pod.kill_at:
                     logger.warning("pod %s ignored SIGTERM: SIGKILL", pod.name)
                     signal_group(pod.process.pid, signal.SIGKILL)
@@ -276,11 +255,27 @@ class Supervisor:
                 continue
             # The leader is gone; anything it left in its group must not outlive it.
             signal_group(pod.process.pid, signal.SIGKILL)
-            pod.exit_code, pod.kill_at = code, None
-            pod.phase = "Succeeded" if code == 0 and not pod.stopped else "Failed"
-            logger.info("pod %s exited with code %d: %s", pod.name, code, pod.phase)
+            pod.exit_code, pod.kill_at = pod.process.exit_code, None
+            pod.phase = "Succeeded" if self.done_training(pod) else "Failed"
+            logger.info("pod %s exited with code %s: %s", pod.name,
+                        "unknown" if pod.exit_code is None else pod.exit_code, pod.phase)
+
+    def done_training(self, pod: Pod) -> bool:
+        """Whether an ended pod stopped because the job's training is over."""
+        if pod.stopped:
+            return False
+        if pod.exit_code is not None:
+            return pod.exit_code == ExitCode.OK
+        # Adopted, so its exit status is unknown. A trainer exits 0 only at the end of the
+        # job, once the model is exported (`config.json`, as the reconciler sees it) or just
+        # before: check_group judges such a pod again until it would be recreated.
+        return (self.launch.model_dir / "config.json").is_file()
 
     def check_group(self) -> None:
+        for pod in self.pods:
+            if pod.phase == "Failed" and pod.exit_code is None and self.done_training(pod):
+                logger.info("pod %s: the model is exported, so it ended its training", pod.name)
+                pod.phase, pod.restart_at = "Succeeded", None
         failed = [pod for pod in self.pods if pod.phase == "Failed"]
         if not failed:
             if all(pod.phase == "Succeeded" for pod in self.pods):
@@ -318,52 +313,56 @@ class Supervisor:
 
     def last_log_line(self, pod: Pod) -> str:
         """The trainer's last error message (its launcher may log after it), else the last line."""
-        lines = tail_lines(self.job_dir / LOGS_DIR / f"{pod.name}.log", 50)
+        lines = tail_lines(self.job_dir.log(pod.name), 50)
         return failure_reason(lines) or f"exit code {pod.exit_code}"
 
     def kill_leftovers(self) -> None:
         """Never leave an orphan pod or coordinator, whatever ended the loop."""
-        if self.coordinator is not None and self.coordinator.poll() is None:
+        if self.coordinator is not None and not self.coordinator.poll():
             signal_group(self.coordinator.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.coordinator.wait(timeout=STOP_GRACE_SECONDS)
+            self.coordinator.wait(timeout=STOP_GRACE_SECONDS)
         for pod in self.pods:
             if pod.process is not None and pod.alive:
                 logger.warning("pod %s still running at exit: SIGKILL", pod.name)
                 signal_group(pod.process.pid, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    pod.process.wait(timeout=STOP_GRACE_SECONDS)
-                pod.exit_code, pod.phase = pod.process.returncode, "Failed"
+                pod.process.wait(timeout=STOP_GRACE_SECONDS)
+                pod.exit_code, pod.phase = pod.process.exit_code, "Failed"
         if not self.finished:
             self.finished, self.reason = True, self.reason or "supervisor stopped unexpectedly"
         self.write_state()
 
 
-def hold_lock(job_dir: Path) -> int | None:
-    """An exclusive lock held for the supervisor's life: one supervisor per job directory."""
-    fd = os.open(job_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m api.backends.supervisor",
+                                     description="Supervise one job of the local backend.")
+    parser.add_argument("job_dir", type=Path)
+    parser.add_argument("--adopt", action="store_true",
+                        help="take over the processes of the job's dead supervisor")
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        sys.stderr.write("usage: python -m api.backends.supervisor <job_dir>\n")
-        return 2
-    job_dir = Path(args[0]).absolute()
-    launch = json.loads((job_dir / LAUNCH_FILE).read_text())
+    args = parse_args(argv)
+    job_dir = JobDir(args.job_dir.absolute())
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, force=True,
-        format=f"%(asctime)s %(levelname)s job={launch['job_id']} supervisor: %(message)s")
-    if hold_lock(job_dir) is None:
-        logger.error("another supervisor already runs in %s", job_dir)
+        format=f"%(asctime)s %(levelname)s job={job_dir.job_id} supervisor: %(message)s")
+    # Held for the supervisor's life: one per job directory. A backend that checks whether the
+    # lock is held holds it for an instant: worth a short wait.
+    lock = try_lock(job_dir, wait=LOCK_WAIT_SECONDS)
+    if lock is None:
+        logger.error("another supervisor already runs in %s", job_dir.path)
         return 1
-    supervisor = Supervisor(job_dir, launch)
+    try:
+        document = read_launch(job_dir)
+        previous = read_state(job_dir) if args.adopt else None
+    except UnreadableDocument as exc:
+        logger.error("%s", exc)
+        return 1
+    if document is None or (args.adopt and (previous is None or previous.finished)):
+        logger.error("nothing to %s in %s", "adopt" if args.adopt else "launch", job_dir.path)
+        return 1
+    supervisor = Supervisor(job_dir, document, previous)
     try:
         return supervisor.run()
     except Exception as exc:

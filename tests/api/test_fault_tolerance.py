@@ -18,6 +18,8 @@ from typing import Any
 import psutil
 import pytest
 
+from api.backends.local import SUPERVISOR_RESTARTS
+from api.backends.local_jobdir import same_process
 from tests.api.control_plane import ControlPlane, wait_for
 from tests.conftest import Processes
 from tests.factories import make_reviews_csv, make_tiny_model
@@ -219,3 +221,53 @@ def test_coordinator_killed_then_every_pod_during_a_checkpoint_write(
     assert all(p["restarts"] >= 1 for p in finished["pods"])
     assert not list(checkpoints.glob("*.tmp*"))
     assert_identical_replicas(job)
+
+
+def test_a_killed_supervisor_is_replaced_and_its_pods_train_on(plane: ControlPlane) -> None:
+    job = Job(plane, spec("live", replicas=2, epochs=10))
+    wait_for(lambda: len(job.steps()) >= 10, 180, "training with two pods")
+    left = plane.state(job.id)
+    os.kill(left["supervisor_pid"], signal.SIGKILL)
+
+    # The control plane starts a supervisor that adopts the running pods and lighthouse, as a
+    # restarted kubelet re-adopts its containers: nothing is restarted.
+    adopted = wait_for(lambda: (s := plane.state(job.id)).get("adoptions") == 1 and s, 30,
+                       "a new supervisor to adopt the pods")
+    assert adopted["supervisor_pid"] != left["supervisor_pid"]
+    assert [(p["pid"], p["restarts"]) for p in adopted["pods"]] == [
+        (p["pid"], 0) for p in left["pods"]]
+    assert adopted["coordinator"] == left["coordinator"]
+    adopted_at = time.time()
+    job.wait_steps(3, adopted_at, 2, (0, 1), "both pods to train on")
+    assert plane.job(job.id)["status"] == "running"
+
+    # An adopted pod that is killed is recreated as usual.
+    killed_at = job.kill(1)
+    job.wait_steps(1, killed_at, 2, (1,), "pod 1 to train with pod 0 again")
+    finished = job.finish()
+    assert [p["restarts"] for p in finished["pods"]] == [0, 1]
+    assert plane.state(job.id)["pods"][0]["pid"] == left["pods"][0]["pid"]
+    statuses = [e["data"].get("status") for e in plane.events(job.id, "job")]
+    assert "failed" not in statuses
+
+
+def test_a_supervisor_that_keeps_dying_fails_the_job_with_no_pod_left(
+        plane: ControlPlane) -> None:
+    job = Job(plane, spec("restart", replicas=2))
+    wait_for(lambda: len(job.steps()) >= 5, 180, "training with two pods")
+    listed: set[tuple[int, float]] = set()
+    for death in range(SUPERVISOR_RESTARTS + 1):
+        state = plane.state(job.id)
+        listed |= {(p["pid"], p["pid_started"]) for p in [*state["pods"], state["coordinator"]]}
+        os.kill(state["supervisor_pid"], signal.SIGKILL)
+        if death < SUPERVISOR_RESTARTS:
+            wait_for(lambda n=death + 1: plane.state(job.id).get("adoptions") == n, 30,
+                     f"supervisor {death + 2} to adopt the pods")
+    assert len(listed) == 3  # the same two pods and store throughout
+
+    failed = plane.wait_status(job.id, "failed", "succeeded", timeout=60)
+    assert [pid for pid, started in listed if same_process(pid, started)] == []
+    assert failed["status"] == "failed"
+    assert failed["reason"].startswith("the job's supervisor (pid ")
+    assert failed["reason"].endswith(f"replaced {SUPERVISOR_RESTARTS} times already (the most "
+                                     "allowed); every pod was stopped")

@@ -17,7 +17,8 @@ import pytest
 
 from api.backends import local
 from api.backends.base import BackendError, Launch, WorkloadNotFound, WorkloadStatus
-from api.backends.local import STATE_FILE, LocalBackend, same_process
+from api.backends.local import LocalBackend
+from api.backends.local_jobdir import same_process
 from tests.api.backends.test_supervisor import (
     SPEC,
     ReportSink,
@@ -156,7 +157,7 @@ def test_delete_mid_training_stops_everything_and_keeps_checkpoints(
     checkpoints = jobs_dir / "job-del" / "checkpoints"
     wait_for(lambda: (checkpoints / "step-5" / MARKER).exists(), "the step-5 checkpoint")
     pods = [psutil.Process(pod["pid"]) for pod in
-            json.loads((jobs_dir / "job-del" / STATE_FILE).read_text())["pods"]]
+            json.loads((jobs_dir / "job-del" / "state.json").read_text())["pods"]]
     env = [pod.environ() for pod in pods]
     assert [(e["POD_NAME"], e["POD_INCARNATION"]) for e in env] == [
         ("job-del-0", "0"), ("job-del-1", "0")]
@@ -187,15 +188,84 @@ def test_delete_kills_the_pods_of_a_dead_or_hung_supervisor(
     monkeypatch.setattr(local, "DELETE_TIMEOUT", 0.5)
     backend.launch(make_launch("job-orphans", replicas=1, epochs=20))
     wait_for(lambda: backend.status("job-orphans").pods[0].phase == "Running", "pod 0 to run")
-    supervisor_pid = recorded_processes(jobs_dir / "job-orphans")[0][0]
+    supervisor_pid, started, _ = recorded_processes(jobs_dir / "job-orphans")[0]
     os.kill(supervisor_pid, signal.SIGKILL if fate == "dead" else signal.SIGSTOP)
-    if fate == "dead":
-        wait_for(lambda: not backend.status("job-orphans").present, "the supervisor to die")
+    if fate == "dead":  # and not replaced: nothing observed the job in between
+        wait_for(lambda: same_process(supervisor_pid, started) is None, "the supervisor to die")
     with caplog.at_level("WARNING", logger="api.backends.local"):
         backend.delete("job-orphans")
     assert "pod job-orphans-0 left behind: SIGKILL" in caplog.text
     assert ("supervisor did not stop" in caplog.text) == (fate == "hung")
     assert_no_processes(jobs_dir / "job-orphans")
+
+
+def kill_supervisor(job_dir: Path) -> dict[str, Any]:
+    """SIGKILL the job's supervisor; returns the state it left once it is gone."""
+    state: dict[str, Any] = json.loads((job_dir / "state.json").read_text())
+    pid, started = state["supervisor_pid"], state["supervisor_started"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: same_process(pid, started) is None, "the supervisor to die", timeout=10)
+    return state
+
+
+@pytest.mark.slow
+def test_a_killed_supervisor_is_replaced_by_one_that_adopts_the_pods(
+        backend: LocalBackend, make_launch: Callable[..., Launch], jobs_dir: Path) -> None:
+    backend.launch(make_launch("job-heal", epochs=50, checkpoint_every_steps=1000))
+    job_dir = jobs_dir / "job-heal"
+    wait_for(lambda: [p.phase for p in backend.status("job-heal").pods] == ["Running"] * 2,
+             "both pods to run")
+    left = kill_supervisor(job_dir)
+
+    assert backend.status("job-heal").present  # observing it starts the new supervisor
+    adopted = wait_for(lambda: (s := json.loads((job_dir / "state.json").read_text()))
+                       ["adoptions"] == 1 and s, "a supervisor to adopt the pods")
+    assert adopted["supervisor_pid"] != left["supervisor_pid"]
+    assert [(p["pid"], p["restarts"]) for p in adopted["pods"]] == [
+        (p["pid"], 0) for p in left["pods"]]
+    assert adopted["coordinator"] == left["coordinator"]
+    assert backend.active_jobs() == ["job-heal"]
+
+    # An adopted pod is killed and recreated like any other, and a delete stops everything.
+    backend.kill_pod("job-heal", 1, grace_seconds=0)
+    recreated = wait_for(lambda: (s := backend.status("job-heal")).pods[1].restarts == 1 and s,
+                         "pod 1 to be recreated", timeout=30)
+    assert (recreated.present, recreated.pods[0].restarts) == (True, 0)
+    assert recorded_processes(job_dir)[1][0] == left["pods"][0]["pid"]
+    backend.delete("job-heal")
+    assert backend.status("job-heal").reason == "deleted"
+    assert_no_processes(job_dir)
+    assert all(same_process(p["pid"], p["pid_started"]) is None for p in left["pods"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("why", ["state", "launch", "budget"])
+def test_pods_are_killed_before_a_dead_supervisor_that_cannot_be_replaced_fails_the_job(
+        why: str, jobs_dir: Path, make_launch: Callable[..., Launch]) -> None:
+    backend = LocalBackend(jobs_dir, supervisor_restarts=0 if why == "budget" else 3)
+    backend.launch(make_launch("job-lost", epochs=50))
+    job_dir = jobs_dir / "job-lost"
+    wait_for(lambda: [p.phase for p in backend.status("job-lost").pods] == ["Running"] * 2,
+             "both pods to run")
+    left = kill_supervisor(job_dir)
+    listed = [(p["pid"], p["pid_started"]) for p in [*left["pods"], left["coordinator"]]]
+    if why == "state":  # the backend read it before: it knows what to stop
+        (job_dir / "state.json").write_text("{")
+    elif why == "launch":
+        (job_dir / "launch.json").write_text("{")
+
+    status = backend.status("job-lost")
+    assert all(same_process(pid, started) is None for pid, started in listed)
+    assert (status.present, status.finished) == (False, True)
+    assert status.reason is not None
+    assert status.reason.endswith("every pod it last listed was stopped" if why == "state"
+                                  else "every pod was stopped")
+    assert {"state": "its state is unreadable (invalid state.json: ",
+            "launch": "cannot be replaced (invalid launch.json: ",
+            "budget": "is not replaced again: replaced 0 times already"}[why] in status.reason
+    assert [p.phase for p in status.pods] == ["Failed", "Failed"]
+    backend.delete("job-lost")  # nothing is left to stop, and the reason stays
+    assert backend.status("job-lost").reason == status.reason
 
 
 LAUNCH_FROM_CHILD = """
@@ -251,7 +321,7 @@ def fake_live_job(jobs_dir: Path, job_id: str, replicas: int = 2,
     pods = [{"ordinal": i, "name": f"{job_id}-{i}", "pid": None, "pid_started": None,
              "phase": "Pending", "restarts": 0, "started_at": None, "exit_code": None}
             for i in range(replicas)]
-    (job_dir / STATE_FILE).write_text(json.dumps({
+    (job_dir / "state.json").write_text(json.dumps({
         "supervisor_pid": me.pid, "supervisor_started": started or me.create_time(),
         "finished": False, "reason": None, "pods": pods}))
     return job_dir
@@ -288,7 +358,11 @@ def test_a_reused_pid_is_not_a_live_supervisor(fake_jobs: Path) -> None:
     backend, jobs_dir = LocalBackend(fake_jobs), fake_jobs
     fake_live_job(jobs_dir, "job-stale", started=psutil.Process().create_time() - 3600)
     status = backend.status("job-stale")
-    assert (status.present, status.finished) == (False, False)
+    # Dead, then: the job is finished, as this fake job's supervisor cannot be replaced.
+    assert (status.present, status.finished) == (False, True)
+    assert status.reason is not None
+    assert status.reason.startswith(f"the job's supervisor (pid {os.getpid()}) died and cannot "
+                                    "be replaced (invalid launch.json: ")
     assert [p.phase for p in status.pods] == ["Pending", "Pending"]
     assert backend.active_jobs() == []
     with pytest.raises(WorkloadNotFound):

@@ -1,5 +1,6 @@
-"""The supervisor process on its own (commands, its lock, SIGTERM, the restart budget), its file
-helpers, and the report sink and process helpers that the backend tests share."""
+"""The supervisor process on its own (commands, its lock, SIGTERM, the restart budget, adopting
+a dead supervisor's pods), and the report sink and process helpers that the backend tests
+share."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import contextlib
 import json
 import os
 import signal
-import stat
 import subprocess
 import sys
 import threading
@@ -20,14 +20,10 @@ from typing import Any
 import pytest
 
 from api.backends.base import BackendError
-from api.backends.local import (
-    STATE_FILE,
-    LocalBackend,
-    same_process,
-    tail_lines,
-    write_json_atomic,
-)
+from api.backends.local import LocalBackend
+from api.backends.local_jobdir import same_process, write_json_atomic
 from tests.conftest import ROOT
+from tests.factories import make_reviews_csv
 
 SPEC: dict[str, Any] = {"model": "tiny", "dataset": "reviews.csv", "batch_size": 8,
                         "learning_rate": 0.003, "epochs": 2, "checkpoint_every_steps": 5}
@@ -79,7 +75,7 @@ def sink() -> Iterator[ReportSink]:
 def recorded_processes(job_dir: Path) -> list[tuple[int, float, bool]]:
     """(pid, create time, is a pod group) of the supervisor and pods listed in state.json."""
     try:
-        state = json.loads((job_dir / STATE_FILE).read_text())
+        state = json.loads((job_dir / "state.json").read_text())
     except (OSError, ValueError):
         return []
     found = [(state["supervisor_pid"], state["supervisor_started"], False)]
@@ -109,13 +105,14 @@ def wait_for(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> 
 
 
 def write_job(job_dir: Path, inputs_dir: Path, sink: ReportSink, max_restarts: int = 5,
-              restart_backoff: float = 1.0, **spec: Any) -> None:
+              restart_backoff: float = 1.0, replicas: int = 1, **spec: Any) -> None:
     for sub in ("logs", "commands"):
         (job_dir / sub).mkdir(parents=True)
     write_json_atomic(job_dir / "launch.json", {
         "max_restarts": max_restarts, "restart_backoff": restart_backoff,
-        "job_id": job_dir.name, "replicas": 1, "fault_tolerance": "restart",
-        "spec": {**SPEC, "replicas": 1, **spec}, "report_url": sink.url, "report_token": "t",
+        "job_id": job_dir.name, "replicas": replicas, "fault_tolerance": "restart",
+        "spec": {**SPEC, "replicas": replicas, **spec}, "report_url": sink.url,
+        "report_token": "t",
         "checkpoint_dir": str(job_dir / "checkpoints"), "model_dir": str(job_dir / "model"),
         "inputs_dir": str(inputs_dir), "cache_dir": str(job_dir / "cache")}, mode=0o600)
 
@@ -127,11 +124,11 @@ class Supervisors:
         self.jobs_dir = jobs_dir
         self.started: list[subprocess.Popen[bytes]] = []
 
-    def start(self, job_dir: Path) -> subprocess.Popen[bytes]:
+    def start(self, job_dir: Path, *args: str) -> subprocess.Popen[bytes]:
         with (job_dir / "supervisor.log").open("ab") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "api.backends.supervisor", str(job_dir)], cwd=ROOT,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                [sys.executable, "-m", "api.backends.supervisor", str(job_dir), *args],
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.started.append(process)
         return process
 
@@ -152,7 +149,7 @@ def supervisors(tmp_path: Path) -> Iterator[Supervisors]:
 
 def state(job_dir: Path) -> dict[str, Any]:
     try:
-        document: dict[str, Any] = json.loads((job_dir / STATE_FILE).read_text())
+        document: dict[str, Any] = json.loads((job_dir / "state.json").read_text())
     except FileNotFoundError:
         return {}
     return document
@@ -182,9 +179,16 @@ def test_commands_lock_and_sigterm(tmp_path: Path, inputs_dir: Path, sink: Repor
     (commands / "3-c.json").write_text("not json")
     write_json_atomic(commands / "4-d.json", {"op": "reboot"})
     log = job_dir / "supervisor.log"
-    wait_for(lambda: "unknown command" in log.read_text(), "the commands to be handled")
+
+    def ignored_lines() -> list[str]:
+        return [line for line in log.read_text().splitlines() if "command ignored: " in line]
+
+    # The bad grace, the JSON error, the unknown op; the unknown ordinal is logged first.
+    ignored = wait_for(lambda: len(found := ignored_lines()) == 3 and found,
+                       "the commands to run")
     assert "kill: no running pod with ordinal 7; ignored" in log.read_text()
-    assert log.read_text().count("ignored: ") == 2  # the bad grace and the JSON error
+    assert "grace_seconds" in ignored[0] and "Invalid JSON" in ignored[1]
+    assert "does not match any of the expected tags: 'kill', 'delete'" in ignored[2]
     assert not list(commands.iterdir())
     assert (state(job_dir)["pods"][0]["restarts"], pod_phase(job_dir)) == (0, "Running")
 
@@ -232,22 +236,50 @@ def test_a_killed_pod_is_recreated_after_the_backoff(tmp_path: Path, inputs_dir:
     assert pod["started_at"] - killed_at >= 3.0
 
 
-def test_tail_lines_reads_a_bounded_tail(tmp_path: Path) -> None:
-    path = tmp_path / "pod.log"
-    path.write_text("a\n\nb\nc")
-    assert tail_lines(path, 2) == ["b", "c"]
-    assert tail_lines(path, 10) == ["a", "", "b", "c"]
-    path.write_text("".join(f"{i:099d}\n" for i in range(100)))  # 100 lines of 100 bytes
-    tail = tail_lines(path, 50, max_bytes=1000)
-    assert 1 <= len(tail) <= 10
-    assert tail[-1] == f"{99:099d}" and all(len(line) == 99 for line in tail)
-    assert tail_lines(tmp_path / "missing.log", 5) == []
+@pytest.mark.slow
+def test_an_adopting_supervisor_keeps_live_pods_and_recreates_dead_ones(
+        tmp_path: Path, inputs_dir: Path, sink: ReportSink, supervisors: Supervisors) -> None:
+    make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
+    job_dir = tmp_path / "jobs" / "job-adopt"
+    write_job(job_dir, inputs_dir, sink, replicas=2, epochs=3, checkpoint_every_steps=1000)
+    first = supervisors.start(job_dir)
+    wait_for(lambda: len(sink.records("job-adopt-0", "metric")) >= 3, "three steps")
+    left = state(job_dir)
+    first.kill()
+    first.wait(timeout=10)
+    # Pod 1 dies while no supervisor watches it.
+    os.killpg(left["pods"][1]["pid"], signal.SIGKILL)
+    wait_for(lambda: same_process(left["pods"][1]["pid"], left["pods"][1]["pid_started"])
+             is None, "pod 1 to die")
+    log = job_dir / "logs" / "job-adopt-0.log"
+    size = log.stat().st_size
+
+    second = supervisors.start(job_dir, "--adopt")
+    adopted = wait_for(lambda: (s := state(job_dir))["adoptions"] == 1
+                       and s["pods"][1]["restarts"] == 1 and s, "pod 1 to be recreated")
+    assert adopted["supervisor_pid"] == second.pid
+    assert (adopted["pods"][0]["pid"], adopted["pods"][0]["restarts"]) == (
+        left["pods"][0]["pid"], 0)
+    assert adopted["coordinator"] == left["coordinator"]  # the same store, on the same port
+    wait_for(lambda: log.stat().st_size > size, "the adopted pod to go on logging")
+
+    # The adopted pod's exit status cannot be known: it succeeded since the model is exported.
+    assert second.wait(timeout=180) == 0
+    final = state(job_dir)
+    assert (final["finished"], final["reason"]) == (True, None)
+    assert [(p["phase"], p["restarts"], p["exit_code"]) for p in final["pods"]] == [
+        ("Succeeded", 0, None), ("Succeeded", 1, 0)]
+    assert (job_dir / "model" / "config.json").is_file()
+    assert "job-adopt-1 exited with code unknown: Failed" in (
+        job_dir / "supervisor.log").read_text()
 
 
-def test_write_json_atomic_sets_the_mode_and_leaves_no_temporary(tmp_path: Path) -> None:
-    path = tmp_path / "launch.json"
-    write_json_atomic(path, {"report_token": "secret"}, mode=0o600)
-    write_json_atomic(path, {"report_token": "other"}, mode=0o600)
-    assert json.loads(path.read_text()) == {"report_token": "other"}
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert [p.name for p in tmp_path.iterdir()] == ["launch.json"]
+def test_adopting_needs_a_state_to_adopt(tmp_path: Path, inputs_dir: Path,
+                                         sink: ReportSink) -> None:
+    job_dir = tmp_path / "jobs" / "job-none"
+    write_job(job_dir, inputs_dir, sink)
+    adopter = subprocess.run([sys.executable, "-m", "api.backends.supervisor", str(job_dir),
+                              "--adopt"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert adopter.returncode == 1
+    assert "nothing to adopt" in adopter.stderr
+    assert not (job_dir / "state.json").exists()

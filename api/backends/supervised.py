@@ -1,0 +1,123 @@
+"""What a supervisor watches: the process groups it started, or took over from a dead
+predecessor, and the pods that run in them."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from api.backends.base import PodPhase
+from api.backends.local_jobdir import PodRecord, same_process
+
+POLL_SECONDS = 0.1
+
+
+class Watched(ABC):
+    """A process group leader, identified by pid and start time."""
+
+    def __init__(self, pid: int, started: float | None) -> None:
+        self.pid, self.started = pid, started
+        self.ended = False
+        self.exit_code: int | None = None
+        """Once ended: its exit status (negative: the signal that killed it), where known."""
+
+    @abstractmethod
+    def poll(self) -> bool:
+        """Whether it has ended (looked at again only until it has)."""
+
+    def wait(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for it to end."""
+        deadline = time.monotonic() + timeout
+        while not self.poll() and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS / 10)
+
+
+class Child(Watched):
+    """A process this supervisor started: waiting on it yields its exit status."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        started = None
+        with contextlib.suppress(psutil.Error):  # it died at once: poll() records how
+            started = psutil.Process(process.pid).create_time()
+        super().__init__(process.pid, started)
+        self.process = process
+
+    def poll(self) -> bool:
+        if not self.ended and (code := self.process.poll()) is not None:
+            self.ended, self.exit_code = True, code
+        return self.ended
+
+    def wait(self, timeout: float) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=timeout)
+        self.poll()
+
+
+class Adopted(Watched):
+    """A process a dead supervisor started. Only a parent can wait for a process, so this one
+    is seen to end by polling, and its exit status stays unknown (None)."""
+
+    def poll(self) -> bool:
+        if not self.ended and same_process(self.pid, self.started) is None:
+            self.ended = True
+        return self.ended
+
+
+def spawn(argv: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None) -> Child:
+    """Start `argv` as the leader of a new session, appending its output to `log`."""
+    # The child keeps its own descriptor of the log, so its output outlives this supervisor.
+    with log.open("ab") as handle:
+        return Child(subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                      stdout=handle, stderr=subprocess.STDOUT,
+                                      start_new_session=True))
+
+
+@dataclass
+class Pod:
+    ordinal: int
+    name: str
+    restarts: int = 0
+    phase: PodPhase = "Pending"
+    process: Watched | None = None
+    started_at: float | None = None
+    exit_code: int | None = None
+    stopped: bool = False
+    """The supervisor signalled this incarnation, so it failed even if it exited 0."""
+    signalled_at: float | None = None
+    """Unix time the supervisor first signalled this incarnation (a kill, a stop)."""
+    kill_at: float | None = None
+    """Monotonic time at which a signalled incarnation gets SIGKILL."""
+    restart_at: float | None = None
+    """Monotonic time at which this failed pod is recreated."""
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and not self.process.ended
+
+    def record(self) -> PodRecord:
+        process = self.process
+        return PodRecord(ordinal=self.ordinal, name=self.name,
+                         pid=process.pid if process else None,
+                         pid_started=process.started if process else None, phase=self.phase,
+                         restarts=self.restarts, started_at=self.started_at,
+                         signalled_at=self.signalled_at, exit_code=self.exit_code)
+
+    def adopt(self, record: PodRecord, stop_grace: float) -> None:
+        """Take over this pod as a dead supervisor left it; a signalled incarnation keeps its
+        deadline (counted from when it was signalled, the grace given being unknown)."""
+        self.restarts, self.phase = record.restarts, record.phase
+        self.started_at, self.exit_code = record.started_at, record.exit_code
+        self.signalled_at = record.signalled_at
+        self.stopped = record.signalled_at is not None
+        if record.phase == "Running" and record.pid is not None:
+            # One that died while no supervisor watched is seen to end at the first poll.
+            self.process = Adopted(record.pid, record.pid_started)
+            if record.signalled_at is not None:
+                self.kill_at = time.monotonic() + max(
+                    0.0, record.signalled_at + stop_grace - time.time())
