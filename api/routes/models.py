@@ -13,7 +13,7 @@ from api.services import models as service
 from api.services.downloads import signed_link
 
 router = APIRouter(prefix=API_PREFIX + "/models", tags=["models"], dependencies=[AdminDep],
-                   route_class=AdminRoute, responses=error_responses(401, 403))
+                   route_class=AdminRoute, responses=error_responses(401, 403, 422))
 
 
 @router.get("", response_model=ModelsPublic)
