@@ -5,7 +5,7 @@ addresses differ: a pod's own IP comes from the downward API (`$(POD_IP)`, expan
 kubelet) and is the only address its processes listen on, the coordinator is reached through its
 Service, and the report token and heal secret come from the job's Secret. Every object carries the
 same labels, so one label selector finds a job's pods and one finds every job of this control
-plane.
+plane; the job's NetworkPolicy uses the first to let only the job's own trainers in.
 
 Paths: a trainer pod sees its job's sub-directory of the checkpoints and models PVCs at
 /checkpoints and /models (the export goes to /models/model: the trainer writes it next to its
@@ -295,6 +295,21 @@ def secret(launch: Launch, config: ClusterConfig) -> Manifest:
             "type": "Opaque", "immutable": True, "stringData": data}
 
 
+def network_policy(launch: Launch, config: ClusterConfig) -> Manifest:
+    """Only the job's own trainers reach its pods: heals, collectives, stores, its coordinator.
+
+    The namespace's policies (k8s/base/network-policy.yaml) let no pod in and leave the rest to
+    this one: policies add up, so a namespace-wide allow would let other jobs in too.
+    """
+    job = launch.job_id
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _metadata(job, job, TRAINER, config.namespace),
+            "spec": {"podSelector": {"matchLabels": {JOB_LABEL: job}},
+                     "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [{"podSelector": {
+                         "matchLabels": match_labels(job, TRAINER)}}]}]}}
+
+
 def headless_service(launch: Launch, config: ClusterConfig) -> Manifest:
     """The StatefulSet's governing Service: stable DNS names `<pod>.<job>` for the pods."""
     job = launch.job_id
@@ -350,9 +365,12 @@ def coordinator_service(launch: Launch, config: ClusterConfig) -> Manifest:
 
 
 def dependents(launch: Launch, config: ClusterConfig) -> list[Manifest]:
-    """Everything the StatefulSet owns besides its pods, in creation order."""
-    return [secret(launch, config), headless_service(launch, config),
-            coordinator_deployment(launch, config), coordinator_service(launch, config)]
+    """Everything the StatefulSet owns besides its pods, in creation order (the pods' Secret and
+    NetworkPolicy first: the pods wait for the one and cannot reach each other without the
+    other)."""
+    return [secret(launch, config), network_policy(launch, config),
+            headless_service(launch, config), coordinator_deployment(launch, config),
+            coordinator_service(launch, config)]
 
 
 def owner_reference(owner: Manifest) -> Manifest:

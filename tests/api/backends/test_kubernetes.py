@@ -93,6 +93,8 @@ def test_launch_creates_exactly_the_expected_objects(
         (f"/apis/apps/v1/namespaces/{NS}/statefulsets", manifests.statefulset(launch, cluster)),
         (f"/api/v1/namespaces/{NS}/secrets",
          manifests.owned_by(manifests.secret(launch, cluster), owner)),
+        (f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies",
+         manifests.owned_by(manifests.network_policy(launch, cluster), owner)),
         (f"/api/v1/namespaces/{NS}/services",
          manifests.owned_by(manifests.headless_service(launch, cluster), owner)),
         (f"/apis/apps/v1/namespaces/{NS}/deployments",

@@ -57,7 +57,7 @@ def test_every_object_validates_strictly(mode: str) -> None:
         kinds.append((obj["kind"], obj["metadata"]["name"]))
     coordinator = "lighthouse" if mode == "live" else "store"
     assert kinds == [("StatefulSet", "job-1a2b3c4d"), ("Secret", "job-1a2b3c4d-report"),
-                     ("Service", "job-1a2b3c4d"),
+                     ("NetworkPolicy", "job-1a2b3c4d"), ("Service", "job-1a2b3c4d"),
                      ("Deployment", f"job-1a2b3c4d-{coordinator}"),
                      ("Service", f"job-1a2b3c4d-{coordinator}")]
     event = manifests.kill_event("job-1a2b3c4d", {"metadata": {"name": "job-1a2b3c4d-0",
@@ -198,6 +198,26 @@ def test_secret_and_headless_service() -> None:
     assert service["spec"] == {"clusterIP": "None", "publishNotReadyAddresses": True,
                                "selector": {"live-migrator.io/job": "job-1a2b3c4d",
                                             "app.kubernetes.io/component": "trainer"}}
+
+
+@pytest.mark.parametrize("mode", ["live", "restart"])
+def test_only_the_jobs_own_trainers_reach_its_pods(mode: str) -> None:
+    policy = manifests.network_policy(make_launch(mode), CLUSTER)
+    assert policy == {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "job-1a2b3c4d", "namespace": "live-migrator",
+                     "labels": manifests.labels("job-1a2b3c4d", "trainer")},
+        "spec": {
+            # Its trainers and its coordinator: heals, collectives, stores, quorums.
+            "podSelector": {"matchLabels": {"live-migrator.io/job": "job-1a2b3c4d"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {
+                "live-migrator.io/job": "job-1a2b3c4d",
+                "app.kubernetes.io/component": "trainer"}}}]}]}}
+    selected = policy["spec"]["podSelector"]["matchLabels"].items()
+    pods = [manifests.statefulset(make_launch(mode), CLUSTER)["spec"]["template"],
+            manifests.coordinator_deployment(make_launch(mode), CLUSTER)["spec"]["template"]]
+    assert all(selected <= pod["metadata"]["labels"].items() for pod in pods)
 
 
 def test_resources_come_from_the_spec_or_the_defaults() -> None:
