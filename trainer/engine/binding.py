@@ -30,7 +30,8 @@ def manager_server_on(address: str) -> Iterator[None]:
 
     The Manager builds its ManagerServer with `bind="[::]:<port>"` written into its code, with
     no argument or environment variable to change it. The server itself takes any bind address,
-    so the one constructor call the Manager makes is handed the pod's address instead.
+    so the one constructor call the Manager makes is handed the pod's address instead. A pod
+    builds one Manager, before training starts: nothing else builds a server meanwhile.
     """
     original = torchft.manager.ManagerServer
 
