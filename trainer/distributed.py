@@ -21,12 +21,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from trainer.listen import bound_store, gloo_backend
 from trainer.model import DeviceChoice
 from trainer.recovery import Recovery
 
 logger = logging.getLogger(__name__)
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)
+POD_GLOO = "pod-gloo"
 PR_SET_PDEATHSIG = 1
 
 
@@ -39,6 +41,44 @@ def die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         libc: Any = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def init_process_group(backend: str, rank: int, world_size: int,
+                       environ: Mapping[str, str]) -> None:
+    """torchrun's world, listening on the pod's address (POD_ADDRESS) where one is given.
+
+    By default the lowest rank's store (MASTER_ADDR:MASTER_PORT, hosted by that worker when the
+    agents do not share theirs) listens on every interface and gloo on the host name's address.
+    """
+    address = environ.get("POD_ADDRESS")
+    if not address:  # torchrun run by hand: torch's defaults
+        dist.init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
+        return
+    port = int(environ["MASTER_PORT"])
+    if rank == 0 and environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        store: dist.Store = bound_store(address, port, world_size, COLLECTIVE_TIMEOUT)
+    else:
+        store = dist.TCPStore(environ["MASTER_ADDR"], port, world_size, is_master=False,
+                              timeout=COLLECTIVE_TIMEOUT)
+    if backend == "gloo":
+        backend = register_pod_gloo(address)
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size,
+                            timeout=COLLECTIVE_TIMEOUT)
+
+
+def register_pod_gloo(address: str) -> str:
+    """A gloo backend listening on `address`, registered for CPU tensors; its name.
+
+    torch.distributed builds its own gloo backend with the default device and takes no options
+    for it, so this one comes through the registry of third-party backends.
+    """
+    if POD_GLOO not in dist.Backend.backend_list:
+        def create(store: dist.Store, rank: int, world_size: int,
+                   timeout: timedelta) -> dist.ProcessGroupGloo:
+            return gloo_backend(store, rank, world_size, timeout, address)
+
+        dist.Backend.register_backend(POD_GLOO, create, devices=["cpu"])
+    return POD_GLOO
 
 
 class Group:
@@ -56,7 +96,7 @@ class Group:
         self._rank = int(environ.get("RANK", "0"))
         self.local_rank = int(environ.get("LOCAL_RANK", "0"))
         if self.world_size > 1 and not dist.is_initialized():
-            dist.init_process_group(backend=device.backend, timeout=COLLECTIVE_TIMEOUT)
+            init_process_group(device.backend, self._rank, self.world_size, environ)
             logger.info("joined process group: rank %d of %d (%s)", self._rank, self.world_size,
                         device.backend)
 

@@ -7,6 +7,8 @@ and environment, so a job behaves alike on one machine and on a cluster:
 - restart mode: a standalone rendezvous store per job (never hosted by an agent, so no pod's
   death takes it down), and pods that run torchrun's elastic agent (`trainer.engine.elastic`)
   around `python -m trainer`.
+Every process listens on its pod's address only (127.0.0.1 locally, the pod IP on Kubernetes);
+live pods serve their state to peers that hold the job's heal secret.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from dataclasses import dataclass
 
 from api.backends.base import Launch
 
+LOOPBACK = "127.0.0.1"
+"""The address of every process of a local job."""
 LIGHTHOUSE_PORT = 29510
 STORE_PORT = 29400
 QUORUM_RETRIES = 10
@@ -50,9 +54,9 @@ def lighthouse_argv(bind: str, executable: str = "torchft_lighthouse") -> list[s
             "--heartbeat_timeout_ms", str(HEARTBEAT_TIMEOUT_MS)]
 
 
-def store_argv(port: int, python: str = "python") -> list[str]:
-    """The rendezvous store of a restart job, listening on every interface."""
-    return [python, "-m", "trainer.engine.store", "--port", str(port)]
+def store_argv(port: int, python: str = "python", host: str = LOOPBACK) -> list[str]:
+    """The rendezvous store of a restart job, listening on `host:port` (its pod's address)."""
+    return [python, "-m", "trainer.engine.store", "--host", host, "--port", str(port)]
 
 
 def pod_argv(launch: Launch, coordinator: Endpoint, local_addr: str,
@@ -69,17 +73,17 @@ def pod_argv(launch: Launch, coordinator: Endpoint, local_addr: str,
 
 def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: str,
             threads: int) -> dict[str, str]:
-    """A trainer pod's environment, without secrets' values other than the report token.
+    """A trainer pod's environment, the job's secrets included (REPORT_TOKEN, HEAL_SECRET).
 
-    `pod_address` is how peers reach this pod (heal sources in live mode).
+    `pod_address` is how peers reach this pod, and the only address its processes listen on.
     """
     env = {"TRAINER_CONFIG": json.dumps(launch.spec), "JOB_ID": launch.job_id,
-           "POD_NAME": pod_name, "REPORT_URL": launch.report_url,
+           "POD_NAME": pod_name, "POD_ADDRESS": pod_address, "REPORT_URL": launch.report_url,
            "REPORT_TOKEN": launch.report_token, "CHECKPOINT_DIR": str(launch.checkpoint_dir),
            "MODEL_DIR": str(launch.model_dir), "INPUTS_DIR": str(launch.inputs_dir),
            "TRAINER_CACHE_DIR": str(launch.cache_dir), "OMP_NUM_THREADS": str(max(1, threads))}
     if launch.fault_tolerance == "live":
-        env |= {"TORCHFT_LIGHTHOUSE": f"http://{coordinator}", "POD_ADDRESS": pod_address,
+        env |= {"TORCHFT_LIGHTHOUSE": f"http://{coordinator}", "HEAL_SECRET": launch.heal_secret,
                 "TORCHFT_QUORUM_RETRIES": str(QUORUM_RETRIES)}
     else:
         # Workers get their own process-group store on the lowest rank: the rendezvous store

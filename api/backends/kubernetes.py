@@ -1,4 +1,5 @@
-"""The Kubernetes backend: each job a StatefulSet (plus Secret, Services and its coordinator).
+"""The Kubernetes backend: each job a StatefulSet (plus Secret, NetworkPolicy, Services and its
+coordinator).
 
 Objects come from api/backends/manifests.py; pods are observed through one pod watch
 (k8s_watch.py) and mapped by k8s_status.py. The StatefulSet owns everything else of a job, so a
@@ -120,6 +121,7 @@ class KubernetesBackend:
         self.volumes_dir = volumes_dir
         self.restart_budget = restart_budget
         self.core, self.apps = client.CoreV1Api(api), client.AppsV1Api(api)
+        self.networking = client.NetworkingV1Api(api)
         self.watcher = PodWatcher(self.core, self.namespace, manifests.ALL_TRAINERS,
                                   watch_timeout)
         self._incarnations: dict[str, dict[int, Incarnations]] = {}
@@ -168,6 +170,7 @@ class KubernetesBackend:
         kind, name = manifest["kind"], manifest["metadata"]["name"]
         creators: dict[str, Callable[..., Any]] = {
             "Secret": self.core.create_namespaced_secret,
+            "NetworkPolicy": self.networking.create_namespaced_network_policy,
             "Service": self.core.create_namespaced_service,
             "Deployment": self.apps.create_namespaced_deployment}
         raw(f"create {kind.lower()} {self.namespace}/{name}", creators[kind], self.namespace,

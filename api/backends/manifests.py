@@ -2,9 +2,10 @@
 
 What the containers run comes from api/backends/commands.py, as on the local backend; only the
 addresses differ: a pod's own IP comes from the downward API (`$(POD_IP)`, expanded by the
-kubelet), the coordinator is reached through its Service, and the report token comes from the
-job's Secret. Every object carries the same labels, so one label selector finds a job's pods
-and one finds every job of this control plane.
+kubelet) and is the only address its processes listen on, the coordinator is reached through its
+Service, and the report token and heal secret come from the job's Secret. Every object carries the
+same labels, so one label selector finds a job's pods and one finds every job of this control
+plane; the job's NetworkPolicy uses the first to let only the job's own trainers in.
 
 Paths: a trainer pod sees its job's sub-directory of the checkpoints and models PVCs at
 /checkpoints and /models (the export goes to /models/model: the trainer writes it next to its
@@ -50,6 +51,9 @@ INCARNATIONS_ANNOTATION = "live-migrator.io/incarnations"
 restarted control plane goes on counting where the last one stopped."""
 
 REPORT_TOKEN_KEY = "report-token"
+HEAL_SECRET_KEY = "heal-secret"
+SECRET_KEYS = {"REPORT_TOKEN": REPORT_TOKEN_KEY, "HEAL_SECRET": HEAL_SECRET_KEY}
+"""The trainer's environment variables whose values come from the job's Secret, by key."""
 USER_ID = 10001
 """The non-root user of both images (Dockerfile.api, Dockerfile.trainer)."""
 INPUTS_MOUNT = Path("/inputs")
@@ -189,14 +193,19 @@ def cpu_count(quantity: str) -> int:
     return max(1, math.ceil(value))
 
 
+def pod_ip_env() -> Manifest:
+    """The pod's IP from the downward API; listed first, `$(POD_IP)` expands after it."""
+    return {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+
+
 def trainer_env(launch: Launch, config: ClusterConfig) -> list[Manifest]:
-    """pod_env() with the pod's name, IP and ordinal from the downward API and the report token
-    from the job's Secret; POD_IP comes first so that `$(POD_IP)` expands in what follows."""
+    """pod_env() with the pod's name, IP and ordinal from the downward API and the job's secrets
+    (report token, heal secret) from its Secret, never as literals in the manifest."""
     cpu = trainer_resources(launch, config)["limits"]["cpu"]
     values = pod_env(pod_launch(launch), pod_name="", coordinator=coordinator_endpoint(launch),
                      pod_address="$(POD_IP)", threads=cpu_count(cpu))
     env: list[Manifest] = [
-        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        pod_ip_env(),
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_ORDINAL", "valueFrom": {"fieldRef": {
             "fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}}},
@@ -204,9 +213,9 @@ def trainer_env(launch: Launch, config: ClusterConfig) -> list[Manifest]:
     for name, value in values.items():
         if name == "POD_NAME":
             continue  # the downward API's, above
-        if name == "REPORT_TOKEN":
+        if name in SECRET_KEYS:
             env.append({"name": name, "valueFrom": {"secretKeyRef": {
-                "name": secret_name(launch.job_id), "key": REPORT_TOKEN_KEY}}})
+                "name": secret_name(launch.job_id), "key": SECRET_KEYS[name]}}})
         else:
             env.append({"name": name, "value": value})
     env += [{"name": "HF_HOME", "value": str(CACHE_MOUNT / "huggingface")},
@@ -276,11 +285,29 @@ def statefulset(launch: Launch, config: ClusterConfig) -> Manifest:
 
 
 def secret(launch: Launch, config: ClusterConfig) -> Manifest:
+    """The job's secrets: its report token and (live) the secret its pods heal with."""
+    data = {REPORT_TOKEN_KEY: launch.report_token}
+    if launch.fault_tolerance == "live":
+        data[HEAL_SECRET_KEY] = launch.heal_secret
     return {"apiVersion": "v1", "kind": "Secret",
             "metadata": _metadata(secret_name(launch.job_id), launch.job_id, TRAINER,
                                   config.namespace),
-            "type": "Opaque", "immutable": True,
-            "stringData": {REPORT_TOKEN_KEY: launch.report_token}}
+            "type": "Opaque", "immutable": True, "stringData": data}
+
+
+def network_policy(launch: Launch, config: ClusterConfig) -> Manifest:
+    """Only the job's own trainers reach its pods: heals, collectives, stores, its coordinator.
+
+    The namespace's policies (k8s/base/network-policy.yaml) let no pod in and leave the rest to
+    this one: policies add up, so a namespace-wide allow would let other jobs in too.
+    """
+    job = launch.job_id
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _metadata(job, job, TRAINER, config.namespace),
+            "spec": {"podSelector": {"matchLabels": {JOB_LABEL: job}},
+                     "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [{"podSelector": {
+                         "matchLabels": match_labels(job, TRAINER)}}]}]}}
 
 
 def headless_service(launch: Launch, config: ClusterConfig) -> Manifest:
@@ -294,11 +321,12 @@ def headless_service(launch: Launch, config: ClusterConfig) -> Manifest:
 
 
 def coordinator_deployment(launch: Launch, config: ClusterConfig) -> Manifest:
-    """The lighthouse (live) or the rendezvous store (restart): one pod, never two at once."""
+    """The lighthouse (live) or the rendezvous store (restart): one pod, never two at once,
+    listening on its pod IP like every process of a job."""
     job, component = launch.job_id, coordinator_component(launch)
     endpoint = coordinator_endpoint(launch)
-    argv = (lighthouse_argv(f"0.0.0.0:{endpoint.port}") if component == LIGHTHOUSE
-            else store_argv(endpoint.port))
+    argv = (lighthouse_argv(f"$(POD_IP):{endpoint.port}") if component == LIGHTHOUSE
+            else store_argv(endpoint.port, host="$(POD_IP)"))
     container = {
         "name": component, "image": config.image, "imagePullPolicy": config.image_pull_policy,
         "command": argv,
@@ -306,7 +334,7 @@ def coordinator_deployment(launch: Launch, config: ClusterConfig) -> Manifest:
         "readinessProbe": {"tcpSocket": {"port": component}, "periodSeconds": 5},
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
                       "limits": {"memory": "1Gi"}},
-        "env": [{"name": "HOME", "value": "/tmp"}],
+        "env": [pod_ip_env(), {"name": "HOME", "value": "/tmp"}],
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": _container_security(),
     }
@@ -337,9 +365,12 @@ def coordinator_service(launch: Launch, config: ClusterConfig) -> Manifest:
 
 
 def dependents(launch: Launch, config: ClusterConfig) -> list[Manifest]:
-    """Everything the StatefulSet owns besides its pods, in creation order."""
-    return [secret(launch, config), headless_service(launch, config),
-            coordinator_deployment(launch, config), coordinator_service(launch, config)]
+    """Everything the StatefulSet owns besides its pods, in creation order (the pods' Secret and
+    NetworkPolicy first: the pods wait for the one and cannot reach each other without the
+    other)."""
+    return [secret(launch, config), network_policy(launch, config),
+            headless_service(launch, config), coordinator_deployment(launch, config),
+            coordinator_service(launch, config)]
 
 
 def owner_reference(owner: Manifest) -> Manifest:

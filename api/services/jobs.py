@@ -82,7 +82,8 @@ def _launch(settings: Settings, job: Job, spec: JobCreate, token: str) -> Launch
     return Launch(job_id=job.id, replicas=spec.replicas, fault_tolerance=spec.fault_tolerance,
                   spec=job.spec, resources=resources,
                   report_url=f"{settings.base_url}/api/v1/jobs/{job.id}/reports",
-                  report_token=token, checkpoint_dir=directory / "checkpoints",
+                  report_token=token, heal_secret=secrets.token_urlsafe(32),
+                  checkpoint_dir=directory / "checkpoints",
                   model_dir=directory / "model", inputs_dir=settings.resolved_inputs_dir,
                   cache_dir=settings.cache_dir)
 

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from api.backends import manifests
+from api.backends.base import Launch
 from api.settings import Settings
 from tests.api.backends.k8s_fake import SCHEMA_VERSION
 from tests.api.backends.k8s_fake.store import matches, parse_selector
@@ -129,6 +130,76 @@ def test_network_policies_select_the_pods_the_backend_labels() -> None:
         assert any(selects(p["podSelector"], target) for p in peers)
     assert not any(selects(p["podSelector"], {"app": "anything-else"}) for p in peers)
     assert coordinators.get("egress") is None and "Egress" in coordinators["policyTypes"]
+    # Nothing gets into a job's pods through these: each job's own policy lets its trainers in.
+    for policy in (trainers, coordinators):
+        assert policy.get("ingress") is None and "Ingress" in policy["policyTypes"]
+
+
+def ingress_allowed(policies: list[dict[str, Any]], source: dict[str, str],
+                    target: dict[str, str], port: int) -> bool:
+    """Whether these policies of one namespace let a pod labelled `source` connect to `port`
+    of a pod labelled `target` (pods in the namespace; policies add up)."""
+    selecting = [p["spec"] for p in policies if selects(p["spec"]["podSelector"], target)
+                 and "Ingress" in p["spec"]["policyTypes"]]
+    if not selecting:
+        return True  # not isolated
+    return any((not rule.get("from") or any("podSelector" in peer and "namespaceSelector"
+                                            not in peer and selects(peer["podSelector"], source)
+                                            for peer in rule["from"]))
+               and (not rule.get("ports") or any(p["port"] == port for p in rule["ports"]))
+               for spec in selecting for rule in spec.get("ingress", []))
+
+
+def test_only_a_jobs_own_trainers_reach_its_pods() -> None:
+    objects = base()
+    cluster = manifests.ClusterConfig(namespace="live-migrator", image="trainer:1")
+    policies = [d for d in objects.values() if d["kind"] == "NetworkPolicy"]
+    jobs = {}
+    for job, mode in (("job-a", "live"), ("job-b", "restart")):
+        launch = Launch(job_id=job, replicas=2, fault_tolerance=mode,  # type: ignore[arg-type]
+                        spec={}, report_url="http://api", report_token="t",
+                        checkpoint_dir=Path("c"), model_dir=Path("m"), inputs_dir=Path("i"),
+                        cache_dir=Path("x"))
+        policies.append(manifests.network_policy(launch, cluster))
+        jobs[job] = {"trainer": manifests.labels(job, manifests.TRAINER),
+                     "coordinator": manifests.labels(job, manifests.coordinator_component(
+                         launch))}
+    api = objects[("Deployment", "migrator-api")]["spec"]["template"]["metadata"]["labels"]
+    stranger = {"app": "anything-else"}
+    for job, pods in jobs.items():
+        other = jobs["job-b" if job == "job-a" else "job-a"]
+        for target in pods.values():  # heal, gloo, store and manager ports are ephemeral
+            assert ingress_allowed(policies, pods["trainer"], target, 41234)
+            for source in (other["trainer"], other["coordinator"], pods["coordinator"], api,
+                           stranger):
+                assert not ingress_allowed(policies, source, target, 41234), (source, target)
+    # The API takes reports from trainers, and nothing in the namespace gets in otherwise.
+    assert ingress_allowed(policies, jobs["job-a"]["trainer"], api, 8000)
+    assert not ingress_allowed(policies, jobs["job-a"]["trainer"], api, 9000)
+    assert not any(ingress_allowed(policies, source, api, 8000)
+                   for source in (jobs["job-a"]["coordinator"], stranger))
+
+
+def test_the_api_pod_has_a_policy_of_its_own() -> None:
+    objects = base()
+    policy = objects[("NetworkPolicy", "migrator-api")]["spec"]
+    api = objects[("Deployment", "migrator-api")]["spec"]["template"]["metadata"]["labels"]
+    assert selects(policy["podSelector"], api)
+    assert not any(selects(policy["podSelector"], manifests.labels("job-1", component))
+                   for component in (manifests.TRAINER, manifests.LIGHTHOUSE, manifests.STORE))
+    assert policy["policyTypes"] == ["Ingress", "Egress"]  # default deny both ways, and then:
+    assert policy["ingress"] == [{
+        "from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/part-of": "live-migrator",
+                                                  "app.kubernetes.io/component": "trainer"}}}],
+        "ports": [{"port": 8000, "protocol": "TCP"}]}]
+    dns, api_server = policy["egress"]
+    assert dns["to"] == [{"namespaceSelector": {"matchLabels": {
+                              "kubernetes.io/metadata.name": "kube-system"}},
+                          "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}]
+    assert {(p["port"], p["protocol"]) for p in dns["ports"]} == {(53, "UDP"), (53, "TCP")}
+    assert "to" not in api_server  # the API server is no pod: its address is the cluster's
+    assert {(p["port"], p["protocol"]) for p in api_server["ports"]} == {(443, "TCP"),
+                                                                         (6443, "TCP")}
 
 
 def kubectl() -> str | None:
@@ -155,6 +226,8 @@ def test_rendered_kustomization_validates_strictly(overlay: str) -> None:
             assert doc["metadata"]["namespace"] == "live-migrator", doc["metadata"]["name"]
     kinds = sorted(d["kind"] for d in rendered)
     assert kinds.count("PersistentVolumeClaim") == 4 and "Role" in kinds
+    assert {d["metadata"]["name"] for d in rendered if d["kind"] == "NetworkPolicy"} == {
+        "migrator-trainers", "migrator-coordinators", "migrator-api"}
     if overlay == "overlays/aks":
         classes = {d["metadata"]["name"]: d["spec"].get("storageClassName") for d in rendered
                    if d["kind"] == "PersistentVolumeClaim"}

@@ -11,18 +11,17 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.utils._pytree import tree_leaves
-from torchft.checkpointing.http_transport import HTTPTransport
 
 from trainer.distributed import Group
+from trainer.engine.binding import PodGloo, PodNccl, manager_server_on
+from trainer.engine.heal import Transport
+from trainer.listen import bound_store, url_host
 from trainer.model import DeviceChoice
 from trainer.recovery import LiveRecovery
 
@@ -32,33 +31,7 @@ logger = logging.getLogger(__name__)
 COLLECTIVE_TIMEOUT = timedelta(seconds=5)
 QUORUM_TIMEOUT = timedelta(seconds=60)
 CONNECT_TIMEOUT = timedelta(seconds=10)
-
-
-class Transport(HTTPTransport[dict[str, Any]]):
-    """torchft's HTTP checkpoint transport, advertised at the pod's address, timing each heal.
-
-    torchft advertises the machine's host name, which peers on Kubernetes cannot resolve; a pod
-    knows the address they can reach (its pod IP, 127.0.0.1 locally).
-    """
-
-    def __init__(self, host: str, timeout: timedelta) -> None:
-        self.host = f"[{host}]" if ":" in host else host  # address() runs inside __init__
-        self.last_heal: dict[str, Any] | None = None
-        super().__init__(timeout=timeout, num_chunks=0)
-
-    def address(self) -> str:
-        port = self._server.socket.getsockname()[1]
-        return f"http://{self.host}:{port}/checkpoint/"
-
-    def recv_checkpoint(self, src_rank: int, metadata: str, step: int,
-                        timeout: timedelta) -> dict[str, Any]:
-        started = time.perf_counter()
-        state = super().recv_checkpoint(src_rank, metadata, step, timeout)
-        size = sum(leaf.numel() * leaf.element_size() for leaf in tree_leaves(state)
-                   if isinstance(leaf, torch.Tensor))
-        self.last_heal = {"bytes": size, "seconds": round(time.perf_counter() - started, 3),
-                          "source_address": metadata.split("/checkpoint/")[0]}
-        return state
+LOOPBACK = "127.0.0.1"
 
 
 class PeerConnectionLost(RuntimeError):
@@ -80,24 +53,25 @@ class LiveGroup(Group):
     def __init__(self, device: DeviceChoice, replica_id: str, lighthouse: str,
                  environ: Mapping[str, str] = os.environ) -> None:
         from torchft.manager import Manager
-        from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 
         self.device = device
         self.world_size = 1
         self.local_rank = 0
-        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        self._pg = pg = (ProcessGroupNCCL(timeout=COLLECTIVE_TIMEOUT) if device.backend == "nccl"
-                         else ProcessGroupGloo(timeout=COLLECTIVE_TIMEOUT))
-        # The address peers heal from: 127.0.0.1 locally, the pod IP on Kubernetes.
+        # Where this pod listens and peers reach it: 127.0.0.1 locally, the pod IP on Kubernetes.
         address = environ.get("POD_ADDRESS") or socket.gethostname()
-        self._transport = Transport(address, COLLECTIVE_TIMEOUT)
-        self.manager = Manager(
-            pg=pg, load_state_dict=None, state_dict=None, min_replica_size=1,
-            replica_id=replica_id, lighthouse_addr=lighthouse, store_addr="127.0.0.1",
-            store_port=self._store.port, rank=0, world_size=1, timeout=COLLECTIVE_TIMEOUT,
-            quorum_timeout=QUORUM_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
-            hostname=address, checkpoint_transport=self._transport,
-            quorum_retries=int(environ.get("TORCHFT_QUORUM_RETRIES", "10")))
+        # The replica group's store: only this process uses it, so only the loopback serves it.
+        self._store = bound_store(LOOPBACK)
+        self._pg = pg = (PodNccl(address, COLLECTIVE_TIMEOUT) if device.backend == "nccl"
+                         else PodGloo(address, COLLECTIVE_TIMEOUT))
+        self._transport = Transport(address, environ.get("HEAL_SECRET", ""), COLLECTIVE_TIMEOUT)
+        with manager_server_on(address):
+            self.manager = Manager(
+                pg=pg, load_state_dict=None, state_dict=None, min_replica_size=1,
+                replica_id=replica_id, lighthouse_addr=lighthouse, store_addr=LOOPBACK,
+                store_port=self._store.port, rank=0, world_size=1, timeout=COLLECTIVE_TIMEOUT,
+                quorum_timeout=QUORUM_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
+                hostname=url_host(address), checkpoint_transport=self._transport,
+                quorum_retries=int(environ.get("TORCHFT_QUORUM_RETRIES", "10")))
         self._participants = 0
         self._quorum_rank: int | None = None
         self._connections_dropped = False

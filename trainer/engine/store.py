@@ -1,8 +1,9 @@
 """The rendezvous store of a restart-mode job: a standalone TCPStore process.
 
-Run as `python -m trainer.engine.store --port 29400`. Torchrun's agents meet here
-(`--rdzv-conf is_host=false`); it lives apart from every pod, so no pod's death takes the
-rendezvous down with it. It serves until SIGTERM or SIGINT.
+Run as `python -m trainer.engine.store --host 127.0.0.1 --port 29400`. Torchrun's agents meet
+here (`--rdzv-conf is_host=false`); it lives apart from every pod, so no pod's death takes the
+rendezvous down with it. It listens on `--host` only (its pod's address) and serves until SIGTERM
+or SIGINT.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-import torch.distributed as dist
+from trainer.listen import bound_store, url_host
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +24,7 @@ logger = logging.getLogger(__name__)
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.engine.store",
                                      description=__doc__.splitlines()[0])
+    parser.add_argument("--host", required=True, help="address to listen on (the pod's)")
     parser.add_argument("--port", type=int, required=True, help="TCP port to listen on")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -34,9 +36,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    # The host name only matters to clients: the server listens on every interface.
-    store = dist.TCPStore("0.0.0.0", args.port, is_master=True, wait_for_workers=False)
-    logger.info("rendezvous store listening on port %d", store.port)
+    store = bound_store(args.host, args.port)
+    logger.info("rendezvous store listening on %s:%d", url_host(args.host), store.port)
     stop.wait()
     logger.info("stopping")
     return 0

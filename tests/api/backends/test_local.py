@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import stat
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,7 @@ import pytest
 from api.backends import local
 from api.backends.base import BackendError, Launch, WorkloadNotFound, WorkloadStatus
 from api.backends.local import LocalBackend
-from api.backends.local_jobdir import same_process
+from api.backends.local_jobdir import JobDir, same_process
 from tests.api.backends.test_supervisor import (
     SPEC,
     ReportSink,
@@ -133,6 +136,56 @@ def test_sigkilled_pod_is_recreated_alone_and_the_survivor_restarts_its_worker(
     emergency = [r for r in sink.records("job-kill-0", "checkpoint") if r["data"]["emergency"]]
     assert emergency
     assert_no_processes(jobs_dir / "job-kill")
+
+
+def listening(pid: int) -> list[tuple[str, int]]:
+    """The listening sockets of a process and its descendants (a pod, a coordinator)."""
+    root = psutil.Process(pid)
+    return [(c.laddr.ip, c.laddr.port) for process in (root, *root.children(recursive=True))
+            for c in process.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+
+
+def http_status(url: str, headers: dict[str, str]) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10):
+            return 200
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["live", "restart"])
+def test_every_process_of_a_job_listens_on_the_pod_address_only(
+        mode: str, backend: LocalBackend, make_launch: Callable[..., Launch], jobs_dir: Path,
+        sink: ReportSink) -> None:
+    job = f"job-net-{mode}"
+    launch = dataclasses.replace(make_launch(job, epochs=50, fault_tolerance=mode),
+                                 fault_tolerance=mode, heal_secret="the-heal-secret")
+    backend.launch(launch)
+    wait_for(lambda: all(sink.records(f"{job}-{o}", "metric") for o in (0, 1)),
+             "both pods to train")
+    state = json.loads(JobDir(jobs_dir / job).state.read_text())
+    sockets = {pod["name"]: listening(pod["pid"]) for pod in state["pods"]}
+    sockets[state["coordinator"]["name"]] = listening(state["coordinator"]["pid"])
+    # Local pods' address is 127.0.0.1: nothing listens on a wildcard (0.0.0.0, ::) or beyond.
+    assert {ip for found in sockets.values() for ip, _ in found} == {"127.0.0.1"}, sockets
+    if mode == "live":
+        # Per pod: manager server, heal server, replica store, process group store, gloo.
+        assert [len(sockets[f"{job}-{o}"]) for o in (0, 1)] == [5, 5], sockets
+        env = psutil.Process(state["pods"][0]["pid"]).environ()
+        assert (env["POD_ADDRESS"], env["HEAL_SECRET"]) == ("127.0.0.1", "the-heal-secret")
+        heal_url = next(line.split("heal server listening on ")[1].strip()
+                        for line in backend.tail_logs(job, 0, 500)
+                        if "heal server listening on " in line)
+        # Whatever the step, nobody without the job's secret gets past the door.
+        assert http_status(f"{heal_url}0/full", {}) == 403
+        assert http_status(f"{heal_url}0/full", {"Authorization": "Bearer another-job"}) == 403
+    else:
+        # Rank 0 hosts the workers' store besides its gloo listener; the rendezvous store.
+        assert sorted(len(sockets[f"{job}-{o}"]) for o in (0, 1)) == [1, 2], sockets
+        assert len(sockets["store"]) == 1
+    backend.delete(job)
+    assert_no_processes(jobs_dir / job)
 
 
 @pytest.mark.slow

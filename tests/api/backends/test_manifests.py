@@ -29,7 +29,8 @@ def make_launch(mode: str = "live", replicas: int = 3, resources: Resources | No
                   spec={"replicas": replicas, "model": "tiny", "fault_tolerance": mode},
                   report_url="http://migrator-api.live-migrator.svc:8000/api/v1/jobs/"
                              "job-1a2b3c4d/reports",
-                  report_token="the-report-token", checkpoint_dir=Path("/data/jobs/x/checkpoints"),
+                  report_token="the-report-token", heal_secret="the-heal-secret",
+                  checkpoint_dir=Path("/data/jobs/x/checkpoints"),
                   model_dir=Path("/data/jobs/x/model"), inputs_dir=Path("/data/inputs"),
                   cache_dir=Path("/data/cache"), resources=resources)
 
@@ -56,7 +57,7 @@ def test_every_object_validates_strictly(mode: str) -> None:
         kinds.append((obj["kind"], obj["metadata"]["name"]))
     coordinator = "lighthouse" if mode == "live" else "store"
     assert kinds == [("StatefulSet", "job-1a2b3c4d"), ("Secret", "job-1a2b3c4d-report"),
-                     ("Service", "job-1a2b3c4d"),
+                     ("NetworkPolicy", "job-1a2b3c4d"), ("Service", "job-1a2b3c4d"),
                      ("Deployment", f"job-1a2b3c4d-{coordinator}"),
                      ("Service", f"job-1a2b3c4d-{coordinator}")]
     event = manifests.kill_event("job-1a2b3c4d", {"metadata": {"name": "job-1a2b3c4d-0",
@@ -143,17 +144,21 @@ def test_trainer_runs_the_shared_pod_command_and_environment(mode: str) -> None:
     assert env[2]["valueFrom"] == {"fieldRef": {
         "fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}
     literal = {e["name"]: e["value"] for e in env if "value" in e}
-    assert {k: v for k, v in expected.items() if k not in ("POD_NAME", "REPORT_TOKEN")} == {
-        k: literal[k] for k in expected if k not in ("POD_NAME", "REPORT_TOKEN")}
-    token = next(e for e in env if e["name"] == "REPORT_TOKEN")
-    assert token == {"name": "REPORT_TOKEN", "valueFrom": {"secretKeyRef": {
-        "name": "job-1a2b3c4d-report", "key": "report-token"}}}
-    assert "the-report-token" not in str(trainer)
+    secrets = {"REPORT_TOKEN": "report-token"} | (
+        {"HEAL_SECRET": "heal-secret"} if mode == "live" else {})
+    assert {k: v for k, v in expected.items() if k != "POD_NAME" and k not in secrets} == {
+        k: literal[k] for k in expected if k != "POD_NAME" and k not in secrets}
+    # The job's secrets come from its Secret, never as literals.
+    assert [e for e in env if e["name"] in secrets] == [
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": "job-1a2b3c4d-report",
+                                                      "key": key}}}
+        for name, key in secrets.items()]
+    assert "the-report-token" not in str(trainer) and "the-heal-secret" not in str(trainer)
+    assert literal["POD_ADDRESS"] == "$(POD_IP)"  # where every process of the pod listens
     assert (literal["HEARTBEAT_FILE"], literal["HF_HOME"]) == ("/tmp/trainer-heartbeat",
                                                                "/cache/huggingface")
     if mode == "live":
         assert literal["TORCHFT_LIGHTHOUSE"] == f"http://{coordinator}"
-        assert literal["POD_ADDRESS"] == "$(POD_IP)"
     else:
         assert f"--rdzv-endpoint={coordinator}" in trainer["command"]
         assert "--local-addr=$(POD_IP)" in trainer["command"]
@@ -163,11 +168,15 @@ def test_coordinators_run_the_shared_commands_behind_a_service() -> None:
     live, restart = make_launch("live"), make_launch("restart")
     lighthouse = manifests.coordinator_deployment(live, CLUSTER)
     store = manifests.coordinator_deployment(restart, CLUSTER)
+    # Each listens on its pod IP only (expanded by the kubelet from the downward API).
     assert lighthouse["spec"]["template"]["spec"]["containers"][0]["command"] == \
-        commands.lighthouse_argv(f"0.0.0.0:{commands.LIGHTHOUSE_PORT}")
+        commands.lighthouse_argv(f"$(POD_IP):{commands.LIGHTHOUSE_PORT}")
     assert store["spec"]["template"]["spec"]["containers"][0]["command"] == \
-        commands.store_argv(commands.STORE_PORT)
+        commands.store_argv(commands.STORE_PORT, host="$(POD_IP)")
     for launch, deployment in ((live, lighthouse), (restart, store)):
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert container["env"][0] == {"name": "POD_IP", "valueFrom": {
+            "fieldRef": {"fieldPath": "status.podIP"}}}
         service = manifests.coordinator_service(launch, CLUSTER)
         assert deployment["spec"]["replicas"] == 1
         assert deployment["spec"]["strategy"] == {"type": "Recreate"}  # never two at once
@@ -180,12 +189,35 @@ def test_coordinators_run_the_shared_commands_behind_a_service() -> None:
 def test_secret_and_headless_service() -> None:
     launch = make_launch()
     secret = manifests.secret(launch, CLUSTER)
-    assert secret["stringData"] == {"report-token": "the-report-token"}
+    assert secret["stringData"] == {"report-token": "the-report-token",
+                                    "heal-secret": "the-heal-secret"}
     assert secret["immutable"] is True
+    restart = manifests.secret(make_launch("restart"), CLUSTER)  # restart pods never heal
+    assert restart["stringData"] == {"report-token": "the-report-token"}
     service = manifests.headless_service(launch, CLUSTER)
     assert service["spec"] == {"clusterIP": "None", "publishNotReadyAddresses": True,
                                "selector": {"live-migrator.io/job": "job-1a2b3c4d",
                                             "app.kubernetes.io/component": "trainer"}}
+
+
+@pytest.mark.parametrize("mode", ["live", "restart"])
+def test_only_the_jobs_own_trainers_reach_its_pods(mode: str) -> None:
+    policy = manifests.network_policy(make_launch(mode), CLUSTER)
+    assert policy == {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "job-1a2b3c4d", "namespace": "live-migrator",
+                     "labels": manifests.labels("job-1a2b3c4d", "trainer")},
+        "spec": {
+            # Its trainers and its coordinator: heals, collectives, stores, quorums.
+            "podSelector": {"matchLabels": {"live-migrator.io/job": "job-1a2b3c4d"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {
+                "live-migrator.io/job": "job-1a2b3c4d",
+                "app.kubernetes.io/component": "trainer"}}}]}]}}
+    selected = policy["spec"]["podSelector"]["matchLabels"].items()
+    pods = [manifests.statefulset(make_launch(mode), CLUSTER)["spec"]["template"],
+            manifests.coordinator_deployment(make_launch(mode), CLUSTER)["spec"]["template"]]
+    assert all(selected <= pod["metadata"]["labels"].items() for pod in pods)
 
 
 def test_resources_come_from_the_spec_or_the_defaults() -> None:

@@ -43,6 +43,7 @@ def start_pod(processes: Processes, tmp_path: Path, inputs_dir: Path, port: int,
               spec: dict, ordinal: int, incarnation: int = 0):
     env = {"TRAINER_CONFIG": json.dumps(spec), "JOB_ID": "live", "POD_NAME": f"live-{ordinal}",
            "POD_INCARNATION": str(incarnation), "POD_ADDRESS": "127.0.0.1",
+           "HEAL_SECRET": "the-heal-secret",
            "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{port}", "INPUTS_DIR": str(inputs_dir),
            "CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "MODEL_DIR": str(tmp_path / "model"),
            "TRAINER_CACHE_DIR": str(tmp_path / "cache"),

@@ -277,7 +277,8 @@ class FakeCluster:
     def _plural(obj: Obj) -> str:
         return {"Pod": "pods", "Service": "services", "Secret": "secrets", "Event": "events",
                 "StatefulSet": "statefulsets", "Deployment": "deployments",
-                "PersistentVolumeClaim": "persistentvolumeclaims"}[obj["kind"]]
+                "PersistentVolumeClaim": "persistentvolumeclaims",
+                "NetworkPolicy": "networkpolicies"}[obj["kind"]]
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

@@ -39,7 +39,8 @@ class Kind:
 KINDS = {k.plural: k for k in [
     Kind("", "pods", "Pod"), Kind("", "services", "Service"), Kind("", "secrets", "Secret"),
     Kind("", "events", "Event"), Kind("", "persistentvolumeclaims", "PersistentVolumeClaim"),
-    Kind("apps", "statefulsets", "StatefulSet"), Kind("apps", "deployments", "Deployment")]}
+    Kind("apps", "statefulsets", "StatefulSet"), Kind("apps", "deployments", "Deployment"),
+    Kind("networking.k8s.io", "networkpolicies", "NetworkPolicy")]}
 
 
 class ApiError(Exception):

@@ -1,0 +1,51 @@
+"""A live pod's torchft pieces listen on the pod's address only (a lighthouse in this process)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+import torch
+from torchft._torchft import LighthouseServer
+
+from trainer.engine.live import LiveGroup
+from trainer.model import DeviceChoice
+
+# Any loopback address but 127.0.0.1: neither the host name's address nor a wildcard's.
+POD_ADDRESS = "127.0.0.2"
+
+
+def listening() -> set[tuple[str, int]]:
+    return {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN}
+
+
+@pytest.fixture
+def lighthouse() -> Iterator[str]:
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=100,
+                              quorum_tick_ms=10)
+    yield f"http://127.0.0.1:{server.address().rpartition(':')[2]}"
+    server.shutdown()
+
+
+def test_every_socket_of_a_live_pod_is_on_its_address(lighthouse: str) -> None:
+    before = listening()
+    group = LiveGroup(DeviceChoice(torch.device("cpu"), "gloo", None), replica_id="pod-0",
+                      lighthouse=lighthouse,
+                      environ={"POD_ADDRESS": POD_ADDRESS, "HEAL_SECRET": "s3cret"})
+    state: dict[str, Any] = {"weight": torch.zeros(2)}
+    try:
+        group.register_state(lambda loaded: state.update(loaded), lambda: state)
+        group.start_step()  # the first quorum: its process group's store and gloo's listener
+        assert group.participants == 1
+        opened = listening() - before
+    finally:
+        group.close()
+    replica_store = ("127.0.0.1", group._store.port)  # used by this process only
+    assert replica_store in opened
+    on_pod_address = opened - {replica_store}
+    # The manager server, the heal server, the process group's store, gloo.
+    assert {ip for ip, _ in on_pod_address} == {POD_ADDRESS}
+    assert len(on_pod_address) == 4, opened

@@ -1,0 +1,136 @@
+"""Heals: a joining pod fetches the live state (weights, optimizer, progress) from a peer.
+
+torchft's HTTP checkpoint transport with two differences. Its server listens on the pod's
+address only (torchft's listens on every interface), and it serves only requests that carry the
+job's heal secret (torchft's serves anyone who connects): a pod of one job never reads another
+job's weights. The secret comes from the backend (HEAL_SECRET, one per job) and travels as
+`Authorization: Bearer <secret>`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import socket
+import threading
+import time
+import urllib.request
+from datetime import timedelta
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves
+from torchft.checkpointing._rwlock import RWLock
+from torchft.checkpointing._serialization import _streaming_load, _streaming_save
+from torchft.checkpointing.http_transport import HTTPTransport
+
+from trainer.listen import url_host
+
+logger = logging.getLogger(__name__)
+
+HEADER = "Authorization"
+
+
+class Transport(HTTPTransport[dict[str, Any]]):
+    """Serves this pod's state to its job's peers at the pod's address; times each heal it takes.
+
+    It advertises the pod's address too: torchft advertises the machine's host name, which
+    peers on Kubernetes cannot resolve.
+    """
+
+    def __init__(self, host: str, secret: str, timeout: timedelta) -> None:
+        if not secret:
+            raise ValueError("no heal secret: a live pod serves its state only to holders of "
+                             "its job's secret (HEAL_SECRET)")
+        # Not HTTPTransport.__init__: it starts a server on every interface that serves anyone.
+        # Its state is set up here as it would; its methods (staging a checkpoint, allowing it,
+        # shutting down) then work on the server below alike.
+        self._checkpoint_lock = RWLock(timeout=timeout.total_seconds())
+        self._disallowed = False
+        self._step = -1
+        self._timeout = timeout
+        self._state_dict: dict[str, Any] | None = None
+        self._num_chunks = 0
+        self._stream = (torch.Stream(torch.accelerator.current_accelerator())
+                        if torch.accelerator.is_available() else None)
+        self._spec = None
+        self._chunks = None
+        self.disallow_checkpoint()  # nothing to serve before the first send_checkpoint
+        self.host = url_host(host)
+        self.last_heal: dict[str, Any] | None = None
+        self._authorization = f"Bearer {secret}".encode()
+        self._server = HealServer(host, self)
+        self._thread = threading.Thread(target=self._serve, name="heal-server", daemon=True)
+        self._thread.start()
+        logger.info("heal server listening on %s", self.address())
+
+    def address(self) -> str:
+        port = self._server.socket.getsockname()[1]
+        return f"http://{self.host}:{port}/checkpoint/"
+
+    def authorized(self, header: str | None) -> bool:
+        return hmac.compare_digest((header or "").encode(), self._authorization)
+
+    def recv_checkpoint(self, src_rank: int, metadata: str, step: int,
+                        timeout: timedelta) -> dict[str, Any]:
+        started = time.perf_counter()
+        request = urllib.request.Request(f"{metadata}{step}/full",
+                                         headers={HEADER: self._authorization.decode()})
+        with urllib.request.urlopen(request, timeout=timeout.total_seconds()) as response:
+            state: dict[str, Any] = _streaming_load(response, weights_only=False)
+        size = sum(leaf.numel() * leaf.element_size() for leaf in tree_leaves(state)
+                   if isinstance(leaf, torch.Tensor))
+        self.last_heal = {"bytes": size, "seconds": round(time.perf_counter() - started, 3),
+                          "source_address": metadata.split("/checkpoint/")[0]}
+        return state
+
+
+class HealServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024  # torchft's: every peer of a large job may heal at once
+
+    def __init__(self, host: str, transport: Transport) -> None:
+        self.address_family = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]
+        self.transport = transport
+        super().__init__((host, 0), HealHandler)
+
+
+class HealHandler(BaseHTTPRequestHandler):
+    """GET /checkpoint/<step>/full: the state staged for that step, to holders of the secret."""
+
+    server: HealServer
+
+    def setup(self) -> None:
+        super().setup()
+        # A stalled peer must not hold a server thread forever.
+        self.connection.settimeout(self.server.transport._timeout.total_seconds())
+
+    def do_GET(self) -> None:
+        transport = self.server.transport
+        if not transport.authorized(self.headers.get(HEADER)):
+            logger.warning("heal request from %s refused: no or a wrong heal secret",
+                           self.client_address[0])
+            self.send_error(HTTPStatus.FORBIDDEN, "a heal needs this job's secret")
+            return
+        try:
+            # Waits while no checkpoint is allowed (between steps), up to the timeout.
+            with transport._checkpoint_lock.r_lock():
+                expected = f"/checkpoint/{transport._step}/full"
+                if self.path != expected:
+                    self.send_error(HTTPStatus.BAD_REQUEST,
+                                    f"serving {expected}, not {self.path}")
+                    return
+                self.send_response(HTTPStatus.OK)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.end_headers()
+                _streaming_save(transport._state_dict, self.wfile)
+        except TimeoutError:
+            self.send_error(HTTPStatus.SERVICE_UNAVAILABLE, "no checkpoint is being served")
+        except OSError as exc:  # the peer went away mid-transfer
+            logger.warning("heal of %s to %s broke off: %s", self.path, self.client_address[0],
+                           exc)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug("heal server: " + format, *args)
