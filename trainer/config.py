@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from trainer.contract.runtime import Runtime
+from trainer.contract.runtime import SPEC_ENV, Runtime
 from trainer.contract.spec import JobSpec
 
 CLI_SECTIONS: tuple[type[BaseModel], ...] = (JobSpec, Runtime)
@@ -83,9 +83,8 @@ def load_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Train
     args = build_parser().parse_args(argv)
     spec: dict[str, Any] = {}
     runtime: dict[str, Any] = {}
-    if environ.get("TRAINER_CONFIG"):
-        _merge(spec, runtime, _read_json(environ["TRAINER_CONFIG"], "TRAINER_CONFIG"),
-               "TRAINER_CONFIG")
+    if environ.get(SPEC_ENV):
+        _merge(spec, runtime, _read_json(environ[SPEC_ENV], SPEC_ENV), SPEC_ENV)
     runtime.update(Runtime.fields_from_env(environ))
     if args.config is not None:
         try:

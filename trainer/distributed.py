@@ -43,14 +43,13 @@ def die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def init_process_group(backend: str, rank: int, world_size: int,
+def init_process_group(backend: str, rank: int, world_size: int, address: str,
                        environ: Mapping[str, str]) -> None:
-    """torchrun's world, listening on the pod's address (POD_ADDRESS) where one is given.
+    """torchrun's world, listening on the pod's address where one is given.
 
     By default the lowest rank's store (MASTER_ADDR:MASTER_PORT, hosted by that worker when the
     agents do not share theirs) listens on every interface and gloo on the host name's address.
     """
-    address = environ.get("POD_ADDRESS")
     if not address:  # torchrun run by hand: torch's defaults
         dist.init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
         return
@@ -90,13 +89,16 @@ class Group:
     recovery: type[Recovery] = Recovery
     """The fault-tolerance rules the training loop follows in this group."""
 
-    def __init__(self, device: DeviceChoice, environ: Mapping[str, str] = os.environ) -> None:
+    def __init__(self, device: DeviceChoice, environ: Mapping[str, str] = os.environ,
+                 address: str = "") -> None:
+        """`environ` holds torchrun's world (WORLD_SIZE, RANK, MASTER_ADDR...); `address` is the
+        pod's (Runtime.pod_address), the only one its stores and gloo listen on."""
         self.device = device
         self.world_size = int(environ.get("WORLD_SIZE", "1"))
         self._rank = int(environ.get("RANK", "0"))
         self.local_rank = int(environ.get("LOCAL_RANK", "0"))
         if self.world_size > 1 and not dist.is_initialized():
-            init_process_group(device.backend, self._rank, self.world_size, environ)
+            init_process_group(device.backend, self._rank, self.world_size, address, environ)
             logger.info("joined process group: rank %d of %d (%s)", self._rank, self.world_size,
                         device.backend)
 

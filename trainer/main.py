@@ -50,12 +50,14 @@ def build_reporter(config: TrainConfig, pod: str, environ: Mapping[str, str]) ->
 def make_group(config: TrainConfig, pod: str, environ: Mapping[str, str]) -> Group:
     """A torchft replica group when the job is live and a lighthouse is given, else torchrun's."""
     device = choose_device(int(environ.get("LOCAL_RANK", "0")))
-    lighthouse = environ.get("TORCHFT_LIGHTHOUSE")
-    if config.spec.fault_tolerance == "live" and lighthouse:
+    runtime = config.runtime
+    if config.spec.fault_tolerance == "live" and runtime.lighthouse:
         from trainer.engine.live import LiveGroup
 
-        return LiveGroup(device, replica_id=pod, lighthouse=lighthouse, environ=environ)
-    return Group(device, environ)
+        return LiveGroup(device, replica_id=pod, lighthouse=runtime.lighthouse,
+                         address=runtime.pod_address, heal_secret=runtime.heal_secret,
+                         environ=environ)
+    return Group(device, environ, address=runtime.pod_address)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> int:

@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass
 
 from api.backends.base import Launch
+from trainer.contract.runtime import SPEC_ENV, Runtime
 
 LOOPBACK = "127.0.0.1"
 """The address of every process of a local job."""
@@ -77,14 +78,15 @@ def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: s
 
     `pod_address` is how peers reach this pod, and the only address its processes listen on.
     """
-    env = {"TRAINER_CONFIG": json.dumps(launch.spec), "JOB_ID": launch.job_id,
-           "POD_NAME": pod_name, "POD_ADDRESS": pod_address, "REPORT_URL": launch.report_url,
-           "REPORT_TOKEN": launch.report_token, "CHECKPOINT_DIR": str(launch.checkpoint_dir),
-           "MODEL_DIR": str(launch.model_dir), "INPUTS_DIR": str(launch.inputs_dir),
-           "TRAINER_CACHE_DIR": str(launch.cache_dir), "OMP_NUM_THREADS": str(max(1, threads))}
+    runtime = Runtime(job_id=launch.job_id, pod_name=pod_name, pod_address=pod_address,
+                      report_url=launch.report_url, report_token=launch.report_token,
+                      checkpoint_dir=launch.checkpoint_dir, model_dir=launch.model_dir,
+                      inputs_dir=launch.inputs_dir, cache_dir=launch.cache_dir)
+    env = {SPEC_ENV: json.dumps(launch.spec), **runtime.to_env(),
+           "OMP_NUM_THREADS": str(max(1, threads))}
     if launch.fault_tolerance == "live":
-        env |= {"TORCHFT_LIGHTHOUSE": f"http://{coordinator}", "HEAL_SECRET": launch.heal_secret,
-                "TORCHFT_QUORUM_RETRIES": str(QUORUM_RETRIES)}
+        live = Runtime(lighthouse=f"http://{coordinator}", heal_secret=launch.heal_secret)
+        env |= {**live.to_env(), "TORCHFT_QUORUM_RETRIES": str(QUORUM_RETRIES)}
     else:
         # Workers get their own process-group store on the lowest rank: the rendezvous store
         # stays the agents' alone.

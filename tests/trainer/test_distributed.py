@@ -16,7 +16,8 @@ import torch.distributed as dist
 from trainer.distributed import Group
 from trainer.model import DeviceChoice
 
-group = Group(DeviceChoice(torch.device("cpu"), "gloo", None), os.environ)
+group = Group(DeviceChoice(torch.device("cpu"), "gloo", None), os.environ,
+              address=os.environ["POD_ADDRESS"])
 total = group.all_reduce_sum(torch.tensor([float(group.rank + 1)]))
 listening = sorted({(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("inet")
                     if c.status == psutil.CONN_LISTEN})

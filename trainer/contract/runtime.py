@@ -11,6 +11,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+SPEC_ENV = "TRAINER_CONFIG"
+"""The environment variable that holds the job spec (trainer.contract.spec), as JSON."""
+
 
 class Runtime(BaseModel):
     """Where this pod runs; each field's alias is its environment variable."""
@@ -30,8 +33,18 @@ class Runtime(BaseModel):
     report_url: str | None = Field(default=None, alias="REPORT_URL")
     """Where reports are POSTed (`.../api/v1/jobs/{id}/reports`); none: no HTTP reports."""
 
-    report_token: str | None = Field(default=None, alias="REPORT_TOKEN")
+    report_token: str | None = Field(default=None, alias="REPORT_TOKEN", repr=False)
     """Bearer token for `report_url`: the job's report token."""
+
+    pod_address: str = Field(default="", alias="POD_ADDRESS")
+    """How peers reach this pod, and the only address its processes listen on (127.0.0.1
+    locally, the pod IP on Kubernetes); the host name's address when empty."""
+
+    lighthouse: str | None = Field(default=None, alias="TORCHFT_LIGHTHOUSE")
+    """The job's torchft lighthouse (`http://host:port`): a live job's pods join through it."""
+
+    heal_secret: str = Field(default="", alias="HEAL_SECRET", repr=False)
+    """What a live pod's peers must send to fetch its state (each job has its own)."""
 
     metrics_file: Path | None = Field(default=None, alias="METRICS_FILE")
     """A JSON-lines file that receives every report record too."""

@@ -50,20 +50,20 @@ class LiveGroup(Group):
     shards_evaluation = False  # peers may vanish mid-evaluation: each evaluates the whole split
     recovery = LiveRecovery
 
-    def __init__(self, device: DeviceChoice, replica_id: str, lighthouse: str,
-                 environ: Mapping[str, str] = os.environ) -> None:
+    def __init__(self, device: DeviceChoice, replica_id: str, lighthouse: str, address: str,
+                 heal_secret: str, environ: Mapping[str, str] = os.environ) -> None:
         from torchft.manager import Manager
 
         self.device = device
         self.world_size = 1
         self.local_rank = 0
         # Where this pod listens and peers reach it: 127.0.0.1 locally, the pod IP on Kubernetes.
-        address = environ.get("POD_ADDRESS") or socket.gethostname()
+        address = address or socket.gethostname()
         # The replica group's store: only this process uses it, so only the loopback serves it.
         self._store = bound_store(LOOPBACK)
         self._pg = pg = (PodNccl(address, COLLECTIVE_TIMEOUT) if device.backend == "nccl"
                          else PodGloo(address, COLLECTIVE_TIMEOUT))
-        self._transport = Transport(address, environ.get("HEAL_SECRET", ""), COLLECTIVE_TIMEOUT)
+        self._transport = Transport(address, heal_secret, COLLECTIVE_TIMEOUT)
         with manager_server_on(address):
             self.manager = Manager(
                 pg=pg, load_state_dict=None, state_dict=None, min_replica_size=1,
