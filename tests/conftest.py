@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.factories import make_reviews_csv, make_tiny_model
+from tests.support import ReportServer
 from trainer.config import JobSpec, Runtime, TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,6 +79,14 @@ class Processes:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=10)
+
+
+@pytest.fixture
+def sink() -> Iterator[ReportServer]:
+    """A stand-in for the API's report endpoint, for pods started without a control plane."""
+    server = ReportServer().start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,19 +15,8 @@ import httpx
 
 from api.backends.local import LocalBackend
 from tests.api.conftest import ADMIN_TOKEN, AUTH
-from tests.api.live import free_port
 from tests.conftest import Processes
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 180, what: str = "condition",
-             interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(interval)
+from tests.support import free_port, wait_for
 
 
 class ControlPlane:
@@ -49,7 +37,7 @@ class ControlPlane:
         self.process = self.processes.start(
             [sys.executable, "-m", "api", "--port", str(self.port)], env,
             self.data_dir.parent / f"api-{time.monotonic_ns()}.log")
-        wait_for(self._healthy, 60, "the API to start")
+        wait_for(self._healthy, timeout=60, what="the API to start")
 
     def _healthy(self) -> bool:
         assert self.process is not None and self.process.poll() is None, "the API exited"
@@ -89,7 +77,7 @@ class ControlPlane:
 
     def wait_status(self, job_id: str, *statuses: str, timeout: float = 240) -> dict[str, Any]:
         return wait_for(lambda: (job := self.job(job_id))["status"] in statuses and job,
-                        timeout, f"job {job_id} to become {statuses}")
+                        timeout=timeout, what=f"job {job_id} to become {statuses}")
 
     def state(self, job_id: str) -> dict[str, Any]:
         """The job's supervisor state (pods' and coordinator's pids, restarts)."""

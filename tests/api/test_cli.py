@@ -16,10 +16,10 @@ from fastapi.testclient import TestClient
 from api.cli import main
 from tests.api.conftest import ADMIN_TOKEN, AUTH, create_job, report
 from tests.api.fakes import FakeBackend
-from tests.api.live import free_port
 from tests.api.test_reconciler import reconcile
 from tests.conftest import ROOT
 from tests.factories import completed, record
+from tests.support import free_port
 
 Run = Callable[..., tuple[int, str, str]]
 

@@ -19,9 +19,8 @@ from api.backends.local import LocalBackend
 from api.models import Job
 from api.settings import Settings
 from tests.api.conftest import ADMIN_TOKEN, AUTH
-from tests.api.control_plane import wait_for
-from tests.api.live import free_port
 from tests.conftest import Processes
+from tests.support import free_port, wait_for
 
 # Long enough to be interrupted while it trains, whatever the machine's speed.
 SPEC = {"name": "interrupted demo", "model": "tiny", "dataset": "reviews.csv", "replicas": 2,
@@ -69,8 +68,8 @@ def test_ctrl_c_cancels_the_demos_job_and_stops_its_control_plane(
 
     try:
         server_pid = wait_for(lambda: [c.pid for c in psutil.Process(process.pid).children()],
-                              30, "the control plane to start")[0]
-        job_id = wait_for(running_job, 180, "the demo's job to train")
+                              timeout=30, what="the control plane to start")[0]
+        job_id = wait_for(running_job, timeout=180, what="the demo's job to train")
         state = json.loads((data_dir / "jobs" / job_id / "state.json").read_text())
         pids = [state["supervisor_pid"], state["coordinator"]["pid"],
                 *(pod["pid"] for pod in state["pods"])]
@@ -82,8 +81,9 @@ def test_ctrl_c_cancels_the_demos_job_and_stops_its_control_plane(
         assert f"Submitted {job_id}: interrupted demo, 2 pods" in output
         assert f"Cancelled {job_id}: " in output and "Stopping the control plane." in output
         assert "Traceback" not in output
-        wait_for(lambda: not alive(server_pid), 30, "the control plane to exit")
-        wait_for(lambda: not any(alive(pid) for pid in pids), 30, "the job's processes to exit")
+        wait_for(lambda: not alive(server_pid), timeout=30, what="the control plane to exit")
+        wait_for(lambda: not any(alive(pid) for pid in pids),
+                 timeout=30, what="the job's processes to exit")
         engine = create_engine(Settings(data_dir=data_dir).sqlite_url)
         with Session(engine) as session:
             job = session.get(Job, job_id)

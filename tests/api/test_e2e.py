@@ -9,7 +9,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.api.control_plane import ControlPlane, wait_for
+from tests.api.control_plane import ControlPlane
+from tests.support import wait_for
 from trainer.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -48,7 +49,8 @@ def test_job_runs_to_a_downloadable_model(control_plane: ControlPlane, tmp_path:
 
 def test_killed_pod_is_recreated_and_the_job_succeeds(control_plane: ControlPlane) -> None:
     job_id = control_plane.http.post("/api/v1/jobs", json=SPEC).json()["id"]
-    wait_for(lambda: control_plane.job(job_id)["progress"]["step"] >= 5, what="training")
+    wait_for(lambda: control_plane.job(job_id)["progress"]["step"] >= 5,
+             what="training", timeout=180)
     killed = control_plane.http.post(f"/api/v1/jobs/{job_id}/pods/1/kill",
                                      json={"grace_seconds": 0})
     assert killed.status_code == 202
@@ -63,12 +65,13 @@ def test_killed_pod_is_recreated_and_the_job_succeeds(control_plane: ControlPlan
 
 def test_api_killed_mid_job_loses_no_report(control_plane: ControlPlane) -> None:
     job_id = control_plane.http.post("/api/v1/jobs", json=SPEC).json()["id"]
-    wait_for(lambda: control_plane.job(job_id)["progress"]["step"] >= 2, what="training")
+    wait_for(lambda: control_plane.job(job_id)["progress"]["step"] >= 2,
+             what="training", timeout=180)
     control_plane.kill()
     # The pods keep training and buffer their reports while the API is down.
     checkpoints = control_plane.data_dir / "jobs" / job_id / "checkpoints"
     wait_for(lambda: (latest := latest_checkpoint(checkpoints)) and latest.step >= 8,
-             what="a checkpoint written while the API is down")
+             what="a checkpoint written while the API is down", timeout=180)
     control_plane.start()
     job = control_plane.wait_status(job_id, "succeeded", "failed")
     assert job["status"] == "succeeded", job["reason"]

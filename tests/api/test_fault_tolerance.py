@@ -20,9 +20,10 @@ import pytest
 
 from api.backends.local import SUPERVISOR_RESTARTS
 from api.backends.local_jobdir import same_process
-from tests.api.control_plane import ControlPlane, wait_for
+from tests.api.control_plane import ControlPlane
 from tests.conftest import Processes
 from tests.factories import make_reviews_csv, make_tiny_model
+from tests.support import wait_for
 from trainer.checkpoint import MARKER, latest_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -81,7 +82,8 @@ class Job:
             response = self.plane.http.post(f"/api/v1/jobs/{self.id}/pods/{ordinal}/kill",
                                             json={"grace_seconds": 0})
             assert response.status_code == 202, response.text
-        wait_for(lambda: not any(alive(pid) for pid in pids), 30, f"pods {ordinals} to die")
+        wait_for(lambda: not any(alive(pid) for pid in pids),
+                 timeout=30, what=f"pods {ordinals} to die")
         return time.time()
 
     def wait_steps(self, count: int, after: float, participants: int,
@@ -90,7 +92,7 @@ class Job:
             steps = self.steps(after)
             return all(sum(s["pod"] == self.pod(o) and s["participants"] == participants
                            for s in steps) >= count for o in pods)
-        wait_for(enough, 120, what)
+        wait_for(enough, timeout=120, what=what)
 
     def wait_rejoined(self, ordinals: tuple[int, ...], after: float) -> None:
         """The recreated pods take part in steps again (with every pod)."""
@@ -142,18 +144,19 @@ def assert_no_step_computed_twice(job: Job) -> None:
 def test_primary_killed_then_two_of_three(plane: ControlPlane, mode: str) -> None:
     live = mode == "live"
     job = Job(plane, spec(mode))
-    wait_for(lambda: len(job.steps()) >= 30, 180, "training with three pods")
+    wait_for(lambda: len(job.steps()) >= 30, timeout=180, what="training with three pods")
 
     killed_at = job.kill(0)
     if live:
         # The survivors keep committing steps without pod 0, and one of them takes over as
         # the primary: it reports so and writes the checkpoints.
         job.wait_steps(3, killed_at, 2, (1, 2), "pods 1 and 2 to train without pod 0")
-        new_primary = wait_for(lambda: job.reports("primary", killed_at), 60, "a new primary")
+        new_primary = wait_for(lambda: job.reports("primary", killed_at),
+                               timeout=60, what="a new primary")
         assert new_primary[0]["pod"] in (job.pod(1), job.pod(2))
         wait_for(lambda: [e for e in plane.events(job.id, "checkpoint")
-                          if e["time"] > killed_at and e["data"]["pod"] != job.pod(0)], 60,
-                 "a checkpoint written by the new primary")
+                          if e["time"] > killed_at and e["data"]["pod"] != job.pod(0)],
+                 timeout=60, what="a checkpoint written by the new primary")
     # In restart mode every worker restarts in a new rendezvous round, usually joined by the
     # recreated pod already; either way a primary of the new world takes over.
     job.wait_rejoined((0,), killed_at)
@@ -188,22 +191,23 @@ def test_coordinator_killed_then_every_pod_during_a_checkpoint_write(
     # Wide embeddings make each checkpoint big enough (~45 MB) to be caught half-written.
     make_tiny_model(plane.inputs_dir / "wide", vocab_size=60_000)
     job = Job(plane, spec(mode, model="wide", epochs=6, checkpoint_every_steps=25))
-    wait_for(lambda: len(job.steps()) >= 30, 180, "training with three pods")
+    wait_for(lambda: len(job.steps()) >= 30, timeout=180, what="training with three pods")
 
     coordinator = plane.state(job.id)["coordinator"]
     os.killpg(coordinator["pid"], signal.SIGKILL)
-    wait_for(lambda: plane.state(job.id)["coordinator"]["restarts"] == 1, 30,
-             f"the {coordinator['name']} to be restarted")
+    wait_for(lambda: plane.state(job.id)["coordinator"]["restarts"] == 1,
+             timeout=30, what=f"the {coordinator['name']} to be restarted")
     restarted_at = time.time()
-    wait_for(lambda: len(job.steps(restarted_at)) >= 3, 120, "training to go on after it")
+    wait_for(lambda: len(job.steps(restarted_at)) >= 3,
+             timeout=120, what="training to go on after it")
 
     checkpoints = plane.data_dir / "jobs" / job.id / "checkpoints"
-    wait_for(lambda: latest_checkpoint(checkpoints), 120, "a complete checkpoint")
+    wait_for(lambda: latest_checkpoint(checkpoints), timeout=120, what="a complete checkpoint")
 
     def writing() -> os.DirEntry[str] | None:
         return next((entry for entry in os.scandir(checkpoints) if ".tmp" in entry.name), None)
 
-    staging = wait_for(writing, 120, "a checkpoint write", interval=0.002)
+    staging = wait_for(writing, timeout=120, what="a checkpoint write", interval=0.002)
     for pod in plane.state(job.id)["pods"]:
         os.killpg(pod["pid"], signal.SIGKILL)
     killed_at = time.time()
@@ -225,14 +229,14 @@ def test_coordinator_killed_then_every_pod_during_a_checkpoint_write(
 
 def test_a_killed_supervisor_is_replaced_and_its_pods_train_on(plane: ControlPlane) -> None:
     job = Job(plane, spec("live", replicas=2, epochs=10))
-    wait_for(lambda: len(job.steps()) >= 10, 180, "training with two pods")
+    wait_for(lambda: len(job.steps()) >= 10, timeout=180, what="training with two pods")
     left = plane.state(job.id)
     os.kill(left["supervisor_pid"], signal.SIGKILL)
 
     # The control plane starts a supervisor that adopts the running pods and lighthouse, as a
     # restarted kubelet re-adopts its containers: nothing is restarted.
-    adopted = wait_for(lambda: (s := plane.state(job.id)).get("adoptions") == 1 and s, 30,
-                       "a new supervisor to adopt the pods")
+    adopted = wait_for(lambda: (s := plane.state(job.id)).get("adoptions") == 1 and s,
+                       timeout=30, what="a new supervisor to adopt the pods")
     assert adopted["supervisor_pid"] != left["supervisor_pid"]
     assert [(p["pid"], p["restarts"]) for p in adopted["pods"]] == [
         (p["pid"], 0) for p in left["pods"]]
@@ -254,15 +258,15 @@ def test_a_killed_supervisor_is_replaced_and_its_pods_train_on(plane: ControlPla
 def test_a_supervisor_that_keeps_dying_fails_the_job_with_no_pod_left(
         plane: ControlPlane) -> None:
     job = Job(plane, spec("restart", replicas=2))
-    wait_for(lambda: len(job.steps()) >= 5, 180, "training with two pods")
+    wait_for(lambda: len(job.steps()) >= 5, timeout=180, what="training with two pods")
     listed: set[tuple[int, float]] = set()
     for death in range(SUPERVISOR_RESTARTS + 1):
         state = plane.state(job.id)
         listed |= {(p["pid"], p["pid_started"]) for p in [*state["pods"], state["coordinator"]]}
         os.kill(state["supervisor_pid"], signal.SIGKILL)
         if death < SUPERVISOR_RESTARTS:
-            wait_for(lambda n=death + 1: plane.state(job.id).get("adoptions") == n, 30,
-                     f"supervisor {death + 2} to adopt the pods")
+            wait_for(lambda n=death + 1: plane.state(job.id).get("adoptions") == n,
+                     timeout=30, what=f"supervisor {death + 2} to adopt the pods")
     assert len(listed) == 3  # the same two pods and store throughout
 
     failed = plane.wait_status(job.id, "failed", "succeeded", timeout=60)

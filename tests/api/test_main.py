@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from api.__main__ import parse_settings
-from tests.api.live import free_port
 from tests.conftest import ROOT
+from tests.support import free_port
 
 
 def test_the_environment_wins_unless_a_flag_is_given(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 
 from tests.conftest import Processes
+from tests.support import free_port
 
 POD_ADDRESS = "127.0.0.2"  # any loopback address: not the one a host name resolves to
 WORKER = """
@@ -24,12 +24,6 @@ listening = sorted({(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_con
 print(json.dumps({"sum": total.item(), "listening": listening}), flush=True)
 dist.barrier()  # neither leaves before both have listed their sockets
 """
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def test_workers_listen_on_the_pod_address_only(tmp_path: Path, processes: Processes) -> None:

@@ -3,7 +3,6 @@
 import json
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import Processes
 from tests.factories import make_reviews_csv
+from tests.support import wait_for
 from trainer.checkpoint import MARKER, latest_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -22,14 +22,6 @@ def trainer_args(inputs: Path, work: Path, *extra: str) -> list[str]:
             "--cache-dir", str(work / "cache"), "--checkpoint-dir", str(work / "checkpoints"),
             "--model-dir", str(work / "model"), "--metrics-file", str(work / "reports.jsonl"),
             "--batch-size", "8", "--learning-rate", "3e-3", *extra]
-
-
-def wait_until(condition, process, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert process.poll() is None, "the trainer exited early"
-        assert time.monotonic() < deadline, "condition not met before the deadline"
-        time.sleep(0.01)
 
 
 def finish(process, timeout: float = 180.0) -> int:
@@ -54,7 +46,8 @@ def test_sigkill_mid_epoch_then_rerun_equals_uninterrupted(inputs_dir: Path, tmp
     assert finish(process) == 0
 
     process = processes.trainer(trainer_args(inputs_dir, victim, *extra), tmp_path / "v1.log")
-    wait_until(lambda: (victim / "checkpoints" / "step-20" / MARKER).exists(), process)
+    wait_for(lambda: (victim / "checkpoints" / "step-20" / MARKER).exists(),
+             process=process, timeout=120)
     process.send_signal(signal.SIGKILL)
     assert process.wait(timeout=30) == -signal.SIGKILL
     assert not (victim / "model").exists()
@@ -76,7 +69,8 @@ def test_sigterm_checkpoints_flushes_and_exits_0(inputs_dir: Path, tmp_path: Pat
     extra = ("--epochs", "20", "--checkpoint-every-steps", "1000")
     process = processes.trainer(trainer_args(inputs_dir, tmp_path, *extra), tmp_path / "1.log")
     reports = tmp_path / "reports.jsonl"
-    wait_until(lambda: reports.exists() and '"kind":"metric"' in reports.read_text(), process)
+    wait_for(lambda: reports.exists() and '"kind":"metric"' in reports.read_text(),
+             process=process, timeout=120)
     process.send_signal(signal.SIGTERM)
     assert finish(process) == 0
     last_step = events(tmp_path, "metric")[-1]["data"]["step"]

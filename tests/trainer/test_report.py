@@ -1,89 +1,19 @@
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from tests.factories import metric_data
+from tests.support import ReportServer, wait_for
 from trainer.contract.records import CheckpointSaved, Started
 from trainer.report import HttpSink, JsonlSink, Reporter
 
 
-class ReportServer:
-    """A real HTTP server on 127.0.0.1 that records report batches (status is settable)."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.batches: list[dict] = []
-        self.status = 200
-        self.release = threading.Event()
-        self.release.set()
-        self.headers: list[str] = []
-        self._server: ThreadingHTTPServer | None = None
-
-    def start(self) -> None:
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                owner.release.wait(30)
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                owner.headers.append(self.headers.get("Authorization", ""))
-                if owner.status == 200:
-                    owner.batches.append(body)
-                self.send_response(owner.status)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/api/v1/jobs/j/reports"
-
-    def records(self) -> list[dict]:
-        """Records after server-side dedup on (pod, incarnation, seq), in arrival order."""
-        seen, unique = set(), []
-        for batch in self.batches:
-            for record in batch["records"]:
-                key = (batch["pod"], batch["incarnation"], record["seq"])
-                if key not in seen:
-                    seen.add(key)
-                    unique.append(record)
-        return unique
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(condition, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met before the deadline"
-        time.sleep(0.02)
-
-
 @pytest.fixture
 def server() -> Iterator[ReportServer]:
-    instance = ReportServer(free_port())
+    instance = ReportServer()  # started by each test: some post before anyone listens
     yield instance
-    instance.release.set()
     instance.stop()
 
 

@@ -12,8 +12,9 @@ import pytest
 
 from api.backends.local import LocalBackend
 from tests.api.conftest import ADMIN_TOKEN
-from tests.api.control_plane import ControlPlane, wait_for
+from tests.api.control_plane import ControlPlane
 from tests.factories import evaluation, record
+from tests.support import wait_for
 from tests.web.conftest import save_artifact
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -104,9 +105,9 @@ def test_a_job_from_the_form_to_a_model(control_plane: ControlPlane, page: Any,
 
     # Pods come up and points arrive live.
     wait_for(lambda: pod_state(page, 0)["phase"] == pod_state(page, 1)["phase"] == "Running",
-             90, "both pods Running")
-    first = wait_for(lambda: chart_points(page, "loss"), 90, "loss points")
-    wait_for(lambda: chart_points(page, "loss") > first, 30, "more loss points, live")
+             timeout=90, what="both pods Running")
+    first = wait_for(lambda: chart_points(page, "loss"), timeout=90, what="loss points")
+    wait_for(lambda: chart_points(page, "loss") > first, timeout=30, what="more loss points, live")
     assert chart_points(page, "speed") > 0 and chart_points(page, "participants") > 0
 
     # Kill pod 1 from the keyboard: it goes down, comes back and rejoins.
@@ -114,10 +115,11 @@ def test_a_job_from_the_form_to_a_model(control_plane: ControlPlane, page: Any,
     page.keyboard.press("Enter")
     page.wait_for_selector("#confirm[open]")
     page.click("#confirm-ok")
-    wait_for(lambda: pod_state(page, 1)["phase"] == "Killed", 10, "pod 1 shown killed")
+    wait_for(lambda: pod_state(page, 1)["phase"] == "Killed", timeout=10, what="pod 1 shown killed")
     assert page.locator(".timeline li[data-tag=kill]").count() == 1
     wait_for(lambda: pod_state(page, 1) == {"phase": "Running", "rejoined": "true",
-                                            "restarts": "1"}, 90, "pod 1 back and rejoined")
+                                            "restarts": "1"},
+             timeout=90, what="pod 1 back and rejoined")
     healed = page.locator(f".timeline li[data-tag=healed]:has-text('{job_id}-1')")
     assert "after the kill" in healed.first.inner_text()
     save_artifact(page, artifacts_dir, "dashboard-job-live.png")
@@ -142,7 +144,8 @@ def test_a_job_from_the_form_to_a_model(control_plane: ControlPlane, page: Any,
     late = page.context.new_page()  # session storage is per tab: it logs in with the URL
     login(late, control_plane, f"#/jobs/{job_id}")
     steps = control_plane.job(job_id)["progress"]["step"]
-    wait_for(lambda: chart_points(late, "loss") == steps, 20, "the full history in a late tab")
+    wait_for(lambda: chart_points(late, "loss") == steps,
+             timeout=20, what="the full history in a late tab")
     assert late.locator(".timeline li[data-tag=kill]").count() == 1
     assert late.locator(".timeline li[data-tag=healed]").count() >= 1
     assert chart_points(late, "accuracy") == SPEC["epochs"]
@@ -251,13 +254,13 @@ def test_the_stream_reconnects_after_a_control_plane_restart_and_misses_nothing(
     page.wait_for_selector(".connection[data-state=live]")
     evaluations(1, 3)
     rows = page.locator(".timeline li[data-tag='validation eval']")
-    wait_for(lambda: rows.count() == 3, 10, "three evaluations")
+    wait_for(lambda: rows.count() == 3, timeout=10, what="three evaluations")
 
     control_plane.restart()
     page.wait_for_selector(".connection[data-state=reconnecting]", state="attached")
     page.wait_for_selector(".connection[data-state=live]", timeout=30_000)
     evaluations(4, 6)
-    wait_for(lambda: rows.count() == 6, 15, "the evaluations sent after the restart")
+    wait_for(lambda: rows.count() == 6, timeout=15, what="the evaluations sent after the restart")
     ids = [rows.nth(i).get_attribute("data-event") for i in range(6)]
     assert len(set(ids)) == 6 and chart_points(page, "accuracy") == 6
     # The browser notes the stream cut by the kill and its retries while the API was down.

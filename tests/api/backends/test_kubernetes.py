@@ -20,8 +20,8 @@ from api.backends.base import (
 from api.backends.kubernetes import KubernetesBackend, cluster_config
 from api.settings import Settings
 from tests.api.backends.k8s_fake import FakeApiServer
-from tests.api.backends.test_supervisor import wait_for
 from tests.conftest import ROOT
+from tests.support import wait_for
 
 NS = "live-migrator"
 BUDGET = 3
@@ -69,14 +69,15 @@ def running(backend: KubernetesBackend, job_id: str) -> WorkloadStatus:
     """Wait until every pod of the job runs; its status then."""
     result: WorkloadStatus = wait_for(
         lambda: (s := backend.status(job_id)).pods and all(p.phase == "Running" for p in s.pods)
-        and s, f"the pods of {job_id} to run", 20)
+        and s, what=f"the pods of {job_id} to run", timeout=20)
     return result
 
 
 def pod_status(backend: KubernetesBackend, job_id: str, ordinal: int,
                check: Callable[[Any], bool], what: str) -> WorkloadStatus:
     result: WorkloadStatus = wait_for(
-        lambda: (s := backend.status(job_id)).pods and check(s.pods[ordinal]) and s, what, 20)
+        lambda: (s := backend.status(job_id)).pods and check(s.pods[ordinal]) and s, what=what,
+        timeout=20)
     return result
 
 
@@ -174,7 +175,7 @@ def test_a_failed_launch_leaves_nothing_behind(backend: KubernetesBackend, setti
         backend.launch(launch)
     wait_for(lambda: not any(k[0] in ("statefulsets", "pods", "services", "deployments")
                              for k in fake_k8s.cluster.store.objects),
-             "the half-made workload to be deleted", 10)
+             what="the half-made workload to be deleted", timeout=10)
 
 
 def test_delete_is_foreground_keeps_volumes_and_is_idempotent(
@@ -194,7 +195,7 @@ def test_delete_is_foreground_keeps_volumes_and_is_idempotent(
     assert (deleting.present, deleting.finished, len(deleting.pods)) == (True, False, 2)
     fake_k8s.cluster.collect_garbage = True
     wait_for(lambda: sorted({k[0] for k in fake_k8s.cluster.store.objects}) == [
-        "persistentvolumeclaims"], "every object but the PVCs to be gone", 10)
+        "persistentvolumeclaims"], what="every object but the PVCs to be gone", timeout=10)
     assert backend.status(launch.job_id).present is False
     backend.delete(launch.job_id)  # again: nothing to do, no error
     assert backend.active_jobs() == []
@@ -212,7 +213,7 @@ def test_oom_and_the_restart_budget(backend: KubernetesBackend, settings: Settin
     for _ in range(BUDGET):
         fake_k8s.cluster.crash("job-0a1b2c3d-0", exit_code=1)
     status = wait_for(lambda: (s := backend.status(launch.job_id)).finished and s,
-                      "the budget to run out", 20)
+                      what="the budget to run out", timeout=20)
     assert status.reason == ("restart budget spent: pod job-0a1b2c3d-0 restarted 4 times, last "
                              "exit code 1 (Error)")
     assert not status.present
@@ -227,7 +228,7 @@ def test_bad_input_ends_the_job_instead_of_crash_looping(
         "2026-11-23 10:00:01,456 ERROR job=job-0a1b2c3d pod=job-0a1b2c3d-0 trainer: "
         "dataset 'missing.csv': not found under the inputs dir\n"))
     status = wait_for(lambda: (s := backend.status(launch.job_id)).finished and s,
-                      "the bad input to end the job", 20)
+                      what="the bad input to end the job", timeout=20)
     assert status.reason == ("pod job-0a1b2c3d-0 failed: bad input: dataset 'missing.csv': "
                              "not found under the inputs dir")
     assert (status.pods[0].phase, status.pods[0].reason) == ("Failed", "CrashLoopBackOff")
@@ -276,7 +277,7 @@ def test_watch_recovers_from_410_gone(backend: KubernetesBackend, settings: Sett
     running(backend, launch.job_id)
     with fake_k8s.cluster.store.changed:
         fake_k8s.cluster.store.compact()  # the watch's resourceVersion is now too old
-    wait_for(lambda: backend.watcher.relists >= 1, "the watch to list again", 10)
+    wait_for(lambda: backend.watcher.relists >= 1, what="the watch to list again", timeout=10)
     backend.kill_pod(launch.job_id, 1, 0)
     pod_status(backend, launch.job_id, 1, lambda p: p.restarts == 1 and p.phase == "Running",
                "the kill to be seen through the new watch")

@@ -19,9 +19,9 @@ from api.app import create_app
 from api.backends import commands, manifests
 from api.settings import Settings
 from tests.api.backends.k8s_fake import FakeApiServer
-from tests.api.backends.test_supervisor import wait_for
 from tests.api.conftest import ADMIN_TOKEN, AUTH, metric
 from tests.factories import completed, record
+from tests.support import wait_for
 
 NS = "live-migrator"
 SPEC = {"model": "tiny", "dataset": "reviews.csv", "replicas": 2,
@@ -52,7 +52,7 @@ def wait_job(client: TestClient, job_id: str, check: Callable[[dict[str, Any]], 
         state = job_state(client, job_id)
         return state if check(state) else None
 
-    result: dict[str, Any] = wait_for(matching, what, 20)
+    result: dict[str, Any] = wait_for(matching, what=what, timeout=20)
     return result
 
 
@@ -156,7 +156,8 @@ def lifecycle(client: TestClient, settings: Settings, fake_k8s: FakeApiServer) -
     delete = [r for r in cluster.requests if r.method == "DELETE"][-1]
     assert (delete.path, delete.query["propagationPolicy"]) == (
         f"/apis/apps/v1/namespaces/{NS}/statefulsets/{job_id}", "Foreground")
-    wait_for(lambda: not workload_objects(fake_k8s, job_id), "the workload to be gone", 10)
+    wait_for(lambda: not workload_objects(fake_k8s, job_id),
+             what="the workload to be gone", timeout=10)
     assert (export / "config.json").is_file()  # the model stays on its volume
 
 
@@ -175,7 +176,8 @@ def cancel(client: TestClient, settings: Settings, fake_k8s: FakeApiServer) -> N
     assert response.status_code == 202, response.text
     assert job_state(client, job_id)["status"] == "cancelled"
     fake_k8s.cluster.collect_garbage = True
-    wait_for(lambda: not workload_objects(fake_k8s, job_id), "the workload to be gone", 10)
+    wait_for(lambda: not workload_objects(fake_k8s, job_id),
+             what="the workload to be gone", timeout=10)
     assert (settings.jobs_dir / job_id / "checkpoints" / "step-5").is_dir()
     killed = client.post(f"/api/v1/jobs/{job_id}/pods/0/kill", headers=AUTH)
     assert killed.status_code == 409
@@ -191,7 +193,8 @@ def test_restarted_api_re_adopts_and_a_410_is_survived(
         with fake_k8s.cluster.store.changed:
             fake_k8s.cluster.store.compact()
         backend = second.app.state.backend  # type: ignore[attr-defined]
-        wait_for(lambda: backend.watcher.relists >= 1, "the watch to list again after 410", 10)
+        wait_for(lambda: backend.watcher.relists >= 1,
+                 what="the watch to list again after 410", timeout=10)
         killed = second.post(f"/api/v1/jobs/{job_id}/pods/0/kill", headers=AUTH)
         assert killed.status_code == 202
         state = wait_job(second, job_id, lambda s: s["pods"][0]["restarts"] == 1
@@ -212,4 +215,5 @@ def test_bad_input_fails_the_job_and_deletes_the_workload(
         assert state["reason"] == f"pod {job_id}-1 failed: bad input: model 'tiny': no config.json"
         crash = [e for e in pod_events(client, job_id) if e.get("reason") == "CrashLoopBackOff"]
         assert crash and crash[-1]["phase"] == "Failed"
-        wait_for(lambda: not workload_objects(fake_k8s, job_id), "the workload to be gone", 10)
+        wait_for(lambda: not workload_objects(fake_k8s, job_id),
+                 what="the workload to be gone", timeout=10)

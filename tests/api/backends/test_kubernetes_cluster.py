@@ -19,7 +19,7 @@ import pytest
 from api.backends.base import Launch, WorkloadStatus
 from api.backends.kubernetes import KubernetesBackend
 from api.settings import Settings
-from tests.api.backends.test_supervisor import wait_for
+from tests.support import wait_for
 
 pytestmark = [
     pytest.mark.cluster,
@@ -47,7 +47,7 @@ def backend(settings: Settings) -> Iterator[KubernetesBackend]:
 def all_running(backend: KubernetesBackend, job_id: str) -> WorkloadStatus:
     status: WorkloadStatus = wait_for(
         lambda: (s := backend.status(job_id)).pods and all(p.phase == "Running" for p in s.pods)
-        and s, "the pods to run", STARTUP)
+        and s, what="the pods to run", timeout=STARTUP)
     return status
 
 
@@ -67,7 +67,7 @@ def test_lifecycle_on_a_real_cluster(backend: KubernetesBackend, settings: Setti
         assert job_id in backend.active_jobs()
         backend.kill_pod(job_id, 1, grace_seconds=0)
         wait_for(lambda: (s := backend.status(job_id)).pods[1].restarts >= 1
-                 and s.pods[1].phase == "Running", "pod 1 to be recreated", STARTUP)
+                 and s.pods[1].phase == "Running", what="pod 1 to be recreated", timeout=STARTUP)
         assert backend.tail_logs(job_id, 1, 50)
         second = KubernetesBackend.from_settings(settings)  # a restarted control plane
         try:
@@ -77,5 +77,6 @@ def test_lifecycle_on_a_real_cluster(backend: KubernetesBackend, settings: Setti
             second.close()
     finally:
         backend.delete(job_id)
-    wait_for(lambda: job_id not in backend.active_jobs(), "the workload to be deleted", 120)
+    wait_for(lambda: job_id not in backend.active_jobs(),
+             what="the workload to be deleted", timeout=120)
     assert not backend.status(job_id).present

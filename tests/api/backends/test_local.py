@@ -22,23 +22,11 @@ from api.backends import local
 from api.backends.base import BackendError, Launch, WorkloadNotFound, WorkloadStatus
 from api.backends.local import LocalBackend
 from api.backends.local_jobdir import JobDir, same_process
-from tests.api.backends.test_supervisor import (
-    SPEC,
-    ReportSink,
-    kill_everything,
-    recorded_processes,
-    wait_for,
-)
+from tests.api.backends.test_supervisor import SPEC, kill_everything, recorded_processes
 from tests.conftest import ROOT
 from tests.factories import make_reviews_csv
+from tests.support import ReportServer, wait_for
 from trainer.checkpoint import MARKER
-
-
-@pytest.fixture
-def sink() -> Iterator[ReportSink]:
-    server = ReportSink()
-    yield server
-    server.close()
 
 
 @pytest.fixture
@@ -55,7 +43,7 @@ def backend(jobs_dir: Path) -> LocalBackend:
 
 
 @pytest.fixture
-def make_launch(jobs_dir: Path, inputs_dir: Path, sink: ReportSink,
+def make_launch(jobs_dir: Path, inputs_dir: Path, sink: ReportServer,
                 tmp_path: Path) -> Callable[..., Launch]:
     def build(job_id: str, replicas: int = 2, **spec: Any) -> Launch:
         job_dir = jobs_dir / job_id
@@ -71,7 +59,7 @@ def make_launch(jobs_dir: Path, inputs_dir: Path, sink: ReportSink,
 def wait_finished(backend: LocalBackend, job_id: str, timeout: float = 60.0) -> WorkloadStatus:
     status: WorkloadStatus = wait_for(
         lambda: (s := backend.status(job_id)).finished and not s.present and s,
-        f"{job_id} to finish", timeout)
+        what=f"{job_id} to finish", timeout=timeout)
     return status
 
 
@@ -80,12 +68,12 @@ def assert_no_processes(job_dir: Path) -> None:
     assert recorded
     # The supervisor may still be between writing its last state and exiting.
     wait_for(lambda: all(same_process(pid, started) is None for pid, started, _ in recorded),
-             "every recorded process to be gone", timeout=15)
+             what="every recorded process to be gone", timeout=15)
 
 
 @pytest.mark.slow
 def test_two_pods_run_to_completion(backend: LocalBackend, make_launch: Callable[..., Launch],
-                                    jobs_dir: Path, sink: ReportSink) -> None:
+                                    jobs_dir: Path, sink: ReportServer) -> None:
     backend.launch(make_launch("job-ok"))
     launch_file = jobs_dir / "job-ok" / "launch.json"
     assert stat.S_IMODE(launch_file.stat().st_mode) == 0o600
@@ -112,15 +100,15 @@ def test_two_pods_run_to_completion(backend: LocalBackend, make_launch: Callable
 @pytest.mark.slow
 def test_sigkilled_pod_is_recreated_alone_and_the_survivor_restarts_its_worker(
         backend: LocalBackend, make_launch: Callable[..., Launch], jobs_dir: Path,
-        inputs_dir: Path, sink: ReportSink) -> None:
+        inputs_dir: Path, sink: ReportServer) -> None:
     make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
     backend.launch(make_launch("job-kill", epochs=3, checkpoint_every_steps=1000))
-    wait_for(lambda: len(sink.records("job-kill-0", "metric")) >= 5, "five steps")
+    wait_for(lambda: len(sink.records("job-kill-0", "metric")) >= 5, what="five steps")
     survivor = recorded_processes(jobs_dir / "job-kill")[1][0]
     backend.kill_pod("job-kill", 1, grace_seconds=0)
 
     restarted = wait_for(lambda: (s := backend.status("job-kill")).pods[1].restarts == 1 and s,
-                         "pod 1 to be recreated", timeout=30)
+                         what="pod 1 to be recreated", timeout=30)
     assert restarted.present
     status = wait_finished(backend, "job-kill", timeout=120)
     assert status.reason is None
@@ -157,13 +145,13 @@ def http_status(url: str, headers: dict[str, str]) -> int:
 @pytest.mark.parametrize("mode", ["live", "restart"])
 def test_every_process_of_a_job_listens_on_the_pod_address_only(
         mode: str, backend: LocalBackend, make_launch: Callable[..., Launch], jobs_dir: Path,
-        sink: ReportSink) -> None:
+        sink: ReportServer) -> None:
     job = f"job-net-{mode}"
     launch = dataclasses.replace(make_launch(job, epochs=50, fault_tolerance=mode),
                                  fault_tolerance=mode, heal_secret="the-heal-secret")
     backend.launch(launch)
     wait_for(lambda: all(sink.records(f"{job}-{o}", "metric") for o in (0, 1)),
-             "both pods to train")
+             what="both pods to train")
     state = json.loads(JobDir(jobs_dir / job).state.read_text())
     sockets = {pod["name"]: listening(pod["pid"]) for pod in state["pods"]}
     sockets[state["coordinator"]["name"]] = listening(state["coordinator"]["pid"])
@@ -208,7 +196,7 @@ def test_delete_mid_training_stops_everything_and_keeps_checkpoints(
     monkeypatch.setenv("MIGRATOR_ADMIN_TOKEN", "the-admin-token")
     backend.launch(make_launch("job-del", epochs=5))
     checkpoints = jobs_dir / "job-del" / "checkpoints"
-    wait_for(lambda: (checkpoints / "step-5" / MARKER).exists(), "the step-5 checkpoint")
+    wait_for(lambda: (checkpoints / "step-5" / MARKER).exists(), what="the step-5 checkpoint")
     pods = [psutil.Process(pod["pid"]) for pod in
             json.loads((jobs_dir / "job-del" / "state.json").read_text())["pods"]]
     env = [pod.environ() for pod in pods]
@@ -240,11 +228,12 @@ def test_delete_kills_the_pods_of_a_dead_or_hung_supervisor(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(local, "DELETE_TIMEOUT", 0.5)
     backend.launch(make_launch("job-orphans", replicas=1, epochs=20))
-    wait_for(lambda: backend.status("job-orphans").pods[0].phase == "Running", "pod 0 to run")
+    wait_for(lambda: backend.status("job-orphans").pods[0].phase == "Running", what="pod 0 to run")
     supervisor_pid, started, _ = recorded_processes(jobs_dir / "job-orphans")[0]
     os.kill(supervisor_pid, signal.SIGKILL if fate == "dead" else signal.SIGSTOP)
     if fate == "dead":  # and not replaced: nothing observed the job in between
-        wait_for(lambda: same_process(supervisor_pid, started) is None, "the supervisor to die")
+        wait_for(lambda: same_process(supervisor_pid, started) is None,
+                 what="the supervisor to die")
     with caplog.at_level("WARNING", logger="api.backends.local"):
         backend.delete("job-orphans")
     assert "pod job-orphans-0 left behind: SIGKILL" in caplog.text
@@ -257,7 +246,7 @@ def kill_supervisor(job_dir: Path) -> dict[str, Any]:
     state: dict[str, Any] = json.loads((job_dir / "state.json").read_text())
     pid, started = state["supervisor_pid"], state["supervisor_started"]
     os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: same_process(pid, started) is None, "the supervisor to die", timeout=10)
+    wait_for(lambda: same_process(pid, started) is None, what="the supervisor to die", timeout=10)
     return state
 
 
@@ -267,12 +256,12 @@ def test_a_killed_supervisor_is_replaced_by_one_that_adopts_the_pods(
     backend.launch(make_launch("job-heal", epochs=50, checkpoint_every_steps=1000))
     job_dir = jobs_dir / "job-heal"
     wait_for(lambda: [p.phase for p in backend.status("job-heal").pods] == ["Running"] * 2,
-             "both pods to run")
+             what="both pods to run")
     left = kill_supervisor(job_dir)
 
     assert backend.status("job-heal").present  # observing it starts the new supervisor
     adopted = wait_for(lambda: (s := json.loads((job_dir / "state.json").read_text()))
-                       ["adoptions"] == 1 and s, "a supervisor to adopt the pods")
+                       ["adoptions"] == 1 and s, what="a supervisor to adopt the pods")
     assert adopted["supervisor_pid"] != left["supervisor_pid"]
     assert [(p["pid"], p["restarts"]) for p in adopted["pods"]] == [
         (p["pid"], 0) for p in left["pods"]]
@@ -282,7 +271,7 @@ def test_a_killed_supervisor_is_replaced_by_one_that_adopts_the_pods(
     # An adopted pod is killed and recreated like any other, and a delete stops everything.
     backend.kill_pod("job-heal", 1, grace_seconds=0)
     recreated = wait_for(lambda: (s := backend.status("job-heal")).pods[1].restarts == 1 and s,
-                         "pod 1 to be recreated", timeout=30)
+                         what="pod 1 to be recreated", timeout=30)
     assert (recreated.present, recreated.pods[0].restarts) == (True, 0)
     assert recorded_processes(job_dir)[1][0] == left["pods"][0]["pid"]
     backend.delete("job-heal")
@@ -299,7 +288,7 @@ def test_pods_are_killed_before_a_dead_supervisor_that_cannot_be_replaced_fails_
     backend.launch(make_launch("job-lost", epochs=50))
     job_dir = jobs_dir / "job-lost"
     wait_for(lambda: [p.phase for p in backend.status("job-lost").pods] == ["Running"] * 2,
-             "both pods to run")
+             what="both pods to run")
     left = kill_supervisor(job_dir)
     listed = [(p["pid"], p["pid_started"]) for p in [*left["pods"], left["coordinator"]]]
     if why == "state":  # the backend read it before: it knows what to stop
@@ -335,7 +324,7 @@ LocalBackend(Path(sys.argv[1])).launch(Launch(**{**doc, **paths}))
 
 @pytest.mark.slow
 def test_supervisor_outlives_its_launcher_and_is_re_adopted(
-        make_launch: Callable[..., Launch], jobs_dir: Path, sink: ReportSink) -> None:
+        make_launch: Callable[..., Launch], jobs_dir: Path, sink: ReportServer) -> None:
     launch = make_launch("job-adopt", replicas=1, epochs=20, checkpoint_every_steps=1000)
     document = {k: str(v) if isinstance(v, Path) else v for k, v in vars(launch).items()}
     launcher = subprocess.run([sys.executable, "-c", LAUNCH_FROM_CHILD, str(jobs_dir),
@@ -345,17 +334,18 @@ def test_supervisor_outlives_its_launcher_and_is_re_adopted(
     adopter = LocalBackend(jobs_dir)
     assert adopter.active_jobs() == ["job-adopt"]
     running = wait_for(lambda: (s := adopter.status("job-adopt")).pods[0].phase == "Running"
-                       and s, "pod 0 to run")
+                       and s, what="pod 0 to run")
     assert running.present
     supervisor_pid = recorded_processes(jobs_dir / "job-adopt")[0][0]
     assert os.getsid(supervisor_pid) == supervisor_pid  # its own session: no terminal signals
-    wait_for(lambda: sink.records("job-adopt-0", "metric"), "the first training step")
+    wait_for(lambda: sink.records("job-adopt-0", "metric"), what="the first training step")
 
     # A graceful kill: the worker checkpoints on SIGTERM and the agent exits as terminated; the
     # pod counts as failed and is recreated.
     adopter.kill_pod("job-adopt", 0, grace_seconds=5)
     restarted = wait_for(lambda: (s := adopter.status("job-adopt")).pods[0].restarts == 1
-                         and s.pods[0].phase == "Running" and s, "pod 0 to restart", timeout=30)
+                         and s.pods[0].phase == "Running" and s, what="pod 0 to restart",
+                         timeout=30)
     assert restarted.pods[0].exit_code == 128 + signal.SIGTERM
     assert [r["data"]["type"] for r in sink.records("job-adopt-0", "event")
             if r["data"]["type"] == "sigterm"] == ["sigterm"]

@@ -18,7 +18,7 @@ from api.backends import commands, manifests
 from api.backends.base import Launch, Resources
 from api.backends.manifests import ClusterConfig
 from tests.api.backends.k8s_fake import SCHEMA_VERSION
-from tests.api.backends.test_supervisor import wait_for
+from tests.support import wait_for
 
 CLUSTER = ClusterConfig(namespace="live-migrator", image="registry.example/trainer:1.2.3")
 
@@ -278,14 +278,15 @@ def test_hold_passes_a_failure_on(hold: Callable[[str], subprocess.Popen[bytes]]
 def test_hold_keeps_the_pod_after_success_until_sigterm(
         tmp_path: Path, hold: Callable[[str], subprocess.Popen[bytes]]) -> None:
     process = hold("open('done', 'w').close()")
-    wait_for(lambda: (tmp_path / "done").exists(), "the stand-in trainer to finish", 30)
+    wait_for(lambda: (tmp_path / "done").exists(),
+             what="the stand-in trainer to finish", timeout=30)
     with pytest.raises(subprocess.TimeoutExpired):
         process.wait(timeout=0.5)  # held: a StatefulSet would otherwise restart the trainer
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=10) == 0
     assert b"holding the pod" in (tmp_path / "stderr").read_bytes()
     # Nothing of it is left behind (in a container, its end would end everything anyway).
-    wait_for(lambda: not group_alive(process.pid), "the held sleep to end", 10)
+    wait_for(lambda: not group_alive(process.pid), what="the held sleep to end", timeout=10)
 
 
 def test_hold_forwards_sigterm_to_the_trainer(
@@ -295,7 +296,8 @@ def test_hold_forwards_sigterm_to_the_trainer(
              "signal.signal(signal.SIGTERM, stop)\npathlib.Path('ready').touch()\n"
              "time.sleep(60)\nsys.exit(1)\n")
     process = hold(child)
-    wait_for(lambda: (tmp_path / "ready").exists(), "the stand-in trainer to start", 30)
+    wait_for(lambda: (tmp_path / "ready").exists(),
+             what="the stand-in trainer to start", timeout=30)
     process.send_signal(signal.SIGTERM)
     # The trainer checkpoints and exits 0; a stopped pod ends then, without holding.
     assert process.wait(timeout=10) == 0

@@ -10,10 +10,8 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,52 +22,10 @@ from api.backends.local import LocalBackend
 from api.backends.local_jobdir import same_process, write_json_atomic
 from tests.conftest import ROOT
 from tests.factories import make_reviews_csv
+from tests.support import ReportServer, wait_for
 
 SPEC: dict[str, Any] = {"model": "tiny", "dataset": "reviews.csv", "batch_size": 8,
                         "learning_rate": 0.003, "epochs": 2, "checkpoint_every_steps": 5}
-
-
-class ReportSink:
-    """Accepts the trainers' report posts (so their final flush never waits) and keeps them."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict[str, Any]] = []
-        sink = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                sink.bodies.append(json.loads(body))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"{}")
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/reports"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def incarnations(self, pod: str) -> set[str]:
-        return {b["incarnation"] for b in self.bodies if b["pod"] == pod}
-
-    def records(self, pod: str, kind: str) -> list[dict[str, Any]]:
-        return [r for b in list(self.bodies) if b["pod"] == pod for r in b["records"]
-                if r["kind"] == kind]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def sink() -> Iterator[ReportSink]:
-    server = ReportSink()
-    yield server
-    server.close()
 
 
 def recorded_processes(job_dir: Path) -> list[tuple[int, float, bool]]:
@@ -96,15 +52,7 @@ def kill_everything(jobs_dir: Path) -> None:
                     (os.killpg if group else os.kill)(pid, signal.SIGKILL)
 
 
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return result
-
-
-def write_job(job_dir: Path, inputs_dir: Path, sink: ReportSink, max_restarts: int = 5,
+def write_job(job_dir: Path, inputs_dir: Path, sink: ReportServer, max_restarts: int = 5,
               restart_backoff: float = 1.0, replicas: int = 1, **spec: Any) -> None:
     for sub in ("logs", "commands"):
         (job_dir / sub).mkdir(parents=True)
@@ -162,12 +110,12 @@ def pod_phase(job_dir: Path) -> str | None:
 
 
 @pytest.mark.slow
-def test_commands_lock_and_sigterm(tmp_path: Path, inputs_dir: Path, sink: ReportSink,
+def test_commands_lock_and_sigterm(tmp_path: Path, inputs_dir: Path, sink: ReportServer,
                                    supervisors: Supervisors) -> None:
     job_dir = tmp_path / "jobs" / "job-sup"
     write_job(job_dir, inputs_dir, sink, epochs=20, checkpoint_every_steps=1000)
     process = supervisors.start(job_dir)
-    wait_for(lambda: pod_phase(job_dir) == "Running", "pod 0 to run")
+    wait_for(lambda: pod_phase(job_dir) == "Running", what="pod 0 to run")
     second = subprocess.run([sys.executable, "-m", "api.backends.supervisor", str(job_dir)],
                             cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert second.returncode == 1
@@ -185,7 +133,7 @@ def test_commands_lock_and_sigterm(tmp_path: Path, inputs_dir: Path, sink: Repor
 
     # The bad grace, the JSON error, the unknown op; the unknown ordinal is logged first.
     ignored = wait_for(lambda: len(found := ignored_lines()) == 3 and found,
-                       "the commands to run")
+                       what="the commands to run")
     assert "kill: no running pod with ordinal 7; ignored" in log.read_text()
     assert "grace_seconds" in ignored[0] and "Invalid JSON" in ignored[1]
     assert "does not match any of the expected tags: 'kill', 'delete'" in ignored[2]
@@ -202,12 +150,12 @@ def test_commands_lock_and_sigterm(tmp_path: Path, inputs_dir: Path, sink: Repor
 
 
 @pytest.mark.slow
-def test_restart_budget_spent(tmp_path: Path, inputs_dir: Path, sink: ReportSink,
+def test_restart_budget_spent(tmp_path: Path, inputs_dir: Path, sink: ReportServer,
                               supervisors: Supervisors) -> None:
     job_dir = tmp_path / "jobs" / "job-budget"
     write_job(job_dir, inputs_dir, sink, max_restarts=0)
     process = supervisors.start(job_dir)
-    wait_for(lambda: pod_phase(job_dir) == "Running", "pod 0 to run")
+    wait_for(lambda: pod_phase(job_dir) == "Running", what="pod 0 to run")
     write_json_atomic(job_dir / "commands" / "1-a.json",
                       {"op": "kill", "ordinal": 0, "grace_seconds": 0})
     assert process.wait(timeout=30) == 0
@@ -221,47 +169,47 @@ def test_restart_budget_spent(tmp_path: Path, inputs_dir: Path, sink: ReportSink
 
 @pytest.mark.slow
 def test_a_killed_pod_is_recreated_after_the_backoff(tmp_path: Path, inputs_dir: Path,
-                                                     sink: ReportSink,
+                                                     sink: ReportServer,
                                                      supervisors: Supervisors) -> None:
     job_dir = tmp_path / "jobs" / "job-backoff"
     write_job(job_dir, inputs_dir, sink, restart_backoff=3.0, epochs=20,
               checkpoint_every_steps=1000)
     supervisors.start(job_dir)
-    wait_for(lambda: pod_phase(job_dir) == "Running", "pod 0 to run")
+    wait_for(lambda: pod_phase(job_dir) == "Running", what="pod 0 to run")
     killed_at = time.time()
     write_json_atomic(job_dir / "commands" / "1-a.json",
                       {"op": "kill", "ordinal": 0, "grace_seconds": 0})
     pod = wait_for(lambda: (p := state(job_dir)["pods"][0])["restarts"] == 1 and p,
-                   "pod 0 to be recreated")
+                   what="pod 0 to be recreated")
     assert pod["started_at"] - killed_at >= 3.0
 
 
 @pytest.mark.slow
 def test_an_adopting_supervisor_keeps_live_pods_and_recreates_dead_ones(
-        tmp_path: Path, inputs_dir: Path, sink: ReportSink, supervisors: Supervisors) -> None:
+        tmp_path: Path, inputs_dir: Path, sink: ReportServer, supervisors: Supervisors) -> None:
     make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
     job_dir = tmp_path / "jobs" / "job-adopt"
     write_job(job_dir, inputs_dir, sink, replicas=2, epochs=3, checkpoint_every_steps=1000)
     first = supervisors.start(job_dir)
-    wait_for(lambda: len(sink.records("job-adopt-0", "metric")) >= 3, "three steps")
+    wait_for(lambda: len(sink.records("job-adopt-0", "metric")) >= 3, what="three steps")
     left = state(job_dir)
     first.kill()
     first.wait(timeout=10)
     # Pod 1 dies while no supervisor watches it.
     os.killpg(left["pods"][1]["pid"], signal.SIGKILL)
     wait_for(lambda: same_process(left["pods"][1]["pid"], left["pods"][1]["pid_started"])
-             is None, "pod 1 to die")
+             is None, what="pod 1 to die")
     log = job_dir / "logs" / "job-adopt-0.log"
     size = log.stat().st_size
 
     second = supervisors.start(job_dir, "--adopt")
     adopted = wait_for(lambda: (s := state(job_dir))["adoptions"] == 1
-                       and s["pods"][1]["restarts"] == 1 and s, "pod 1 to be recreated")
+                       and s["pods"][1]["restarts"] == 1 and s, what="pod 1 to be recreated")
     assert adopted["supervisor_pid"] == second.pid
     assert (adopted["pods"][0]["pid"], adopted["pods"][0]["restarts"]) == (
         left["pods"][0]["pid"], 0)
     assert adopted["coordinator"] == left["coordinator"]  # the same store, on the same port
-    wait_for(lambda: log.stat().st_size > size, "the adopted pod to go on logging")
+    wait_for(lambda: log.stat().st_size > size, what="the adopted pod to go on logging")
 
     # The adopted pod's exit status cannot be known: it succeeded since the model is exported.
     assert second.wait(timeout=180) == 0
@@ -275,7 +223,7 @@ def test_an_adopting_supervisor_keeps_live_pods_and_recreates_dead_ones(
 
 
 def test_adopting_needs_a_state_to_adopt(tmp_path: Path, inputs_dir: Path,
-                                         sink: ReportSink) -> None:
+                                         sink: ReportServer) -> None:
     job_dir = tmp_path / "jobs" / "job-none"
     write_job(job_dir, inputs_dir, sink)
     adopter = subprocess.run([sys.executable, "-m", "api.backends.supervisor", str(job_dir),

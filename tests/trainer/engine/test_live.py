@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from api.backends.commands import lighthouse_argv
-from tests.api.live import free_port
 from tests.conftest import Processes
 from tests.factories import make_reviews_csv
+from tests.support import free_port, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -23,14 +23,6 @@ LIGHTHOUSE = Path(sys.executable).with_name("torchft_lighthouse")
 
 def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def wait_for(condition, timeout: float = 120, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
 
 
 def start_lighthouse(processes: Processes, log: Path) -> int:
@@ -72,13 +64,13 @@ def test_survivors_keep_training_and_a_killed_pod_rejoins_live(
                 and participants in (None, r["data"]["participants"])]
 
     wait_for(lambda: len(steps("live-0", participants=3)) >= 10,
-             what="three pods training together")
+             what="three pods training together", timeout=120)
     pods[1].send_signal(signal.SIGKILL)
     killed_at = time.time()
     pods[1].wait(timeout=10)
     # The survivors keep committing steps while pod 1 is down.
     wait_for(lambda: all(len(steps(pod, killed_at, 2)) >= 5 for pod in ("live-0", "live-2")),
-             60, "survivors to commit steps without pod 1")
+             timeout=60, what="survivors to commit steps without pod 1")
     restarted = start(1, 1)
     for process in (pods[0], pods[2], restarted):
         assert process.wait(timeout=240) == 0
@@ -121,7 +113,7 @@ def test_a_survivor_takes_over_checkpoints_and_export_when_the_primary_dies(
                          for o in (0, 1))
     reports = tmp_path / "reports.jsonl"
     wait_for(lambda: any(r["kind"] == "checkpoint" for r in records(reports)),
-             what="the primary's first checkpoint")
+             what="the primary's first checkpoint", timeout=120)
     primary.send_signal(signal.SIGKILL)  # and it never comes back
     killed_at = time.time()
     assert survivor.wait(timeout=240) == 0
@@ -157,7 +149,7 @@ def test_the_primary_dying_after_the_last_step_loses_nothing(
                    and r["data"]["samples_seen"] == train for r in everything)
 
     # Killed while it evaluates the last epoch: before its final checkpoint and export.
-    wait_for(last_step_done, what="the last training step")
+    wait_for(last_step_done, what="the last training step", timeout=120)
     primary.send_signal(signal.SIGKILL)
     assert survivor.wait(timeout=240) == 0
     assert "the primary wrote no final checkpoint" in (tmp_path / "pod-1-0.log").read_text()

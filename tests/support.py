@@ -1,0 +1,98 @@
+"""What tests of every package share: polling with a deadline, free ports, and a stand-in for
+the API's report endpoint."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def wait_for(condition: Callable[[], T], *, what: str = "condition", timeout: float = 60.0,
+             interval: float = 0.05, process: subprocess.Popen[Any] | None = None) -> T:
+    """Poll `condition` until it returns something true, and return that; fail at the deadline,
+    or as soon as `process` (when given) exits."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert process is None or process.poll() is None, f"the process exited before {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(interval)
+    return value
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class ReportServer:
+    """A real HTTP server on 127.0.0.1 in place of the API's report endpoint: it keeps every
+    batch it accepts and answers `status`; while `release` is clear, requests wait."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.batches: list[dict[str, Any]] = []
+        self.headers: list[str] = []
+        self.status = 200
+        self.release = threading.Event()
+        self.release.set()
+        self._server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api/v1/jobs/job/reports"
+
+    def start(self) -> ReportServer:
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                owner.release.wait(30)
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                owner.headers.append(self.headers.get("Authorization", ""))
+                if owner.status == 200:
+                    owner.batches.append(body)
+                self.send_response(owner.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.release.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def records(self, pod: str | None = None, kind: str | None = None) -> list[dict[str, Any]]:
+        """Records as the API would store them (duplicates of retried batches dropped by
+        (pod, incarnation, seq)), in arrival order; of one pod and kind when given."""
+        seen, unique = set(), []
+        for batch in list(self.batches):
+            if pod is not None and batch["pod"] != pod:
+                continue
+            for record in batch["records"]:
+                key = (batch["pod"], batch["incarnation"], record["seq"])
+                if key not in seen and (kind is None or record["kind"] == kind):
+                    seen.add(key)
+                    unique.append(record)
+        return unique
+
+    def incarnations(self, pod: str) -> set[str]:
+        return {batch["incarnation"] for batch in self.batches if batch["pod"] == pod}
