@@ -45,6 +45,7 @@ class JobStatus(StrEnum):
 
 
 ACTIVE_STATUSES = (JobStatus.starting, JobStatus.running, JobStatus.degraded)
+FINISHED_STATUSES = tuple(status for status in JobStatus if status.finished)
 
 
 # --- jobs --------------------------------------------------------------------------------

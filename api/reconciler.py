@@ -20,7 +20,7 @@ from sqlmodel import Session, col, select
 
 from api.backends.base import Backend, BackendError, WorkloadStatus
 from api.db import session_scope
-from api.models import ACTIVE_STATUSES, Event, Job, JobStatus, Pod, utc_now
+from api.models import ACTIVE_STATUSES, FINISHED_STATUSES, Event, Job, JobStatus, Pod, utc_now
 from api.services.events import EventLog, new_event
 from api.services.jobs import pods_of, still_active
 from api.services.models import register_model
@@ -29,6 +29,8 @@ from api.settings import Settings
 logger = logging.getLogger(__name__)
 
 LOG_LINES_ON_FAILURE = 20
+ORPHANS_EVERY = 10.0
+"""Seconds between two looks for workloads whose job has finished."""
 COMPLETION_GRACE = 15.0
 """Seconds the other pods get to report completion after the primary did."""
 
@@ -38,6 +40,7 @@ class Reconciler:
                  events: EventLog) -> None:
         self.engine, self.settings, self.backend, self.events = engine, settings, backend, events
         self._task: asyncio.Task[None] | None = None
+        self._orphans_checked = -ORPHANS_EVERY
 
     def start(self) -> None:
         self.fail_unlaunched()
@@ -75,12 +78,28 @@ class Reconciler:
                     logger.warning("job %s: cannot observe pods: %s", job.id, exc)
                     continue
                 self.reconcile_job(session, job, status)
+            if time.monotonic() - self._orphans_checked >= ORPHANS_EVERY:
+                self._orphans_checked = time.monotonic()
+                self.delete_orphans(session)
+
+    def delete_orphans(self, session: Session) -> None:
+        """Delete the workloads of finished jobs: a cancel whose deletion failed, say."""
+        try:
+            running = self.backend.active_jobs()
+        except BackendError as exc:
+            logger.warning("cannot list workloads: %s", exc)
+            return
+        finished = session.exec(select(Job.id).where(
+            col(Job.id).in_(running), col(Job.status).in_(FINISHED_STATUSES))).all()
+        for job_id in finished:
+            logger.info("job %s has finished but its workload runs: deleting it", job_id)
+            self._delete_workload(job_id)
 
     def reconcile_job(self, session: Session, job: Job, status: WorkloadStatus) -> None:
         events = self._sync_pods(session, job, status)
         model_dir = self._finished_model_dir(session, job, status)
         if model_dir is not None:
-            self._delete_workload(job)
+            self._delete_workload(job.id)
             for pod in pods_of(session, job.id):
                 # The pods finished their work; the workload deletion only ended the processes.
                 if pod.phase in ("Pending", "Running"):
@@ -91,7 +110,7 @@ class Reconciler:
                                        f"succeeded: model {model.id} registered, workload "
                                        "deleted"))
         elif status.finished and status.reason:
-            self._delete_workload(job)
+            self._delete_workload(job.id)
             events.append(self._finish(job, JobStatus.failed, status.reason))
         elif status.finished:
             events.append(self._finish(job, JobStatus.failed,
@@ -169,11 +188,11 @@ class Reconciler:
         first = min((e.time for e in completions), default=time.time())
         return expected if everyone or time.time() - first > COMPLETION_GRACE else None
 
-    def _delete_workload(self, job: Job) -> None:
+    def _delete_workload(self, job_id: str) -> None:
         try:
-            self.backend.delete(job.id)
+            self.backend.delete(job_id)
         except BackendError as exc:
-            logger.warning("job %s: could not delete its workload: %s", job.id, exc)
+            logger.warning("job %s: could not delete its workload: %s", job_id, exc)
 
     @staticmethod
     def _finish(job: Job, status: JobStatus, reason: str | None,

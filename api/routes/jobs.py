@@ -40,13 +40,12 @@ def get_job(job_id: str, session: SessionDep) -> JobPublic:
 
 
 @router.post("/{job_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=Accepted,
-             responses=error_responses(404, 409, 503))
+             responses=error_responses(404, 409))
 def cancel_job(job_id: str, session: SessionDep, backend: BackendDep,
                events: EventsDep) -> Accepted:
     """Stop the job: its workload is deleted, its checkpoints are kept."""
-    job = service.cancel_job(session, backend, events, job_id)
-    return Accepted(id=job.id, status=job.status.value,
-                    detail="workload deleted; checkpoints are kept")
+    job, detail = service.cancel_job(session, backend, events, job_id)
+    return Accepted(id=job.id, status=job.status.value, detail=detail)
 
 
 @router.delete("/{job_id}", status_code=status.HTTP_204_NO_CONTENT,

@@ -172,22 +172,30 @@ def still_active(session: Session, job_id: str) -> bool:
     return status is not None and not JobStatus(status).finished
 
 
-def cancel_job(session: Session, backend: Backend, events: EventLog, job_id: str) -> Job:
-    """Delete the job's workload (its checkpoints stay) and mark it cancelled."""
+def cancel_job(session: Session, backend: Backend, events: EventLog,
+               job_id: str) -> tuple[Job, str]:
+    """Mark the job cancelled, then delete its workload (its checkpoints stay); the job and a
+    word on its workload.
+
+    The job is cancelled first: a reconciler pass that sees the pods end during the deletion
+    then leaves the job alone instead of calling it failed. A deletion that fails is retried by
+    the reconciler, which removes every workload of a finished job.
+    """
     job = get_job(session, job_id)
     if job.status.finished:
         raise Conflict(f"job {job_id} already {job.status.value}")
-    try:
-        backend.delete(job_id)  # seconds, on Kubernetes: outside the event lock
-    except BackendError as exc:
-        raise BackendUnavailable(f"could not delete the workload of {job_id}: {exc}") from None
     job.status, job.finished_at, job.reason = JobStatus.cancelled, utc_now(), "cancelled by user"
     event = new_event(job.id, "job", status="cancelled",
-                      message="cancelled: workload deleted, checkpoints kept")
+                      message="cancelled: the workload is deleted, checkpoints are kept")
     if not events.commit(session, [event], guard=lambda: still_active(session, job_id)):
         session.refresh(job)
         raise Conflict(f"job {job_id} {job.status.value} before it could be cancelled")
-    return job
+    try:
+        backend.delete(job_id)  # seconds, on Kubernetes: outside the event lock
+    except BackendError as exc:
+        logger.warning("job %s: cancelled, but its workload is not deleted yet: %s", job_id, exc)
+        return job, f"cancelled; deleting the workload failed ({exc}) and is retried"
+    return job, "workload deleted; checkpoints are kept"
 
 
 def delete_job(session: Session, settings: Settings, job_id: str, artifacts: bool) -> None:

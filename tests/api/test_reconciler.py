@@ -3,6 +3,7 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
+from api.backends.base import BackendError, WorkloadStatus
 from api.reconciler import Reconciler
 from api.services.events import EventLog
 from tests.api.conftest import AUTH, create_job, metric, report
@@ -136,3 +137,40 @@ def test_a_cancel_during_a_pass_is_not_overwritten(client: TestClient,
     reconcile(client, backend)
     state = job_state(client, job["id"])
     assert (state["status"], state["reason"]) == ("cancelled", "cancelled by user")
+
+
+def test_a_pass_during_a_cancels_deletion_leaves_the_job_cancelled(
+        client: TestClient, backend: FakeBackend) -> None:
+    job = create_job(client)
+    delete = backend.delete
+
+    def delete_slowly(job_id: str) -> None:
+        # The pods end as the workload goes; a pass sees that before the cancel returns.
+        delete(job_id)
+        backend.workloads[job_id] = WorkloadStatus(present=False, finished=True,
+                                                   reason="deleted")
+        reconcile(client, backend)
+
+    backend.delete = delete_slowly  # type: ignore[method-assign]
+    response = client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=AUTH)
+    assert response.status_code == 202, response.text
+    state = job_state(client, job["id"])
+    assert (state["status"], state["reason"]) == ("cancelled", "cancelled by user")
+
+
+def test_a_failed_deletion_is_retried_by_the_reconciler(client: TestClient,
+                                                        backend: FakeBackend) -> None:
+    job = create_job(client)
+    delete = backend.delete
+
+    def unreachable(job_id: str) -> None:
+        raise BackendError("the Kubernetes API is unreachable")
+
+    backend.delete = unreachable  # type: ignore[method-assign]
+    response = client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=AUTH)
+    assert response.status_code == 202 and "retried" in response.json()["detail"]
+    assert job_state(client, job["id"])["status"] == "cancelled"
+    assert backend.active_jobs() == [job["id"]]  # still running
+    backend.delete = delete  # type: ignore[method-assign]
+    reconcile(client, backend)
+    assert backend.active_jobs() == [] and backend.deleted == [job["id"]]
