@@ -19,7 +19,7 @@ from api.auth import ReportTokens
 from api.backends.base import Backend
 from api.broker import Broker
 from api.db import init_db, make_engine
-from api.errors import add_exception_handlers
+from api.errors import add_exception_handlers, document_schemas
 from api.metrics import LatencyMiddleware, install_collector
 from api.reconciler import Reconciler
 from api.routes import checkpoints, downloads, health, jobs, models, pods, reports, stream
@@ -29,6 +29,7 @@ from api.services.events import EventLog
 from api.services.models import Predictor
 from api.services.reports import ReportWriter
 from api.settings import Settings
+from trainer.contract.records import ReportBatch
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     for module in (jobs, pods, stream, checkpoints, models, downloads):
         app.include_router(module.router)
     app.include_router(reports.router, max_body_size=settings.max_report_bytes)
+    document_schemas(app, ReportBatch)
     app.include_router(health.router)
     mount_web(app)
     return app

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 
 from api.auth import ReportRoute
 from api.deps import ReporterDep
-from api.errors import error_responses
+from api.errors import documented_body, error_responses, parse_body
 from api.metrics import REPORTS_INGESTED
 from api.models import ReportAccepted
 from api.routes import API_PREFIX
@@ -21,9 +21,12 @@ router = APIRouter(prefix=API_PREFIX + "/jobs/{job_id}/reports", tags=["reports"
                    responses=error_responses(401, 403, 404, 413, 422))
 
 
-@router.post("", response_model=ReportAccepted)
-async def post_report(job_id: str, batch: ReportBatch, request: Request) -> ReportAccepted:
+@router.post("", response_model=ReportAccepted, openapi_extra=documented_body(ReportBatch))
+async def post_report(job_id: str, request: Request) -> ReportAccepted:
     """Store a pod's records (idempotent by pod, incarnation and seq); see trainer.contract."""
+    # Parsed here by pydantic's JSON parser: about twice as fast as FastAPI's json.loads and
+    # validation, on the busiest route of the API.
+    batch = parse_body(ReportBatch, await request.body())
     writer: ReportWriter = request.app.state.report_writer
     events, duplicates = await asyncio.wrap_future(writer.submit(job_id, batch))
     REPORTS_INGESTED.inc(len(events))

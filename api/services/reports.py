@@ -67,7 +67,7 @@ class JobView:
         match data:
             case Metric() if data.step >= self.step:
                 self.step, self.epoch, self.samples_seen = data.step, data.epoch, data.samples_seen
-                self.metrics = {**self.metrics, **data.model_dump(include=set(LIVE_METRICS))}
+                self.metrics = {**self.metrics, **{k: getattr(data, k) for k in LIVE_METRICS}}
             case Evaluation():
                 prefix = "val" if data.split == "validation" else data.split
                 self.metrics = {**self.metrics, f"{prefix}_accuracy": data.accuracy,
@@ -223,8 +223,8 @@ class ReportWriter:
         rows: Items = []
         for record in unique:
             rows.append({"job_id": job.id, "type": STREAM_TYPES[record.kind], "time": record.time,
-                         "data": {**record.data.model_dump(mode="json"), "pod": batch.pod,
-                                  "kind": record.kind}})
+                         # The validated fields as they are (JSON values: no dump needed).
+                         "data": {**dict(record.data), "pod": batch.pod, "kind": record.kind}})
             job.apply(record.data)
             if isinstance(record.data, Metric):
                 pod.step = max(pod.step, record.data.step)
