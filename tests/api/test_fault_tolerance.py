@@ -95,8 +95,14 @@ class Job:
         wait_for(enough, timeout=120, what=what)
 
     def wait_rejoined(self, ordinals: tuple[int, ...], after: float) -> None:
-        """The recreated pods take part in steps again (with every pod)."""
+        """The recreated pods take part in steps again, and every pod has reported such a step.
+
+        A pod reports in order, so the survivors' records of the steps before it (those a
+        recreated pod healed past instead of committing, when a heal attempt failed) have
+        arrived too: a later SIGKILL, which loses a pod's last second of records, cannot lose
+        the only record of a committed step."""
         self.wait_steps(1, after, 3, ordinals, f"pods {ordinals} to train with the others")
+        self.wait_steps(1, after, 3, (0, 1, 2), "every pod to report a step with all three")
 
     def finish(self) -> dict[str, Any]:
         job = self.plane.wait_status(self.id, "succeeded", "failed", timeout=300)
@@ -143,7 +149,10 @@ def assert_no_step_computed_twice(job: Job) -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_primary_killed_then_two_of_three(plane: ControlPlane, mode: str) -> None:
     live = mode == "live"
-    job = Job(plane, spec(mode))
+    # Long enough that pod 0, training alone at three times the steps per epoch, does not
+    # finish before the recreated pods 1 and 2 start (6 s of back-off plus up to 15 s of
+    # start-up on a loaded machine) and rejoin.
+    job = Job(plane, spec(mode, epochs=20))
     wait_for(lambda: len(job.steps()) >= 30, timeout=180, what="training with three pods")
 
     killed_at = job.kill(0)
