@@ -135,8 +135,11 @@ def test_the_primary_dying_after_the_last_step_loses_nothing(
         inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
     make_reviews_csv(inputs_dir / "reviews.csv", rows=4000)
     port = start_lighthouse(processes, tmp_path / "lighthouse.log")
+    # Evaluating one sample at a time keeps the primary busy for seconds between its last step
+    # and its final checkpoint: the kill lands there even when reports arrive late.
     spec = {"model": "tiny", "dataset": "reviews.csv", "epochs": 1, "batch_size": 16,
-            "learning_rate": 0.003, "checkpoint_every_steps": 0, "fault_tolerance": "live"}
+            "learning_rate": 0.003, "checkpoint_every_steps": 0, "fault_tolerance": "live",
+            "eval_batch_size": 1}
     primary, survivor = (start_pod(processes, tmp_path, inputs_dir, port, spec, o)
                          for o in (0, 1))
     reports = tmp_path / "reports.jsonl"
