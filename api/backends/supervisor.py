@@ -173,8 +173,7 @@ class Supervisor:
             logger.warning("%s exited with code %s: restarting it", name,
                            "unknown" if code is None else code)
         endpoint = self.coordinator_endpoint
-        argv = (commands.lighthouse_argv(str(endpoint), executable=str(
-                    Path(sys.executable).with_name("torchft_lighthouse"))) if self.live
+        argv = (commands.lighthouse_argv(str(endpoint), python=sys.executable) if self.live
                 else commands.store_argv(endpoint.port, python=sys.executable))
         self.coordinator = spawn(argv, self.job_dir.path, self.job_dir.log(name))
         self.coordinator_starts += 1
