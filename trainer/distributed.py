@@ -157,5 +157,14 @@ class Group:
         """Whether the step just computed may be committed; a static group always commits."""
         return True
 
+    def can_leave(self) -> bool:
+        """Whether this participant may leave alone, its peers training on without a pause (a
+        static world stops and restarts together instead)."""
+        return False
+
+    def leave(self) -> None:
+        """Leave after the last committed step: tell the peers' coordinator at once."""
+        raise NotImplementedError("a static world cannot lose a participant without a restart")
+
     def close(self) -> None:
         """Nothing to release: the process group ends with the process (see __main__)."""

@@ -68,7 +68,8 @@ class Trainer:
     metrics: dict[str, Any]
     """Latest evaluation results by split, e.g. {"validation": {"accuracy": ...}}."""
     stop_reason: str | None
-    """Why `fit` stopped early: `sigterm` (this process) or `peer` (another participant's)."""
+    """Why `fit` stopped early: `left` (SIGTERM, and live peers go on without this pod),
+    `sigterm` (SIGTERM, after a checkpoint) or `peer` (another participant's SIGTERM)."""
     checkpoints: checkpoint.CheckpointWriter
     """Writes the primary's checkpoints in the background while training goes on."""
     recovery: Recovery
@@ -308,6 +309,9 @@ class Trainer:
                                              cursor=assignment.cursor, rank=self.group.rank,
                                              ids=result.used.tolist(), window=window.tolist()))
             self._log_progress(assignment, result, throughput)
+            if self._stop_requested and self.group.can_leave():
+                self._leave(assignment)
+                return True
             if self.sampler.epoch != assignment.epoch:
                 self.epoch_end_pending = True
                 self._end_epoch(assignment.epoch)
@@ -323,6 +327,15 @@ class Trainer:
                                            step=self.step))
                 return True
         return False
+
+    def _leave(self, last: Assignment) -> None:
+        """Leave gracefully after the step just committed: the peers hold the same state and go
+        on without this pod at once; the epoch end, if this step made one, is theirs."""
+        self.group.leave()
+        self.stop_reason = "left"
+        self.reporter.emit(records.Left(message=f"{self.reporter.pod} left the job after step "
+                                                f"{self.step}", pod=self.reporter.pod,
+                                        step=self.step, epoch=last.epoch + 1))
 
     def _end_epoch(self, epoch: int) -> None:
         """Validation, the epoch-end checkpoint and event for `epoch` (counted from 0)."""

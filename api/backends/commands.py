@@ -48,9 +48,10 @@ class Endpoint:
         return f"{self.host}:{self.port}"
 
 
-def lighthouse_argv(bind: str, executable: str = "torchft_lighthouse") -> list[str]:
-    """The lighthouse of a live job, listening on `bind` (`host:port`)."""
-    return [executable, "--min_replicas", "1", "--bind", bind, "--quorum_tick_ms", "100",
+def lighthouse_argv(bind: str, python: str = "python") -> list[str]:
+    """The lighthouse of a live job (trainer.engine.lighthouse), listening on `bind`."""
+    return [python, "-m", "trainer.engine.lighthouse", "--min_replicas", "1", "--bind", bind,
+            "--quorum_tick_ms", "100",
             "--join_timeout_ms", str(JOIN_TIMEOUT_MS),
             "--heartbeat_timeout_ms", str(HEARTBEAT_TIMEOUT_MS)]
 

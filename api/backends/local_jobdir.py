@@ -95,6 +95,9 @@ class PodRecord(BaseModel):
     pid_started: float | None = None
     phase: PodPhase = "Pending"
     restarts: int = 0
+    """Incarnations that failed and were recreated (the restart budget counts these)."""
+    incarnation: int = 0
+    """Of the current process: counts every start, graceful leaves included."""
     started_at: float | None = None
     signalled_at: float | None = None
     """Unix time the supervisor first signalled this incarnation (a kill, a stop)."""

@@ -83,6 +83,9 @@ class Pod:
     ordinal: int
     name: str
     restarts: int = 0
+    """Failed incarnations recreated: what the restart budget counts."""
+    incarnation: int = 0
+    """Counts every start (POD_INCARNATION: reports of each process are told apart)."""
     phase: PodPhase = "Pending"
     process: Watched | None = None
     started_at: float | None = None
@@ -105,13 +108,16 @@ class Pod:
         return PodRecord(ordinal=self.ordinal, name=self.name,
                          pid=process.pid if process else None,
                          pid_started=process.started if process else None, phase=self.phase,
-                         restarts=self.restarts, started_at=self.started_at,
+                         restarts=self.restarts, incarnation=self.incarnation,
+                         started_at=self.started_at,
                          signalled_at=self.signalled_at, exit_code=self.exit_code)
 
     def adopt(self, record: PodRecord, stop_grace: float) -> None:
         """Take over this pod as a dead supervisor left it; a signalled incarnation keeps its
         deadline (counted from when it was signalled, the grace given being unknown)."""
         self.restarts, self.phase = record.restarts, record.phase
+        # A state.json of an older supervisor counted only restarts.
+        self.incarnation = max(record.incarnation, record.restarts)
         self.started_at, self.exit_code = record.started_at, record.exit_code
         self.signalled_at = record.signalled_at
         self.stopped = record.signalled_at is not None

@@ -173,8 +173,7 @@ class Supervisor:
             logger.warning("%s exited with code %s: restarting it", name,
                            "unknown" if code is None else code)
         endpoint = self.coordinator_endpoint
-        argv = (commands.lighthouse_argv(str(endpoint), executable=str(
-                    Path(sys.executable).with_name("torchft_lighthouse"))) if self.live
+        argv = (commands.lighthouse_argv(str(endpoint), python=sys.executable) if self.live
                 else commands.store_argv(endpoint.port, python=sys.executable))
         self.coordinator = spawn(argv, self.job_dir.path, self.job_dir.log(name))
         self.coordinator_starts += 1
@@ -189,7 +188,7 @@ class Supervisor:
         threads = (os.cpu_count() or 1) // len(self.pods)
         env = {**inherited, **commands.pod_env(launch, pod.name, self.coordinator_endpoint,
                                                "127.0.0.1", threads),
-               "POD_INCARNATION": str(pod.restarts)}
+               "POD_INCARNATION": str(pod.incarnation)}
         argv = commands.pod_argv(launch, self.coordinator_endpoint, "127.0.0.1",
                                  python=sys.executable)
         pod.process = spawn(argv, self.job_dir.path, self.job_dir.log(pod.name), env)
@@ -256,9 +255,21 @@ class Supervisor:
             # The leader is gone; anything it left in its group must not outlive it.
             signal_group(pod.process.pid, signal.SIGKILL)
             pod.exit_code, pod.kill_at = pod.process.exit_code, None
+            if self.left(pod):
+                # Recreated at once and not counted as a restart: nothing failed (a kubelet
+                # sees a pod deleted gracefully end Succeeded, and its controller replaces it).
+                logger.info("pod %s left gracefully: recreating it", pod.name)
+                pod.incarnation += 1
+                self.start_pod(pod)
+                continue
             pod.phase = "Succeeded" if self.done_training(pod) else "Failed"
             logger.info("pod %s exited with code %s: %s", pod.name,
                         "unknown" if pod.exit_code is None else pod.exit_code, pod.phase)
+
+    def left(self, pod: Pod) -> bool:
+        """Whether an ended pod left on a SIGTERM of this supervisor (a kill with a grace) and
+        stopped cleanly: its peers train on, so it is recreated, not failed."""
+        return pod.stopped and pod.exit_code == ExitCode.OK and self.mode != "finishing"
 
     def done_training(self, pod: Pod) -> bool:
         """Whether an ended pod stopped because the job's training is over."""
@@ -309,6 +320,7 @@ class Supervisor:
             elif now >= pod.restart_at:
                 pod.restart_at = None
                 pod.restarts += 1
+                pod.incarnation += 1
                 self.start_pod(pod)
 
     def last_log_line(self, pod: Pod) -> str:

@@ -264,6 +264,31 @@ def test_a_killed_supervisor_is_replaced_and_its_pods_train_on(plane: ControlPla
     assert "failed" not in statuses
 
 
+def test_a_pod_stopped_with_a_grace_leaves_gracefully_and_is_recreated(
+        plane: ControlPlane) -> None:
+    """SIGTERM (what an eviction or a drain sends): the pod leaves at a step boundary instead of
+    dying, so nothing fails and no restart is counted; the recreated pod heals and rejoins."""
+    job = Job(plane, spec("live"))
+    wait_for(lambda: len(job.steps()) >= 30, timeout=180, what="training with three pods")
+    response = plane.http.post(f"/api/v1/jobs/{job.id}/pods/2/kill", json={"grace_seconds": 30})
+    assert response.status_code == 202, response.text
+    stopped_at = time.time()
+    left = wait_for(lambda: job.reports("left", stopped_at), timeout=60, what="pod 2 to leave")
+    assert left[0]["pod"] == job.pod(2)
+    job.wait_steps(3, stopped_at, 2, (0, 1), "pods 0 and 1 to train without pod 2")
+    job.wait_rejoined((2,), stopped_at)
+
+    finished = job.finish()
+    assert [p["restarts"] for p in finished["pods"]] == [0, 0, 0]
+    transitions = [e["data"]["message"] for e in plane.events(job.id, "pod")]
+    assert not [m for m in transitions if "Failed" in m], transitions
+    healed = [h for h in job.reports("healed", stopped_at) if h["target"] == job.pod(2)]
+    assert healed and healed[0]["step"] >= left[0]["step"]
+    assert_identical_replicas(job)
+    assert_exactly_once(job)
+    assert_no_step_computed_twice(job)
+
+
 def test_a_supervisor_that_keeps_dying_fails_the_job_with_no_pod_left(
         plane: ControlPlane) -> None:
     job = Job(plane, spec("restart", replicas=2))

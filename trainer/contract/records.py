@@ -171,6 +171,15 @@ class Stopped(Event):
     step: Count
 
 
+class Left(Event):
+    """Left the job on purpose after committing `step`: its peers go on without it at once."""
+
+    type: Literal["left"] = "left"
+    pod: str
+    step: Count
+    epoch: int = Field(ge=1)
+
+
 class Completed(Event):
     """Training done: test metrics, the weights' checksum, and the export if this pod wrote it."""
 
@@ -189,7 +198,7 @@ class Failed(Event):
 
 
 EventData = Annotated[Started | Resumed | Healed | Quorum | Primary | EpochEnd | Stopped
-                      | Completed | Failed, Field(discriminator="type")]
+                      | Left | Completed | Failed, Field(discriminator="type")]
 
 
 # --- records and batches -------------------------------------------------------------------

@@ -21,6 +21,7 @@ from torch import nn
 from trainer.distributed import Group
 from trainer.engine.binding import PodGloo, PodNccl, manager_server_on
 from trainer.engine.heal import Transport
+from trainer.engine.lighthouse import leave
 from trainer.listen import bound_store, url_host
 from trainer.model import DeviceChoice
 from trainer.recovery import LiveRecovery
@@ -72,6 +73,7 @@ class LiveGroup(Group):
                 quorum_timeout=QUORUM_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
                 hostname=url_host(address), checkpoint_transport=self._transport,
                 quorum_retries=int(environ.get("TORCHFT_QUORUM_RETRIES", "10")))
+        self._lighthouse = lighthouse
         self._participants = 0
         self._quorum_rank: int | None = None
         self._connections_dropped = False
@@ -146,6 +148,19 @@ class LiveGroup(Group):
             self._pg.abort()
             self._connections_dropped = True
         return committed
+
+    def can_leave(self) -> bool:
+        # Another participant must hold the state (a healing pod does not yet).
+        return self._participants > 1 and not self.healing
+
+    def leave(self) -> None:
+        # The lighthouse forms the next quorum without this replica as soon as it is told,
+        # instead of when its heartbeats have been missing for the timeout.
+        from torchft.manager import REPLICA_ID_KEY
+
+        replica_id = self.manager._store.get(REPLICA_ID_KEY).decode()  # no public accessor
+        leave(self._lighthouse, replica_id, timeout=CONNECT_TIMEOUT.total_seconds())
+        logger.info("left the job: told the lighthouse that %s left", replica_id)
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import os
 import signal
@@ -127,10 +128,19 @@ def test_sigkilled_pod_is_recreated_alone_and_the_survivor_restarts_its_worker(
 
 
 def listening(pid: int) -> list[tuple[str, int]]:
-    """The listening sockets of a process and its descendants (a pod, a coordinator)."""
+    """The listening sockets of a process and its descendants (a pod, a coordinator).
+
+    An IPv4-mapped address counts as its IPv4 one: gRPC (the lighthouse) binds 127.0.0.1 with
+    an IPv6 socket on ::ffff:127.0.0.1, which takes connections to 127.0.0.1 only."""
     root = psutil.Process(pid)
-    return [(c.laddr.ip, c.laddr.port) for process in (root, *root.children(recursive=True))
+    return [(ipv4(c.laddr.ip), c.laddr.port)
+            for process in (root, *root.children(recursive=True))
             for c in process.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+
+
+def ipv4(ip: str) -> str:
+    mapped = getattr(ipaddress.ip_address(ip), "ipv4_mapped", None)
+    return str(mapped) if mapped is not None else ip
 
 
 def http_status(url: str, headers: dict[str, str]) -> int:

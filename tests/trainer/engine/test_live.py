@@ -18,16 +18,13 @@ from tests.support import free_port, wait_for
 
 pytestmark = pytest.mark.slow
 
-LIGHTHOUSE = Path(sys.executable).with_name("torchft_lighthouse")
-
-
 def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def start_lighthouse(processes: Processes, log: Path) -> int:
     port = free_port()
-    processes.start(lighthouse_argv(f"127.0.0.1:{port}", executable=str(LIGHTHOUSE)), {}, log)
+    processes.start(lighthouse_argv(f"127.0.0.1:{port}", python=sys.executable), {}, log)
     return port
 
 
@@ -167,3 +164,51 @@ def test_the_primary_dying_after_the_last_step_loses_nothing(
     assert not [r for r in again if r["kind"] == "metric"]
     resumed = [r["data"] for r in again if r["kind"] == "event" and r["data"]["type"] == "resumed"]
     assert resumed and resumed[0]["step"] == final[0]["step"]
+
+
+def test_a_pod_that_gets_sigterm_leaves_without_failing_a_step_of_its_peers(
+        inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
+    make_reviews_csv(inputs_dir / "reviews.csv", rows=2000)
+    port = start_lighthouse(processes, tmp_path / "lighthouse.log")
+    reports = tmp_path / "reports.jsonl"
+    spec = {"model": "tiny", "dataset": "reviews.csv", "epochs": 10, "batch_size": 8,
+            "learning_rate": 0.003, "checkpoint_every_steps": 25, "fault_tolerance": "live"}
+    pods = [start_pod(processes, tmp_path, inputs_dir, port, spec, o) for o in range(3)]
+
+    def events(kind: str) -> list[dict]:
+        return [r for r in records(reports) if r["kind"] == "event" and r["data"]["type"] == kind]
+
+    def steps(pod: str) -> list[dict]:
+        return [r["data"] for r in records(reports) if r["kind"] == "metric" and r["pod"] == pod]
+
+    wait_for(lambda: sum(s["participants"] == 3 for s in steps("live-1")) >= 10,
+             what="three pods training together", timeout=120)
+    pods[0].send_signal(signal.SIGTERM)  # the primary, which writes checkpoints
+    assert pods[0].wait(timeout=60) == 0
+    left = events("left")
+    assert [(e["pod"], e["data"]["pod"]) for e in left] == [("live-0", "live-0")]
+    step = left[0]["data"]["step"]
+    assert max(s["step"] for s in steps("live-0")) == step  # its last committed step
+
+    # Recreated at once (as a backend does): it takes seconds to start and then heals.
+    rejoined = start_pod(processes, tmp_path, inputs_dir, port, spec, 0, 1)
+    for process in (pods[1], pods[2], rejoined):
+        assert process.wait(timeout=240) == 0
+
+    # The peers went on at the next step without a failed collective (no failure detection,
+    # nothing redone), and the lighthouse did not wait for the pod that left.
+    for pod in ("live-1", "live-2"):
+        numbers = [s["step"] for s in steps(pod)]
+        assert numbers == list(range(1, len(numbers) + 1))
+        assert [s["participants"] for s in steps(pod) if s["step"] == step + 1] == [2]
+        assert "should_commit=False" not in (tmp_path / f"pod-{pod[-1]}-0.log").read_text()
+    lighthouse_log = (tmp_path / "lighthouse.log").read_text()
+    after_leave = lighthouse_log.split(" left\n", 1)[1].splitlines()
+    assert next(line for line in after_leave if " quorum " in line or "quorum [" in line)
+    assert "fast quorum" in next(line for line in after_leave if "quorum [" in line)
+    # Another pod took over as the primary; the pod recreated healed; replicas are identical.
+    assert any(e["pod"] in ("live-1", "live-2") for e in events("primary"))
+    assert any(e["pod"] == "live-0" and e["incarnation"] == "1" for e in events("healed"))
+    completed = {e["pod"]: e["data"]["checksum"] for e in events("completed")}
+    assert set(completed) == {"live-0", "live-1", "live-2"}
+    assert len(set(completed.values())) == 1, completed

@@ -1,0 +1,141 @@
+"""The lighthouse: torchft's quorum rules, served to torchft's own client, and Leave."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from torchft._torchft import LighthouseClient
+
+from api.backends.commands import lighthouse_argv
+from tests.conftest import Processes
+from tests.support import free_port, wait_for
+from trainer.engine.lighthouse import Joined, Membership, Options, QuorumMember, leave
+
+
+def member(replica: str, shrink_only: bool = False) -> QuorumMember:
+    return QuorumMember(replica_id=replica, address=f"http://{replica}", step=3, world_size=1,
+                        shrink_only=shrink_only)
+
+
+def membership(previous: list[str] | None, beating: list[str], asking: list[str],
+               joined_at: float = 10.0, **options: float) -> Membership:
+    state = Membership(Options(**options), previous=previous)
+    state.heartbeats = {r: 10.0 for r in beating}
+    state.joined = {r: Joined(joined_at, member(r)) for r in asking}
+    return state
+
+
+def ids(members: list[QuorumMember] | None) -> list[str] | None:
+    return None if members is None else [m.replica_id for m in members]
+
+
+def test_a_quorum_forms_at_once_when_every_previous_member_asks() -> None:
+    state = membership(["b", "a"], beating=["a", "b", "c"], asking=["b", "a"])
+    members, reason = state.decide(now=10.1)
+    assert ids(members) == ["a", "b"] and reason.startswith("fast quorum")
+
+
+def test_a_missing_member_is_waited_for_until_its_heartbeats_stop() -> None:
+    state = membership(["a", "b", "c"], beating=["a", "b", "c"], asking=["a", "b"],
+                       join_timeout=60.0, heartbeat_timeout=0.5)
+    assert state.decide(now=10.1)[0] is None  # c still heartbeats: it may yet ask
+    state.heartbeats |= {"a": 10.5, "b": 10.5}
+    assert ids(state.decide(now=10.6)[0]) == ["a", "b"]  # c's heartbeats stopped
+
+
+def test_a_member_that_left_is_not_waited_for() -> None:
+    state = membership(["a", "b", "c"], beating=["a", "b", "c"], asking=["a", "b"],
+                       join_timeout=60.0)
+    state.left.add("c")
+    members, reason = state.decide(now=10.1)
+    assert ids(members) == ["a", "b"] and reason.startswith("fast quorum")
+
+
+def test_stragglers_are_waited_for_up_to_the_join_timeout() -> None:
+    state = membership(None, beating=["a", "b", "c"], asking=["a", "b"], join_timeout=1.0,
+                       heartbeat_timeout=5.0)
+    assert state.decide(now=10.5)[0] is None
+    assert ids(state.decide(now=11.1)[0]) == ["a", "b"]
+
+
+def test_no_quorum_without_more_than_half_of_the_heartbeating_replicas() -> None:
+    state = membership(None, beating=["a", "b", "c", "d"], asking=["a", "b"], join_timeout=0)
+    members, reason = state.decide(now=10.1)
+    assert members is None and "more than half" in reason
+
+
+def test_shrink_only_keeps_newcomers_out() -> None:
+    state = membership(["a", "b"], beating=["a", "b", "c"], asking=["a", "b", "c"])
+    state.joined["a"].member.shrink_only = True
+    assert ids(state.decide(now=10.1)[0]) == ["a", "b"]
+
+
+@pytest.fixture
+def lighthouse(processes: Processes, tmp_path: Path) -> Iterator[str]:
+    """A lighthouse that would wait a minute for a member that stopped asking."""
+    port = free_port()
+    argv = lighthouse_argv(f"127.0.0.1:{port}", python=sys.executable)
+    argv[argv.index("--join_timeout_ms") + 1] = "60000"
+    argv[argv.index("--heartbeat_timeout_ms") + 1] = "60000"
+    processes.start(argv, {}, tmp_path / "lighthouse.log")
+    wait_for(lambda: listening(port), what="the lighthouse to listen", timeout=30)
+    yield f"http://127.0.0.1:{port}"
+
+
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def quorums(address: str, replicas: list[str], step: int) -> dict[str, tuple[int, list[str]]]:
+    """Every replica asks for a quorum at once (as torchft's managers do); what each got."""
+    got: dict[str, tuple[int, list[str]]] = {}
+
+    def ask(replica: str) -> None:
+        client = LighthouseClient(address, timedelta(seconds=10))
+        quorum = client.quorum(replica_id=replica, timeout=timedelta(seconds=5),
+                               address=f"http://{replica}", store_address="store", step=step,
+                               world_size=1)
+        got[replica] = (quorum.quorum_id, [m.replica_id for m in quorum.participants])
+
+    threads = [threading.Thread(target=ask, args=(r,)) for r in replicas]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return got
+
+
+def test_torchfts_client_gets_quorums_and_a_replica_that_left_is_not_waited_for(
+        lighthouse: str) -> None:
+    client = LighthouseClient(lighthouse, timedelta(seconds=10))
+    for replica in ("a", "b", "c"):  # every one heartbeats before anyone asks
+        client.heartbeat(replica)
+    first = quorums(lighthouse, ["a", "b", "c"], step=0)
+    assert {r: q[1] for r, q in first.items()} == {r: ["a", "b", "c"] for r in "abc"}
+
+    # c says it leaves, yet still heartbeats (its process has not ended): a and b are not kept
+    # waiting for it, though this lighthouse would wait a minute for a silent member.
+    leave(lighthouse, "c")
+    client.heartbeat("c")
+    second = quorums(lighthouse, ["a", "b"], step=1)
+    assert {r: q[1] for r, q in second.items()} == {"a": ["a", "b"], "b": ["a", "b"]}
+    assert second["a"][0] == first["a"][0] + 1  # a new quorum id: peers reconfigure
+
+    with pytest.raises(Exception, match="has left"):
+        quorums_or_raise(lighthouse, "c")
+
+
+def quorums_or_raise(address: str, replica: str) -> None:
+    LighthouseClient(address, timedelta(seconds=10)).quorum(
+        replica_id=replica, timeout=timedelta(seconds=5), address="x", store_address="s",
+        step=1, world_size=1)

@@ -1,0 +1,269 @@
+"""A live job's lighthouse: torchft's quorum service, and a replica that can say it leaves.
+
+torchft's lighthouse (Rust) learns that a replica is gone only when the replica's heartbeats
+stop for `heartbeat_timeout`: a replica that leaves on purpose (scale-down, the old half of a
+migration, SIGTERM) would cost its peers that wait, as a crash does. This server speaks the same
+gRPC service to torchft's managers (`torchft.LighthouseService`: Quorum and Heartbeat) and forms
+quorums by the same rules, plus one call of its own, `Leave`: a replica that committed its last
+step says so, and the next quorum goes on without it at once.
+
+The quorum rules (those of torchft's lighthouse): a quorum forms at once when every member of
+the previous one asked for the next ("fast quorum"); otherwise when more than half of the
+heartbeating replicas asked and either all of them did or the join timeout passed since the
+first asked. A replica that left counts as neither a previous member nor a heartbeating one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+
+logger = logging.getLogger(__name__)
+
+TORCHFT_SERVICE = "torchft.LighthouseService"
+LEAVE_SERVICE = "livemigrator.Lighthouse"
+
+
+def _messages() -> dict[str, type[Any]]:
+    """torchft's lighthouse messages, by the field numbers of its protocol."""
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="livemigrator/lighthouse.proto", package="torchft", syntax="proto3",
+        dependency=["google/protobuf/timestamp.proto"])
+    scalar = descriptor_pb2.FieldDescriptorProto
+    kinds = {"string": scalar.TYPE_STRING, "int64": scalar.TYPE_INT64,
+             "uint64": scalar.TYPE_UINT64, "bool": scalar.TYPE_BOOL}
+
+    def message(name: str, *fields: tuple[str, int, str, bool]) -> None:
+        described = proto.message_type.add(name=name)
+        for field_name, number, kind, repeated in fields:
+            entry = described.field.add(
+                name=field_name, number=number,
+                label=scalar.LABEL_REPEATED if repeated else scalar.LABEL_OPTIONAL)
+            if kind in kinds:
+                entry.type = kinds[kind]
+            else:
+                entry.type, entry.type_name = scalar.TYPE_MESSAGE, kind
+
+    message("QuorumMember", ("replica_id", 1, "string", False), ("address", 2, "string", False),
+            ("store_address", 3, "string", False), ("step", 4, "int64", False),
+            ("world_size", 5, "uint64", False), ("shrink_only", 6, "bool", False),
+            ("data", 7, "string", False), ("commit_failures", 8, "int64", False))
+    message("Quorum", ("quorum_id", 1, "int64", False),
+            ("participants", 2, ".torchft.QuorumMember", True),
+            ("created", 3, ".google.protobuf.Timestamp", False))
+    message("LighthouseQuorumRequest", ("requester", 1, ".torchft.QuorumMember", False))
+    message("LighthouseQuorumResponse", ("quorum", 1, ".torchft.Quorum", False))
+    message("LighthouseHeartbeatRequest", ("replica_id", 1, "string", False))
+    message("LighthouseHeartbeatResponse")
+    pool.Add(proto)
+    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"torchft.{name}"))
+            for name in ("QuorumMember", "Quorum", "LighthouseQuorumRequest",
+                         "LighthouseQuorumResponse", "LighthouseHeartbeatRequest",
+                         "LighthouseHeartbeatResponse")}
+
+
+MESSAGES = _messages()
+QuorumMember = MESSAGES["QuorumMember"]
+Quorum = MESSAGES["Quorum"]
+QuorumRequest = MESSAGES["LighthouseQuorumRequest"]
+QuorumResponse = MESSAGES["LighthouseQuorumResponse"]
+HeartbeatRequest = MESSAGES["LighthouseHeartbeatRequest"]
+HeartbeatResponse = MESSAGES["LighthouseHeartbeatResponse"]
+LeaveRequest, LeaveResponse = HeartbeatRequest, HeartbeatResponse
+"""Leave names the replica that leaves, as a heartbeat does."""
+
+
+@dataclass
+class Options:
+    min_replicas: int = 1
+    join_timeout: float = 1.0
+    """Seconds to wait for heartbeating replicas that have not asked for the next quorum."""
+    heartbeat_timeout: float = 0.5
+    """Seconds without a heartbeat after which a replica counts as dead."""
+    tick: float = 0.1
+
+
+@dataclass
+class Joined:
+    at: float
+    member: Any
+
+
+@dataclass
+class Membership:
+    """What the quorum is decided from; `decide` is pure so the rules can be tested alone."""
+
+    options: Options
+    heartbeats: dict[str, float] = field(default_factory=dict)
+    joined: dict[str, Joined] = field(default_factory=dict)
+    """Replicas that asked for the next quorum, and when."""
+    previous: list[str] | None = None
+    """The members of the last quorum, by replica id."""
+    left: set[str] = field(default_factory=set)
+
+    def decide(self, now: float) -> tuple[list[Any] | None, str]:
+        """The next quorum's members (sorted by replica id), or None; and why."""
+        healthy = {r for r, beat in self.heartbeats.items()
+                   if now - beat < self.options.heartbeat_timeout and r not in self.left}
+        asking = {r: j for r, j in self.joined.items() if r in healthy}
+        members = [asking[r].member for r in sorted(asking)]
+        state = f"[{len(asking)}/{len(self.joined)} asking healthy][{len(healthy)} heartbeating]"
+        if self.previous is not None:
+            shrink_only = any(j.member.shrink_only for j in asking.values())
+            if shrink_only:
+                members = [m for m in members if m.replica_id in self.previous]
+            staying = [r for r in self.previous if r not in self.left]
+            if staying and all(r in asking for r in staying):
+                return members, f"fast quorum {state}"
+        if len(asking) < self.options.min_replicas:
+            return None, f"waiting for min_replicas {self.options.min_replicas} {state}"
+        if len(asking) <= len(healthy) / 2:
+            return None, f"waiting for more than half of the heartbeating replicas {state}"
+        first = min((j.at for j in asking.values()), default=now)
+        if len(asking) < len(healthy) and now - first < self.options.join_timeout:
+            return None, f"waiting for stragglers up to the join timeout {state}"
+        return members, f"quorum {state}"
+
+
+class Lighthouse:
+    """The quorum state of one job, served to its replicas' managers."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.membership = Membership(options)
+        self.quorum_id = 0
+        self._lock = asyncio.Lock()
+        self._waiting: set[asyncio.Queue[Any]] = set()
+        self._reason = ""
+
+    async def quorum(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        requester = request.requester
+        replica = requester.replica_id
+        if replica in self.membership.left:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"replica {replica} has left this job")
+        inbox: asyncio.Queue[Any] = asyncio.Queue()
+        async with self._lock:
+            now = time.monotonic()
+            self.membership.heartbeats[replica] = now  # a request is a heartbeat
+            self.membership.joined[replica] = Joined(now, requester)
+            self._waiting.add(inbox)
+            self._tick()
+        try:
+            while True:
+                quorum = await inbox.get()
+                if any(m.replica_id == replica for m in quorum.participants):
+                    return QuorumResponse(quorum=quorum)
+                async with self._lock:  # formed without it: ask again for the next one
+                    self.membership.joined[replica] = Joined(time.monotonic(), requester)
+        finally:
+            self._waiting.discard(inbox)
+
+    async def heartbeat(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if request.replica_id not in self.membership.left:
+            self.membership.heartbeats[request.replica_id] = time.monotonic()
+        return HeartbeatResponse()
+
+    async def leave(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        replica = request.replica_id
+        async with self._lock:
+            self.membership.left.add(replica)
+            self.membership.heartbeats.pop(replica, None)
+            self.membership.joined.pop(replica, None)
+            logger.info("replica %s left", replica)
+            self._tick()
+        return LeaveResponse()
+
+    async def run_ticks(self) -> None:
+        """Decide on a timer too: heartbeats expire and join timeouts pass without requests."""
+        while True:
+            await asyncio.sleep(self.options.tick)
+            async with self._lock:
+                self._tick()
+
+    def _tick(self) -> None:
+        members, reason = self.membership.decide(time.monotonic())
+        if reason != self._reason:
+            logger.info("%s", reason)
+            self._reason = reason
+        if members is None:
+            return
+        ids = [m.replica_id for m in members]
+        failures = [m.replica_id for m in members if m.commit_failures > 0]
+        if ids != self.membership.previous or failures:
+            self.quorum_id += 1
+        quorum = Quorum(quorum_id=self.quorum_id, participants=members)
+        quorum.created.GetCurrentTime()
+        logger.info("quorum %d: %s", self.quorum_id, ", ".join(ids))
+        self.membership.previous = ids
+        self.membership.joined.clear()
+        for inbox in self._waiting:
+            inbox.put_nowait(quorum)
+
+
+def handlers(lighthouse: Lighthouse) -> Iterable[grpc.GenericRpcHandler]:
+    def unary(method: Any, request: type[Any], response: type[Any]) -> grpc.RpcMethodHandler:
+        return grpc.unary_unary_rpc_method_handler(
+            method, request_deserializer=request.FromString,
+            response_serializer=response.SerializeToString)
+
+    return [
+        grpc.method_handlers_generic_handler(TORCHFT_SERVICE, {
+            "Quorum": unary(lighthouse.quorum, QuorumRequest, QuorumResponse),
+            "Heartbeat": unary(lighthouse.heartbeat, HeartbeatRequest, HeartbeatResponse)}),
+        grpc.method_handlers_generic_handler(LEAVE_SERVICE, {
+            "Leave": unary(lighthouse.leave, LeaveRequest, LeaveResponse)}),
+    ]
+
+
+async def serve(bind: str, options: Options) -> None:
+    lighthouse = Lighthouse(options)
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(list(handlers(lighthouse)))
+    port = server.add_insecure_port(bind)
+    await server.start()
+    logger.info("lighthouse listening on %s (port %d)", bind, port)
+    ticks = asyncio.create_task(lighthouse.run_ticks())
+    try:
+        await server.wait_for_termination()
+    finally:
+        ticks.cancel()
+
+
+def leave(lighthouse: str, replica_id: str, timeout: float = 5.0) -> None:
+    """Tell `lighthouse` (`http://host:port`) that `replica_id` has left."""
+    target = lighthouse.removeprefix("http://")
+    with grpc.insecure_channel(target) as channel:
+        call = channel.unary_unary(f"/{LEAVE_SERVICE}/Leave",
+                                   request_serializer=LeaveRequest.SerializeToString,
+                                   response_deserializer=LeaveResponse.FromString)
+        call(LeaveRequest(replica_id=replica_id), timeout=timeout)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bind", required=True, help="host:port to listen on")
+    parser.add_argument("--min_replicas", type=int, default=1)
+    parser.add_argument("--join_timeout_ms", type=int, default=1000)
+    parser.add_argument("--heartbeat_timeout_ms", type=int, default=500)
+    parser.add_argument("--quorum_tick_ms", type=int, default=100)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    options = Options(min_replicas=args.min_replicas, join_timeout=args.join_timeout_ms / 1000,
+                      heartbeat_timeout=args.heartbeat_timeout_ms / 1000,
+                      tick=args.quorum_tick_ms / 1000)
+    asyncio.run(serve(args.bind, options))
+
+
+if __name__ == "__main__":
+    main()
