@@ -136,13 +136,15 @@ class Membership:
 
 
 class Lighthouse:
-    """The quorum state of one job, served to its replicas' managers."""
+    """The quorum state of one job, served to its replicas' managers.
+
+    Every handler runs on one event loop and changes the state without awaiting in between,
+    so each change and the decision it triggers is atomic: no lock is needed."""
 
     def __init__(self, options: Options) -> None:
         self.options = options
         self.membership = Membership(options)
         self.quorum_id = 0
-        self._lock = asyncio.Lock()
         self._waiting: set[asyncio.Queue[Any]] = set()
         self._reason = ""
 
@@ -153,19 +155,18 @@ class Lighthouse:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"replica {replica} has left this job")
         inbox: asyncio.Queue[Any] = asyncio.Queue()
-        async with self._lock:
-            now = time.monotonic()
-            self.membership.heartbeats[replica] = now  # a request is a heartbeat
-            self.membership.joined[replica] = Joined(now, requester)
-            self._waiting.add(inbox)
-            self._tick()
+        now = time.monotonic()
+        self.membership.heartbeats[replica] = now  # a request is a heartbeat
+        self.membership.joined[replica] = Joined(now, requester)
+        self._waiting.add(inbox)
+        self._tick()
         try:
             while True:
                 quorum = await inbox.get()
                 if any(m.replica_id == replica for m in quorum.participants):
                     return QuorumResponse(quorum=quorum)
-                async with self._lock:  # formed without it: ask again for the next one
-                    self.membership.joined[replica] = Joined(time.monotonic(), requester)
+                # Formed without it: it asks for the next one.
+                self.membership.joined[replica] = Joined(time.monotonic(), requester)
         finally:
             self._waiting.discard(inbox)
 
@@ -176,20 +177,18 @@ class Lighthouse:
 
     async def leave(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         replica = request.replica_id
-        async with self._lock:
-            self.membership.left.add(replica)
-            self.membership.heartbeats.pop(replica, None)
-            self.membership.joined.pop(replica, None)
-            logger.info("replica %s left", replica)
-            self._tick()
+        self.membership.left.add(replica)
+        self.membership.heartbeats.pop(replica, None)
+        self.membership.joined.pop(replica, None)
+        logger.info("replica %s left", replica)
+        self._tick()
         return LeaveResponse()
 
     async def run_ticks(self) -> None:
         """Decide on a timer too: heartbeats expire and join timeouts pass without requests."""
         while True:
             await asyncio.sleep(self.options.tick)
-            async with self._lock:
-                self._tick()
+            self._tick()
 
     def _tick(self) -> None:
         members, reason = self.membership.decide(time.monotonic())
@@ -199,8 +198,7 @@ class Lighthouse:
         if members is None:
             return
         ids = [m.replica_id for m in members]
-        failures = [m.replica_id for m in members if m.commit_failures > 0]
-        if ids != self.membership.previous or failures:
+        if ids != self.membership.previous or any(m.commit_failures > 0 for m in members):
             self.quorum_id += 1
         quorum = Quorum(quorum_id=self.quorum_id, participants=members)
         quorum.created.GetCurrentTime()

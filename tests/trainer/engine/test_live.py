@@ -8,6 +8,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,10 +23,16 @@ def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def start_lighthouse(processes: Processes, log: Path) -> int:
+def start_lighthouse(processes: Processes, tmp_path: Path) -> int:
     port = free_port()
-    processes.start(lighthouse_argv(f"127.0.0.1:{port}", python=sys.executable), {}, log)
+    processes.start(lighthouse_argv(f"127.0.0.1:{port}", python=sys.executable), {},
+                    tmp_path / "lighthouse.log")
     return port
+
+
+def live_spec(**overrides: Any) -> dict[str, Any]:
+    return {"model": "tiny", "dataset": "reviews.csv", "batch_size": 8, "learning_rate": 0.003,
+            "fault_tolerance": "live", **overrides}
 
 
 def start_pod(processes: Processes, tmp_path: Path, inputs_dir: Path, port: int,
@@ -45,10 +52,9 @@ def start_pod(processes: Processes, tmp_path: Path, inputs_dir: Path, port: int,
 def test_survivors_keep_training_and_a_killed_pod_rejoins_live(
         inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
     make_reviews_csv(inputs_dir / "reviews.csv", rows=2000)
-    port = start_lighthouse(processes, tmp_path / "lighthouse.log")
+    port = start_lighthouse(processes, tmp_path)
     reports = tmp_path / "reports.jsonl"
-    spec = {"model": "tiny", "dataset": "reviews.csv", "epochs": 6, "batch_size": 8,
-            "learning_rate": 0.003, "checkpoint_every_steps": 25, "fault_tolerance": "live"}
+    spec = live_spec(epochs=6, checkpoint_every_steps=25)
 
     def start(ordinal: int, incarnation: int):
         return start_pod(processes, tmp_path, inputs_dir, port, spec, ordinal, incarnation)
@@ -103,9 +109,8 @@ def test_survivors_keep_training_and_a_killed_pod_rejoins_live(
 def test_a_survivor_takes_over_checkpoints_and_export_when_the_primary_dies(
         inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
     make_reviews_csv(inputs_dir / "reviews.csv", rows=1000)
-    port = start_lighthouse(processes, tmp_path / "lighthouse.log")
-    spec = {"model": "tiny", "dataset": "reviews.csv", "epochs": 4, "batch_size": 8,
-            "learning_rate": 0.003, "checkpoint_every_steps": 10, "fault_tolerance": "live"}
+    port = start_lighthouse(processes, tmp_path)
+    spec = live_spec(epochs=4, checkpoint_every_steps=10)
     primary, survivor = (start_pod(processes, tmp_path, inputs_dir, port, spec, o)
                          for o in (0, 1))
     reports = tmp_path / "reports.jsonl"
@@ -131,12 +136,10 @@ def test_a_survivor_takes_over_checkpoints_and_export_when_the_primary_dies(
 def test_the_primary_dying_after_the_last_step_loses_nothing(
         inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
     make_reviews_csv(inputs_dir / "reviews.csv", rows=4000)
-    port = start_lighthouse(processes, tmp_path / "lighthouse.log")
+    port = start_lighthouse(processes, tmp_path)
     # Evaluating one sample at a time keeps the primary busy for seconds between its last step
     # and its final checkpoint: the kill lands there even when reports arrive late.
-    spec = {"model": "tiny", "dataset": "reviews.csv", "epochs": 1, "batch_size": 16,
-            "learning_rate": 0.003, "checkpoint_every_steps": 0, "fault_tolerance": "live",
-            "eval_batch_size": 1}
+    spec = live_spec(epochs=1, batch_size=16, checkpoint_every_steps=0, eval_batch_size=1)
     primary, survivor = (start_pod(processes, tmp_path, inputs_dir, port, spec, o)
                          for o in (0, 1))
     reports = tmp_path / "reports.jsonl"
@@ -169,10 +172,9 @@ def test_the_primary_dying_after_the_last_step_loses_nothing(
 def test_a_pod_that_gets_sigterm_leaves_without_failing_a_step_of_its_peers(
         inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
     make_reviews_csv(inputs_dir / "reviews.csv", rows=2000)
-    port = start_lighthouse(processes, tmp_path / "lighthouse.log")
+    port = start_lighthouse(processes, tmp_path)
     reports = tmp_path / "reports.jsonl"
-    spec = {"model": "tiny", "dataset": "reviews.csv", "epochs": 10, "batch_size": 8,
-            "learning_rate": 0.003, "checkpoint_every_steps": 25, "fault_tolerance": "live"}
+    spec = live_spec(epochs=10, checkpoint_every_steps=25)
     pods = [start_pod(processes, tmp_path, inputs_dir, port, spec, o) for o in range(3)]
 
     def events(kind: str) -> list[dict]:
@@ -204,7 +206,6 @@ def test_a_pod_that_gets_sigterm_leaves_without_failing_a_step_of_its_peers(
         assert "should_commit=False" not in (tmp_path / f"pod-{pod[-1]}-0.log").read_text()
     lighthouse_log = (tmp_path / "lighthouse.log").read_text()
     after_leave = lighthouse_log.split(" left\n", 1)[1].splitlines()
-    assert next(line for line in after_leave if " quorum " in line or "quorum [" in line)
     assert "fast quorum" in next(line for line in after_leave if "quorum [" in line)
     # Another pod took over as the primary; the pod recreated healed; replicas are identical.
     assert any(e["pod"] in ("live-1", "live-2") for e in events("primary"))
