@@ -2,8 +2,8 @@
 
 FastAPI reads a body before it runs a route's dependencies, so a dependency alone would read
 (and parse) a stranger's body first. Each router therefore takes one of the route classes
-below, which authenticate in front of FastAPI's handler; the dependencies in api/deps.py
-declare the scheme for OpenAPI and reject a route that was wired without one (fail closed).
+below, which authenticate in front of FastAPI's handler; each class also adds to its routes
+the dependency that declares its scheme in OpenAPI (it checks nothing: the class has).
 
 - `AdminRoute`: the admin token as a bearer header.
 - `StreamRoute`: the same, or `?token=` (an EventSource cannot send headers).
@@ -19,10 +19,11 @@ import hmac
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
-from fastapi import Request, Response
+from fastapi import Depends, Request, Response
 from fastapi.routing import APIRoute
+from fastapi.security import APIKeyQuery, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
@@ -107,8 +108,37 @@ def require_admin_token(request: Request, token: str | None) -> None:
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
+admin_scheme = HTTPBearer(auto_error=False, scheme_name="AdminToken",
+                          description="The admin token")
+stream_token = APIKeyQuery(name="token", auto_error=False, scheme_name="StreamToken",
+                           description="The admin token, for EventSource (it sends no headers)")
+report_scheme = HTTPBearer(auto_error=False, scheme_name="ReportToken",
+                           description="The job's report token (handed to its pods)")
+BearerCredentials = HTTPAuthorizationCredentials | None
+
+
+def admin_documented(_: Annotated[BearerCredentials, Depends(admin_scheme)]) -> None:
+    """OpenAPI: the admin token as a bearer header."""
+
+
+def stream_documented(_header: Annotated[BearerCredentials, Depends(admin_scheme)],
+                      _query: Annotated[str | None, Depends(stream_token)]) -> None:
+    """OpenAPI: the admin token as a bearer header or `?token=`."""
+
+
+def report_documented(_: Annotated[BearerCredentials, Depends(report_scheme)]) -> None:
+    """OpenAPI: the job's report token as a bearer header."""
+
 
 class _AuthenticatedRoute(APIRoute):
+    documented: ClassVar[Callable[..., None]]
+    """The dependency that declares the route's scheme in OpenAPI."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        kwargs["dependencies"] = [Depends(type(self).documented),
+                                  *(kwargs.get("dependencies") or [])]
+        super().__init__(path, endpoint, **kwargs)
+
     async def authenticate(self, request: Request) -> None:
         raise NotImplementedError
 
@@ -123,16 +153,22 @@ class _AuthenticatedRoute(APIRoute):
 
 
 class AdminRoute(_AuthenticatedRoute):
+    documented = admin_documented
+
     async def authenticate(self, request: Request) -> None:
         require_admin_token(request, bearer(request))
 
 
 class StreamRoute(_AuthenticatedRoute):
+    documented = stream_documented
+
     async def authenticate(self, request: Request) -> None:
         require_admin_token(request, bearer(request) or request.query_params.get("token"))
 
 
 class DownloadRoute(_AuthenticatedRoute):
+    documented = admin_documented  # a signed link's query parameters are the handlers'
+
     async def authenticate(self, request: Request) -> None:
         token = bearer(request)
         if token is None:
@@ -148,6 +184,8 @@ class DownloadRoute(_AuthenticatedRoute):
 
 
 class ReportRoute(_AuthenticatedRoute):
+    documented = report_documented
+
     async def authenticate(self, request: Request) -> None:
         token = bearer(request)
         if token is None:

@@ -120,6 +120,9 @@ class Reconciler:
                                        "supervisor or StatefulSet is gone)"))
         elif job.status in (JobStatus.running, JobStatus.degraded):
             events += self._update_degraded(job, status)
+        if not events:  # every change above comes with its event: nothing changed
+            session.rollback()
+            return
         session.add(job)
         # A cancel may have finished the job since it was read: then it stays as the cancel left it.
         if not self.events.commit(session, events, guard=lambda: still_active(session, job.id)):

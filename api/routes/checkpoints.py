@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from api.auth import AdminRoute
-from api.deps import AdminDep, SessionDep, SettingsDep
+from api.deps import SessionDep, SettingsDep
 from api.errors import error_responses
 from api.models import CheckpointPublic, DownloadLink
 from api.routes import API_PREFIX
@@ -14,7 +14,7 @@ from api.services.downloads import signed_link
 from api.services.jobs import get_job, job_dir
 
 router = APIRouter(prefix=API_PREFIX + "/jobs/{job_id}/checkpoints", tags=["checkpoints"],
-                   dependencies=[AdminDep], route_class=AdminRoute,
+                   route_class=AdminRoute,
                    responses=error_responses(401, 403, 404, 422))
 
 
@@ -32,4 +32,5 @@ def checkpoint_link(job_id: str, checkpoint_id: str, request: Request, session: 
     """A URL that downloads the checkpoint without a token, for a few minutes."""
     get_job(session, job_id)
     service.find(job_dir(settings, job_id) / "checkpoints", checkpoint_id)
-    return signed_link(request, f"{API_PREFIX}/jobs/{job_id}/checkpoints/{checkpoint_id}/download")
+    return signed_link(request, request.app.url_path_for(
+        "download_checkpoint", job_id=job_id, checkpoint_id=checkpoint_id))

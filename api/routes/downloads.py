@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
 from api.auth import DownloadRoute
-from api.deps import AdminDep, SessionDep, SettingsDep
+from api.deps import SessionDep, SettingsDep
 from api.errors import error_responses
 from api.routes import API_PREFIX
 from api.services import checkpoints
@@ -18,7 +18,7 @@ from api.services import models as model_service
 from api.services.archive import iter_tar_gz
 from api.services.jobs import get_job, job_dir
 
-router = APIRouter(prefix=API_PREFIX, tags=["downloads"], dependencies=[AdminDep],
+router = APIRouter(prefix=API_PREFIX, tags=["downloads"],
                    route_class=DownloadRoute, responses=error_responses(401, 403, 404, 422))
 
 # Read by DownloadRoute before the handler; declared here so OpenAPI shows them.

@@ -7,14 +7,14 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response, status
 
 from api.auth import AdminRoute
-from api.deps import AdminDep, BackendDep, EventsDep, SessionDep, SettingsDep
+from api.deps import BackendDep, EventsDep, SessionDep, SettingsDep
 from api.errors import error_responses
 from api.models import Accepted, EventsPublic, JobCreate, JobPublic, JobsPublic, JobStatus
 from api.routes import API_PREFIX
 from api.services import jobs as service
 from trainer.contract.spec import MAX_INT
 
-router = APIRouter(prefix=API_PREFIX + "/jobs", tags=["jobs"], dependencies=[AdminDep],
+router = APIRouter(prefix=API_PREFIX + "/jobs", tags=["jobs"],
                    route_class=AdminRoute, responses=error_responses(401, 403, 413, 422))
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from api.auth import AdminRoute
-from api.deps import AdminDep, SessionDep, SettingsDep
+from api.deps import SessionDep, SettingsDep
 from api.errors import error_responses
 from api.models import DownloadLink, ModelPublic, ModelsPublic, PredictRequest, PredictResponse
 from api.routes import API_PREFIX
 from api.services import models as service
 from api.services.downloads import signed_link
 
-router = APIRouter(prefix=API_PREFIX + "/models", tags=["models"], dependencies=[AdminDep],
+router = APIRouter(prefix=API_PREFIX + "/models", tags=["models"],
                    route_class=AdminRoute, responses=error_responses(401, 403, 422))
 
 
@@ -33,7 +33,7 @@ def model_link(model_id: str, request: Request, session: SessionDep,
     """A URL that downloads the model without a token, for a few minutes."""
     model = service.get_model(session, model_id)
     service.model_path(settings, model)
-    return signed_link(request, f"{API_PREFIX}/models/{model.id}/download")
+    return signed_link(request, request.app.url_path_for("download_model", model_id=model.id))
 
 
 @router.post("/{model_id}/predict", response_model=PredictResponse,

@@ -7,14 +7,14 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Query, status
 
 from api.auth import AdminRoute
-from api.deps import AdminDep, BackendDep, EventsDep, SessionDep
+from api.deps import BackendDep, EventsDep, SessionDep
 from api.errors import error_responses
 from api.models import Accepted, KillRequest
 from api.routes import API_PREFIX
 from api.services import jobs as service
 
 router = APIRouter(prefix=API_PREFIX + "/jobs/{job_id}/pods", tags=["pods"],
-                   dependencies=[AdminDep], route_class=AdminRoute,
+                   route_class=AdminRoute,
                    responses=error_responses(401, 403, 404, 413, 422))
 
 

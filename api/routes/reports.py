@@ -7,7 +7,6 @@ import asyncio
 from fastapi import APIRouter, Request
 
 from api.auth import ReportRoute
-from api.deps import ReporterDep
 from api.errors import documented_body, error_responses, parse_body
 from api.metrics import REPORTS_INGESTED
 from api.models import ReportAccepted
@@ -17,7 +16,7 @@ from trainer.contract.records import ReportBatch
 
 # The body limit (settings.max_report_bytes) is set where the app includes this router.
 router = APIRouter(prefix=API_PREFIX + "/jobs/{job_id}/reports", tags=["reports"],
-                   dependencies=[ReporterDep], route_class=ReportRoute,
+                   route_class=ReportRoute,
                    responses=error_responses(401, 403, 404, 413, 422))
 
 

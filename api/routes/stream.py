@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.auth import StreamRoute
 from api.db import session_scope
-from api.deps import BrokerDep, EngineDep, StreamAuthDep
+from api.deps import BrokerDep, EngineDep
 from api.errors import error_responses
 from api.models import Event
 from api.routes import API_PREFIX
@@ -29,7 +29,7 @@ def job_exists(job_id: str, engine: EngineDep) -> None:
 
 
 router = APIRouter(prefix=API_PREFIX + "/jobs/{job_id}/stream", tags=["stream"],
-                   dependencies=[StreamAuthDep, Depends(job_exists)], route_class=StreamRoute,
+                   dependencies=[Depends(job_exists)], route_class=StreamRoute,
                    responses=error_responses(401, 403, 404, 422))
 
 REPLAY_PAGE = 1000

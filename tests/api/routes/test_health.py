@@ -21,3 +21,23 @@ def test_prometheus_metrics(client: TestClient) -> None:
 def test_openapi_is_served(client: TestClient) -> None:
     spec = client.get("/openapi.json").json()
     assert "/api/v1/jobs/{job_id}/pods/{ordinal}/kill" in spec["paths"]
+
+
+def test_every_operation_documents_the_token_it_takes(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    schemes = {(method.upper(), path): sorted(name for entry in operation.get("security", [])
+                                              for name in entry)
+               for path, operations in spec["paths"].items()
+               for method, operation in operations.items()}
+    assert set(spec["components"]["securitySchemes"]) == {"AdminToken", "StreamToken",
+                                                          "ReportToken"}
+    for (method, path), names in schemes.items():
+        if path.endswith("/reports"):
+            expected = ["ReportToken"]
+        elif path.endswith("/stream"):
+            expected = ["AdminToken", "StreamToken"]
+        elif path.startswith("/api/v1/"):
+            expected = ["AdminToken"]
+        else:  # health, readiness, metrics, the dashboard
+            expected = []
+        assert names == expected, (method, path)
