@@ -17,14 +17,10 @@ import json
 from dataclasses import dataclass
 
 from api.backends.base import Launch
-from trainer.contract.runtime import SPEC_ENV, Runtime
+from trainer.contract.runtime import LOOPBACK, SPEC_ENV, Runtime
 
-LOOPBACK = "127.0.0.1"
-"""The address of every process of a local job."""
 LIGHTHOUSE_PORT = 29510
 STORE_PORT = 29400
-QUORUM_RETRIES = 10
-"""torchft retries a failed quorum request this often, so a lighthouse restart is survived."""
 # Dead peers must cost seconds: the lighthouse drops a replica after 0.5 s without heartbeats
 # (sent every 0.1 s) and waits up to 1 s for slow ones to join a quorum; the rendezvous drops a
 # node after 5 missed 1 s keep-alives and waits 2 s for late joiners.
@@ -74,21 +70,23 @@ def pod_argv(launch: Launch, coordinator: Endpoint, local_addr: str,
 
 
 def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: str,
-            threads: int) -> dict[str, str]:
+            threads: int, incarnation: str = "") -> dict[str, str]:
     """A trainer pod's environment, the job's secrets included (REPORT_TOKEN, HEAL_SECRET).
 
-    `pod_address` is how peers reach this pod, and the only address its processes listen on.
+    `pod_address` is how peers reach this pod, and the only address its processes listen on;
+    `incarnation` tells this process's reports apart (empty: the trainer makes one up).
     """
-    runtime = Runtime(job_id=launch.job_id, pod_name=pod_name, pod_address=pod_address,
-                      report_url=launch.report_url, report_token=launch.report_token,
-                      checkpoint_dir=launch.checkpoint_dir, model_dir=launch.model_dir,
-                      inputs_dir=launch.inputs_dir, cache_dir=launch.cache_dir)
+    live = launch.fault_tolerance == "live"
+    runtime = Runtime(job_id=launch.job_id, pod_name=pod_name, incarnation=incarnation,
+                      pod_address=pod_address, report_url=launch.report_url,
+                      report_token=launch.report_token, checkpoint_dir=launch.checkpoint_dir,
+                      model_dir=launch.model_dir, inputs_dir=launch.inputs_dir,
+                      cache_dir=launch.cache_dir,
+                      **({"lighthouse": f"http://{coordinator}",
+                          "heal_secret": launch.heal_secret} if live else {}))
     env = {SPEC_ENV: json.dumps(launch.spec), **runtime.to_env(),
            "OMP_NUM_THREADS": str(max(1, threads))}
-    if launch.fault_tolerance == "live":
-        live = Runtime(lighthouse=f"http://{coordinator}", heal_secret=launch.heal_secret)
-        env |= {**live.to_env(), "TORCHFT_QUORUM_RETRIES": str(QUORUM_RETRIES)}
-    else:
+    if not live:
         # Workers get their own process-group store on the lowest rank: the rendezvous store
         # stays the agents' alone.
         env |= {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}

@@ -109,13 +109,11 @@ class LocalBackend:
         job_dir = self._job_dir(job_id)
         if not job_dir.path.is_dir():
             return WorkloadStatus(present=False)
-        state = self._observe(job_id, job_dir)
-        alive = self._alive(job_id, job_dir, state)
+        state, alive = self._observe(job_id, job_dir)
         if state is None:
-            document = read_launch(job_dir)
-            replicas = document.launch.replicas if document else 0
             return WorkloadStatus(present=alive, pods=[
-                PodStatus(i, f"{job_id}-{i}", "Pending", 0) for i in range(replicas)])
+                PodStatus(i, f"{job_id}-{i}", "Pending", 0)
+                for i in range(self._replicas(job_dir, state))])
         pods = [PodStatus(ordinal=p.ordinal, name=p.name, phase=p.phase, restarts=p.restarts,
                           started_at=p.started_at, exit_code=p.exit_code) for p in state.pods]
         return WorkloadStatus(present=alive and not state.finished, pods=pods,
@@ -128,11 +126,7 @@ class LocalBackend:
         state = read_state(job_dir)
         if not self._alive(job_id, job_dir, state) or (state and state.finished):
             raise WorkloadNotFound(f"job {job_id} has no running supervisor")
-        if state is not None:
-            replicas = len(state.pods)
-        else:
-            document = read_launch(job_dir)
-            replicas = document.launch.replicas if document else 0
+        replicas = self._replicas(job_dir, state)
         if not 0 <= ordinal < replicas:
             raise WorkloadNotFound(f"job {job_id} has no pod {ordinal} (replicas: {replicas})")
         send_command(job_dir, KillCommand(ordinal=ordinal,
@@ -199,8 +193,17 @@ class LocalBackend:
         self._children[job_dir.job_id] = child
         return child
 
-    def _observe(self, job_id: str, job_dir: JobDir) -> StateDocument | None:
-        """The job's state, after replacing its supervisor if that died with the job unfinished."""
+    @staticmethod
+    def _replicas(job_dir: JobDir, state: StateDocument | None) -> int:
+        """The pods the job has: as its state lists them, else as launched."""
+        if state is not None:
+            return len(state.pods)
+        document = read_launch(job_dir)
+        return document.launch.replicas if document else 0
+
+    def _observe(self, job_id: str, job_dir: JobDir) -> tuple[StateDocument | None, bool]:
+        """The job's state, after replacing its supervisor if that died with the job unfinished;
+        and whether a supervisor runs it."""
         try:
             state = read_state(job_dir)
         except UnreadableDocument as exc:
@@ -210,14 +213,15 @@ class LocalBackend:
                 "last listed was stopped")
             if final is None:
                 raise
-            return final
+            return final, False
         if state is None or state.finished:
             self._seen.pop(job_id, None)
-            return state
+            return state, self._alive(job_id, job_dir, state)
         self._seen[job_id] = state
         if self._alive(job_id, job_dir, state):
-            return state
-        return self._revive(job_id, job_dir, state)
+            return state, True
+        state = self._revive(job_id, job_dir, state)
+        return state, self._alive(job_id, job_dir, state)
 
     def _revive(self, job_id: str, job_dir: JobDir, state: StateDocument) -> StateDocument:
         """Start a supervisor that adopts the pods of the dead one; where none can be, kill them

@@ -32,8 +32,10 @@ from api.backends.commands import (
     pod_env,
     store_argv,
 )
+from trainer.contract.runtime import Runtime
 
 Manifest = dict[str, Any]
+POD_NAME = Runtime.env_name("pod_name")
 
 APP = "live-migrator"
 NAME_LABEL = "app.kubernetes.io/name"
@@ -52,7 +54,8 @@ restarted control plane goes on counting where the last one stopped."""
 
 REPORT_TOKEN_KEY = "report-token"
 HEAL_SECRET_KEY = "heal-secret"
-SECRET_KEYS = {"REPORT_TOKEN": REPORT_TOKEN_KEY, "HEAL_SECRET": HEAL_SECRET_KEY}
+SECRET_KEYS = {Runtime.env_name("report_token"): REPORT_TOKEN_KEY,
+               Runtime.env_name("heal_secret"): HEAL_SECRET_KEY}
 """The trainer's environment variables whose values come from the job's Secret, by key."""
 USER_ID = 10001
 """The non-root user of both images (Dockerfile.api, Dockerfile.trainer)."""
@@ -206,12 +209,12 @@ def trainer_env(launch: Launch, config: ClusterConfig) -> list[Manifest]:
                      pod_address="$(POD_IP)", threads=cpu_count(cpu))
     env: list[Manifest] = [
         pod_ip_env(),
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_ORDINAL", "valueFrom": {"fieldRef": {
             "fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}}},
     ]
     for name, value in values.items():
-        if name == "POD_NAME":
+        if name == POD_NAME:
             continue  # the downward API's, above
         if name in SECRET_KEYS:
             env.append({"name": name, "valueFrom": {"secretKeyRef": {
@@ -220,7 +223,7 @@ def trainer_env(launch: Launch, config: ClusterConfig) -> list[Manifest]:
             env.append({"name": name, "value": value})
     env += [{"name": "HF_HOME", "value": str(CACHE_MOUNT / "huggingface")},
             {"name": "HOME", "value": "/tmp"},
-            {"name": "HEARTBEAT_FILE", "value": HEARTBEAT_FILE},
+            {"name": Runtime.env_name("heartbeat_file"), "value": HEARTBEAT_FILE},
             {"name": "HEARTBEAT_MAX_AGE", "value": str(HEARTBEAT_MAX_AGE)}]
     return env
 

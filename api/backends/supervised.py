@@ -90,14 +90,17 @@ class Pod:
     process: Watched | None = None
     started_at: float | None = None
     exit_code: int | None = None
-    stopped: bool = False
-    """The supervisor signalled this incarnation, so it failed even if it exited 0."""
     signalled_at: float | None = None
     """Unix time the supervisor first signalled this incarnation (a kill, a stop)."""
     kill_at: float | None = None
     """Monotonic time at which a signalled incarnation gets SIGKILL."""
     restart_at: float | None = None
     """Monotonic time at which this failed pod is recreated."""
+
+    @property
+    def stopped(self) -> bool:
+        """The supervisor signalled this incarnation: it did not end its training by itself."""
+        return self.signalled_at is not None
 
     @property
     def alive(self) -> bool:
@@ -120,7 +123,6 @@ class Pod:
         self.incarnation = max(record.incarnation, record.restarts)
         self.started_at, self.exit_code = record.started_at, record.exit_code
         self.signalled_at = record.signalled_at
-        self.stopped = record.signalled_at is not None
         if record.phase == "Running" and record.pid is not None:
             # One that died while no supervisor watched is seen to end at the first poll.
             self.process = Adopted(record.pid, record.pid_started)

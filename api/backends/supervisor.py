@@ -57,7 +57,7 @@ SETTINGS_PREFIX = "MIGRATOR_"  # api.settings.Settings' env prefix
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((commands.LOOPBACK, 0))
         port: int = sock.getsockname()[1]
         return port
 
@@ -72,7 +72,7 @@ class Supervisor:
         self.live = self.launch.fault_tolerance == "live"
         self.coordinator: Watched | None = None
         """The torchft lighthouse (live) or the rendezvous store (restart), on a fixed port."""
-        self.coordinator_endpoint = commands.Endpoint("127.0.0.1", free_port())
+        self.coordinator_endpoint = commands.Endpoint(commands.LOOPBACK, free_port())
         self.coordinator_starts = 0
         self.started = psutil.Process().create_time()
         self.mode: Mode = "running"
@@ -186,13 +186,15 @@ class Supervisor:
         # a pod holds only its job's report token.
         inherited = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_PREFIX)}
         threads = (os.cpu_count() or 1) // len(self.pods)
+        if pod.started_at is not None:  # every start after the first is a new incarnation
+            pod.incarnation += 1
         env = {**inherited, **commands.pod_env(launch, pod.name, self.coordinator_endpoint,
-                                               "127.0.0.1", threads),
-               "POD_INCARNATION": str(pod.incarnation)}
-        argv = commands.pod_argv(launch, self.coordinator_endpoint, "127.0.0.1",
+                                               commands.LOOPBACK, threads,
+                                               incarnation=str(pod.incarnation))}
+        argv = commands.pod_argv(launch, self.coordinator_endpoint, commands.LOOPBACK,
                                  python=sys.executable)
         pod.process = spawn(argv, self.job_dir.path, self.job_dir.log(pod.name), env)
-        pod.phase, pod.started_at, pod.stopped, pod.kill_at = "Running", time.time(), False, None
+        pod.phase, pod.started_at, pod.kill_at = "Running", time.time(), None
         pod.signalled_at = None
         logger.info("pod %s started: pid %d, restarts %d", pod.name, pod.process.pid,
                     pod.restarts)
@@ -225,7 +227,6 @@ class Supervisor:
         """SIGTERM its group now and SIGKILL it after `grace` seconds (at once for 0)."""
         if pod.process is None or not pod.alive:
             return
-        pod.stopped = True
         pod.signalled_at = pod.signalled_at or time.time()
         if grace <= 0:
             signal_group(pod.process.pid, signal.SIGKILL)
@@ -256,11 +257,10 @@ class Supervisor:
             signal_group(pod.process.pid, signal.SIGKILL)
             pod.exit_code, pod.kill_at = pod.process.exit_code, None
             if self.left(pod):
-                # Recreated at once and not counted as a restart: nothing failed (a kubelet
-                # sees a pod deleted gracefully end Succeeded, and its controller replaces it).
-                logger.info("pod %s left gracefully: recreating it", pod.name)
-                pod.incarnation += 1
-                self.start_pod(pod)
+                # Nothing failed: check_group recreates it at once, as a StatefulSet replaces a
+                # pod deleted gracefully, and no restart is counted.
+                logger.info("pod %s left gracefully", pod.name)
+                pod.phase = "Pending"
                 continue
             pod.phase = "Succeeded" if self.done_training(pod) else "Failed"
             logger.info("pod %s exited with code %s: %s", pod.name,
@@ -283,6 +283,7 @@ class Supervisor:
         return (self.launch.model_dir / "config.json").is_file()
 
     def check_group(self) -> None:
+        self.recreate_left()
         for pod in self.pods:
             if pod.phase == "Failed" and pod.exit_code is None and self.done_training(pod):
                 logger.info("pod %s: the model is exported, so it ended its training", pod.name)
@@ -298,6 +299,17 @@ class Supervisor:
                                          f"{self.last_log_line(bad[0])}")
         else:
             self.recreate_failed(failed)
+
+    def recreate_left(self) -> None:
+        """Recreate the pods that left at once, unless the group finished training meanwhile
+        (then a pod recreated would find no peer to join: it ended as they did)."""
+        finished = any(pod.phase == "Succeeded" for pod in self.pods)
+        for pod in self.pods:
+            if pod.phase == "Pending" and pod.process is not None and not pod.alive:
+                if finished:
+                    pod.phase = "Succeeded"
+                else:
+                    self.start_pod(pod)
 
     def recreate_failed(self, failed: list[Pod]) -> None:
         """Recreate each failed pod alone, after a backoff; the others carry on."""
@@ -320,7 +332,6 @@ class Supervisor:
             elif now >= pod.restart_at:
                 pod.restart_at = None
                 pod.restarts += 1
-                pod.incarnation += 1
                 self.start_pod(pod)
 
     def last_log_line(self, pod: Pod) -> str:
