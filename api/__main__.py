@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     url = f"http://{settings.host}:{settings.port}"
     print(f"Live Migrator control plane on {url} ({settings.backend} backend, data in "
           f"{settings.data_dir.resolve()})", flush=True)
-    print(login_hint(url, app.state.admin_token_source, sys.stdout.isatty()), flush=True)
+    print(login_hint(url, app.state.admin_token, sys.stdout.isatty()), flush=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
     return 0
 

@@ -33,7 +33,6 @@ from trainer.contract.records import ReportBatch
 
 logger = logging.getLogger(__name__)
 
-TOKEN_FILE = "admin_token"
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,7 @@ def admin_token(settings: Settings) -> AdminToken:
     """The configured token, else the one generated on first start and kept in the data dir."""
     if settings.admin_token:
         return AdminToken(settings.admin_token, "settings")
-    path = settings.data_dir.resolve() / TOKEN_FILE
+    path = settings.admin_token_file
     if path.is_file():
         return AdminToken(path.read_text().strip(), "file", path)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -113,7 +112,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     app.state.events = events
     app.state.backend = chosen
     token = admin_token(settings)
-    app.state.admin_token, app.state.admin_token_source = token.value, token
+    app.state.admin_token = token
     app.state.link_signer = link_signer(token.value)
     app.state.report_tokens = ReportTokens(engine)
     app.state.predictor = Predictor(settings.predict_cache_size)

@@ -94,7 +94,7 @@ class ReportTokens:
 
 
 def is_admin(request: Request, token: str | None) -> bool:
-    expected: str = request.app.state.admin_token
+    expected: str = request.app.state.admin_token.value
     return token is not None and hmac.compare_digest(token.encode(), expected.encode())
 
 

@@ -78,18 +78,21 @@ def load_settings() -> Settings:
         raise BadInput(describe_settings_error(exc)) from None
 
 
-def resolve_token(explicit: str | None) -> str:
-    """--token, else MIGRATOR_ADMIN_TOKEN, else the token the server generated in its data dir."""
-    if explicit:
-        return explicit
-    settings = load_settings()
+def configured_token(settings: Settings) -> str | None:
+    """MIGRATOR_ADMIN_TOKEN, else the token the server generated in its data dir, if any."""
     if settings.admin_token:
         return settings.admin_token
-    path = settings.data_dir / "admin_token"
-    if path.is_file():
-        return path.read_text().strip()
-    raise BadInput("no token: pass --token, set MIGRATOR_ADMIN_TOKEN, or run where the server's "
-                   "data dir is")
+    path = settings.admin_token_file
+    return path.read_text().strip() if path.is_file() else None
+
+
+def resolve_token(explicit: str | None) -> str:
+    """--token, else the configured token."""
+    token = explicit or configured_token(load_settings())
+    if token is None:
+        raise BadInput("no token: pass --token, set MIGRATOR_ADMIN_TOKEN, or run where the "
+                       "server's data dir is")
+    return token
 
 
 class Client:

@@ -15,9 +15,8 @@ from typing import Any
 
 import httpx
 
-from api.app import TOKEN_FILE
 from api.cli import read_spec
-from api.client import Client, CliError, load_settings
+from api.client import BadInput, Client, CliError, configured_token, load_settings
 from api.settings import Settings
 from api.watch import watch
 
@@ -63,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     job_id: str | None = None
     try:
         wait_healthy(url, server)
-        token = settings.admin_token or (settings.data_dir / TOKEN_FILE).read_text().strip()
+        token = configured_token(settings)
+        if token is None:
+            raise BadInput(f"the control plane wrote no admin token to {settings.admin_token_file}")
         shown = shown_token(settings, token, sys.stdout.isatty())
         client = Client(url, token)
         job = client.request("POST", "/api/v1/jobs", json=spec)
@@ -108,7 +109,7 @@ def shown_token(settings: Settings, token: str, terminal: bool) -> str:
         return token
     if settings.admin_token:
         return "$MIGRATOR_ADMIN_TOKEN"
-    return f"$(cat {settings.data_dir.resolve() / TOKEN_FILE})"
+    return f"$(cat {settings.admin_token_file})"
 
 
 def cancel(client: Client, job_id: str) -> None:

@@ -80,6 +80,12 @@ class Settings(BaseSettings):
         return self.data_dir.resolve() / "jobs"
 
     @property
+    def admin_token_file(self) -> Path:
+        """Where the token generated on the first start is kept (mode 0600), unless ADMIN_TOKEN
+        is set."""
+        return self.data_dir.resolve() / "admin_token"
+
+    @property
     def cache_dir(self) -> Path:
         return self.data_dir.resolve() / "cache"
 
