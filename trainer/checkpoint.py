@@ -30,12 +30,14 @@ from trainer.contract.checkpoints import (
     META_FILE,
     MODEL_FILE,
     NAME,
+    STAGING,
     STATE_FILE,
     CheckpointInfo,
     checkpoint_name,
     latest_checkpoint,
     list_checkpoints,
     read_info,
+    staging_name,
 )
 
 logger = logging.getLogger(__name__)
@@ -79,10 +81,10 @@ def save_checkpoint(directory: Path, step: int, model_state: dict[str, Any],
     if (final / MARKER).is_file():
         return read_info(final)
     if shared:
-        staging = directory / f"step-{step}.tmp-{uuid.uuid4().hex[:12]}"
+        staging = directory / staging_name(step, f"-{uuid.uuid4().hex[:12]}")
     else:
         _remove_incomplete(directory)
-        staging = directory / f"step-{step}.tmp"
+        staging = directory / staging_name(step)
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir()
@@ -128,7 +130,7 @@ def _delete(path: Path) -> None:
 def _remove_incomplete(directory: Path) -> None:
     for path in directory.iterdir():
         incomplete = NAME.match(path.name) and not (path / MARKER).exists()
-        if incomplete or (path.name.startswith("step-") and ".tmp" in path.name):
+        if incomplete or STAGING.match(path.name):
             logger.info("removing incomplete checkpoint %s", path.name)
             shutil.rmtree(path, ignore_errors=True)
 

@@ -16,7 +16,12 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from trainer.contract.spec import HUB_DATASETS, LOCAL_DATA_SUFFIXES, OFFLINE_DATASET, JobSpec
+from trainer.contract.spec import (
+    DATASET_ALIASES,
+    LOCAL_DATA_SUFFIXES,
+    OFFLINE_DATASET,
+    JobSpec,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +202,7 @@ def load_source(spec: JobSpec, inputs_dir: Path, cache_dir: Path) -> dict[str, S
         return load_hub(spec.dataset, cache_dir)
     if spec.dataset.lower().endswith(LOCAL_DATA_SUFFIXES):
         raise DataError(f"dataset '{spec.dataset}': no such file under {inputs_dir}")
-    known = ", ".join([OFFLINE_DATASET, *HUB_DATASETS])
+    known = ", ".join(DATASET_ALIASES)
     raise DataError(f"dataset '{spec.dataset}': unknown; expected one of {known}, or a "
                     f"{'/'.join(LOCAL_DATA_SUFFIXES)} file under the inputs dir")
 

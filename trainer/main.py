@@ -56,7 +56,7 @@ def make_group(config: TrainConfig, pod: str, environ: Mapping[str, str]) -> Gro
 
         return LiveGroup(device, replica_id=pod, lighthouse=runtime.lighthouse,
                          address=runtime.pod_address, heal_secret=runtime.heal_secret,
-                         environ=environ)
+                         quorum_retries=runtime.quorum_retries)
     return Group(device, environ, address=runtime.pod_address)
 
 

@@ -8,7 +8,9 @@ import pytest
 
 from tests.factories import make_reviews_csv
 from trainer.config import JobSpec
+from trainer.contract.spec import HUB_DATASETS
 from trainer.data import (
+    HUB_SOURCES,
     DataError,
     Split,
     load_local,
@@ -181,3 +183,7 @@ def test_unreachable_hub_dataset_points_to_offline_choices(tmp_path: Path) -> No
     # Real `datasets` call; the suite runs with HF_HUB_OFFLINE=1, as a machine without hub access.
     with pytest.raises(DataError, match="without hub access use 'rotten_tomatoes'"):
         load_source(JobSpec(dataset="imdb"), tmp_path, tmp_path)
+
+
+def test_every_hub_alias_of_the_contract_has_a_source() -> None:
+    assert set(HUB_SOURCES) == set(HUB_DATASETS)

@@ -24,8 +24,16 @@ NAME = re.compile(r"^step-(\d{1,12})$")
 """A checkpoint's directory name; the group is its step."""
 
 
+STAGING = re.compile(r"^step-\d{1,12}\.tmp")
+"""Where a checkpoint is written before it is renamed to its name (`step-N.tmp[-suffix]`)."""
+
+
 def checkpoint_name(step: int) -> str:
     return f"step-{step}"
+
+
+def staging_name(step: int, suffix: str = "") -> str:
+    return f"{checkpoint_name(step)}.tmp{suffix}"
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SPEC_ENV = "TRAINER_CONFIG"
 """The environment variable that holds the job spec (trainer.contract.spec), as JSON."""
+LOOPBACK = "127.0.0.1"
+"""The address of every process of a local job, and of what only its own process uses."""
 
 
 class Runtime(BaseModel):
@@ -45,6 +47,10 @@ class Runtime(BaseModel):
 
     heal_secret: str = Field(default="", alias="HEAL_SECRET", repr=False)
     """What a live pod's peers must send to fetch its state (each job has its own)."""
+
+    quorum_retries: int = Field(default=10, ge=0, alias="TORCHFT_QUORUM_RETRIES")
+    """How often a live pod retries a failed quorum request, so a lighthouse restart is
+    survived."""
 
     metrics_file: Path | None = Field(default=None, alias="METRICS_FILE")
     """A JSON-lines file that receives every report record too."""

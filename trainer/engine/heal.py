@@ -12,7 +12,6 @@ from __future__ import annotations
 import hmac
 import logging
 import socket
-import threading
 import time
 import urllib.request
 from datetime import timedelta
@@ -22,7 +21,7 @@ from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves
-from torchft.checkpointing._rwlock import RWLock
+from torchft.checkpointing import http_transport
 from torchft.checkpointing._serialization import _streaming_load, _streaming_save
 from torchft.checkpointing.http_transport import HTTPTransport
 
@@ -44,27 +43,23 @@ class Transport(HTTPTransport[dict[str, Any]]):
         if not secret:
             raise ValueError("no heal secret: a live pod serves its state only to holders of "
                              "its job's secret (HEAL_SECRET)")
-        # Not HTTPTransport.__init__: it starts a server on every interface that serves anyone.
-        # Its state is set up here as it would; its methods (staging a checkpoint, allowing it,
-        # shutting down) then work on the server below alike.
-        self._checkpoint_lock = RWLock(timeout=timeout.total_seconds())
-        self._disallowed = False
-        self._step = -1
-        self._timeout = timeout
-        self._state_dict: dict[str, Any] | None = None
-        self._num_chunks = 0
-        self._stream = (torch.Stream(torch.accelerator.current_accelerator())
-                        if torch.accelerator.is_available() else None)
-        self._spec = None
-        self._chunks = None
-        self.disallow_checkpoint()  # nothing to serve before the first send_checkpoint
         self.host = url_host(host)
         self.last_heal: dict[str, Any] | None = None
         self._authorization = f"Bearer {secret}".encode()
-        self._server = HealServer(host, self)
-        self._thread = threading.Thread(target=self._serve, name="heal-server", daemon=True)
-        self._thread.start()
+        # HTTPTransport.__init__ sets up its state and starts serving; the one server it builds
+        # (on every interface, for anyone) is ours instead. Nothing else builds one meanwhile.
+        original = http_transport._IPv6HTTPServer
+        http_transport._IPv6HTTPServer = lambda address, handler: HealServer(host, self)
+        try:
+            super().__init__(timeout=timeout, num_chunks=0)
+        finally:
+            http_transport._IPv6HTTPServer = original
         logger.info("heal server listening on %s", self.address())
+
+    def shutdown(self, wait: bool = True) -> None:
+        super().shutdown(wait)
+        if wait:  # stopped serving: its socket can go too
+            self._server.server_close()
 
     def address(self) -> str:
         port = self._server.socket.getsockname()[1]

@@ -142,7 +142,6 @@ class Lighthouse:
     so each change and the decision it triggers is atomic: no lock is needed."""
 
     def __init__(self, options: Options) -> None:
-        self.options = options
         self.membership = Membership(options)
         self.quorum_id = 0
         self._waiting: set[asyncio.Queue[Any]] = set()
@@ -187,7 +186,7 @@ class Lighthouse:
     async def run_ticks(self) -> None:
         """Decide on a timer too: heartbeats expire and join timeouts pass without requests."""
         while True:
-            await asyncio.sleep(self.options.tick)
+            await asyncio.sleep(self.membership.options.tick)
             self._tick()
 
     def _tick(self) -> None:

@@ -9,15 +9,15 @@ while this pod is healing, `should_commit` applies a healed state and says wheth
 from __future__ import annotations
 
 import logging
-import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch
 from torch import nn
 
+from trainer.contract.runtime import LOOPBACK
 from trainer.distributed import Group
 from trainer.engine.binding import PodGloo, PodNccl, manager_server_on
 from trainer.engine.heal import Transport
@@ -32,7 +32,6 @@ logger = logging.getLogger(__name__)
 COLLECTIVE_TIMEOUT = timedelta(seconds=5)
 QUORUM_TIMEOUT = timedelta(seconds=60)
 CONNECT_TIMEOUT = timedelta(seconds=10)
-LOOPBACK = "127.0.0.1"
 
 
 class PeerConnectionLost(RuntimeError):
@@ -52,7 +51,7 @@ class LiveGroup(Group):
     recovery = LiveRecovery
 
     def __init__(self, device: DeviceChoice, replica_id: str, lighthouse: str, address: str,
-                 heal_secret: str, environ: Mapping[str, str] = os.environ) -> None:
+                 heal_secret: str, quorum_retries: int) -> None:
         from torchft.manager import Manager
 
         self.device = device
@@ -72,7 +71,7 @@ class LiveGroup(Group):
                 store_port=self._store.port, rank=0, world_size=1, timeout=COLLECTIVE_TIMEOUT,
                 quorum_timeout=QUORUM_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
                 hostname=url_host(address), checkpoint_transport=self._transport,
-                quorum_retries=int(environ.get("TORCHFT_QUORUM_RETRIES", "10")))
+                quorum_retries=quorum_retries)
         self._lighthouse = lighthouse
         self._participants = 0
         self._quorum_rank: int | None = None

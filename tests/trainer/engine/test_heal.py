@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -28,7 +29,6 @@ def transports() -> Iterator[Callable[[str, str], Transport]]:
     yield start
     for transport in started:
         transport.shutdown(wait=True)
-        transport._server.server_close()
 
 
 def status_of(url: str, headers: dict[str, str]) -> int:
@@ -75,3 +75,11 @@ def test_the_server_listens_on_the_pod_address_only(
 def test_a_pod_without_a_heal_secret_does_not_start() -> None:
     with pytest.raises(ValueError, match="HEAL_SECRET"):
         Transport(POD_ADDRESS, "", TIMEOUT)
+
+
+def test_shutdown_stops_listening() -> None:
+    transport = Transport(POD_ADDRESS, "secret", TIMEOUT)
+    port = int(transport.address().rsplit(":", 1)[1].split("/")[0])
+    transport.shutdown(wait=True)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((POD_ADDRESS, port), timeout=5).close()

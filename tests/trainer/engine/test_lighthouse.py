@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import socket
-import sys
-import threading
-from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from torchft._torchft import LighthouseClient
 
-from api.backends.commands import lighthouse_argv
 from tests.conftest import Processes
-from tests.support import free_port, wait_for
+from tests.support import start_lighthouse
 from trainer.engine.lighthouse import Joined, Membership, Options, QuorumMember, leave
 
 
@@ -77,42 +73,25 @@ def test_shrink_only_keeps_newcomers_out() -> None:
 
 
 @pytest.fixture
-def lighthouse(processes: Processes, tmp_path: Path) -> Iterator[str]:
+def lighthouse(processes: Processes, tmp_path: Path) -> str:
     """A lighthouse that would wait a minute for a member that stopped asking."""
-    port = free_port()
-    argv = lighthouse_argv(f"127.0.0.1:{port}", python=sys.executable)
-    argv[argv.index("--join_timeout_ms") + 1] = "60000"
-    argv[argv.index("--heartbeat_timeout_ms") + 1] = "60000"
-    processes.start(argv, {}, tmp_path / "lighthouse.log")
-    wait_for(lambda: listening(port), what="the lighthouse to listen", timeout=30)
-    yield f"http://127.0.0.1:{port}"
-
-
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except OSError:
-        return False
-    return True
+    return start_lighthouse(processes, tmp_path / "lighthouse.log", join_timeout_ms=60_000,
+                            heartbeat_timeout_ms=60_000)
 
 
 def quorums(address: str, replicas: list[str], step: int) -> dict[str, tuple[int, list[str]]]:
-    """Every replica asks for a quorum at once (as torchft's managers do); what each got."""
-    got: dict[str, tuple[int, list[str]]] = {}
+    """Every replica asks for a quorum at once (as torchft's managers do); what each got (a
+    failed request raises here)."""
 
-    def ask(replica: str) -> None:
+    def ask(replica: str) -> tuple[int, list[str]]:
         client = LighthouseClient(address, timedelta(seconds=10))
         quorum = client.quorum(replica_id=replica, timeout=timedelta(seconds=5),
                                address=f"http://{replica}", store_address="store", step=step,
                                world_size=1)
-        got[replica] = (quorum.quorum_id, [m.replica_id for m in quorum.participants])
+        return quorum.quorum_id, [m.replica_id for m in quorum.participants]
 
-    threads = [threading.Thread(target=ask, args=(r,)) for r in replicas]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return got
+    with ThreadPoolExecutor(len(replicas)) as pool:
+        return dict(zip(replicas, pool.map(ask, replicas), strict=True))
 
 
 def test_torchfts_client_gets_quorums_and_a_replica_that_left_is_not_waited_for(

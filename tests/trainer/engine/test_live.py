@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 
-from api.backends.commands import lighthouse_argv
 from tests.conftest import Processes
 from tests.factories import make_reviews_csv
-from tests.support import free_port, wait_for
+from tests.support import start_lighthouse, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -23,24 +22,17 @@ def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def start_lighthouse(processes: Processes, tmp_path: Path) -> int:
-    port = free_port()
-    processes.start(lighthouse_argv(f"127.0.0.1:{port}", python=sys.executable), {},
-                    tmp_path / "lighthouse.log")
-    return port
-
-
 def live_spec(**overrides: Any) -> dict[str, Any]:
     return {"model": "tiny", "dataset": "reviews.csv", "batch_size": 8, "learning_rate": 0.003,
             "fault_tolerance": "live", **overrides}
 
 
-def start_pod(processes: Processes, tmp_path: Path, inputs_dir: Path, port: int,
+def start_pod(processes: Processes, tmp_path: Path, inputs_dir: Path, lighthouse: str,
               spec: dict, ordinal: int, incarnation: int = 0):
     env = {"TRAINER_CONFIG": json.dumps(spec), "JOB_ID": "live", "POD_NAME": f"live-{ordinal}",
            "POD_INCARNATION": str(incarnation), "POD_ADDRESS": "127.0.0.1",
            "HEAL_SECRET": "the-heal-secret",
-           "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{port}", "INPUTS_DIR": str(inputs_dir),
+           "TORCHFT_LIGHTHOUSE": lighthouse, "INPUTS_DIR": str(inputs_dir),
            "CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "MODEL_DIR": str(tmp_path / "model"),
            "TRAINER_CACHE_DIR": str(tmp_path / "cache"),
            "METRICS_FILE": str(tmp_path / "reports.jsonl"), "LOG_SAMPLE_IDS": "true",
@@ -52,12 +44,12 @@ def start_pod(processes: Processes, tmp_path: Path, inputs_dir: Path, port: int,
 def test_survivors_keep_training_and_a_killed_pod_rejoins_live(
         inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
     make_reviews_csv(inputs_dir / "reviews.csv", rows=2000)
-    port = start_lighthouse(processes, tmp_path)
+    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log")
     reports = tmp_path / "reports.jsonl"
     spec = live_spec(epochs=6, checkpoint_every_steps=25)
 
     def start(ordinal: int, incarnation: int):
-        return start_pod(processes, tmp_path, inputs_dir, port, spec, ordinal, incarnation)
+        return start_pod(processes, tmp_path, inputs_dir, lighthouse, spec, ordinal, incarnation)
 
     pods = [start(ordinal, 0) for ordinal in range(3)]
 
@@ -109,9 +101,9 @@ def test_survivors_keep_training_and_a_killed_pod_rejoins_live(
 def test_a_survivor_takes_over_checkpoints_and_export_when_the_primary_dies(
         inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
     make_reviews_csv(inputs_dir / "reviews.csv", rows=1000)
-    port = start_lighthouse(processes, tmp_path)
+    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log")
     spec = live_spec(epochs=4, checkpoint_every_steps=10)
-    primary, survivor = (start_pod(processes, tmp_path, inputs_dir, port, spec, o)
+    primary, survivor = (start_pod(processes, tmp_path, inputs_dir, lighthouse, spec, o)
                          for o in (0, 1))
     reports = tmp_path / "reports.jsonl"
     wait_for(lambda: any(r["kind"] == "checkpoint" for r in records(reports)),
@@ -136,11 +128,11 @@ def test_a_survivor_takes_over_checkpoints_and_export_when_the_primary_dies(
 def test_the_primary_dying_after_the_last_step_loses_nothing(
         inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
     make_reviews_csv(inputs_dir / "reviews.csv", rows=4000)
-    port = start_lighthouse(processes, tmp_path)
+    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log")
     # Evaluating one sample at a time keeps the primary busy for seconds between its last step
     # and its final checkpoint: the kill lands there even when reports arrive late.
     spec = live_spec(epochs=1, batch_size=16, checkpoint_every_steps=0, eval_batch_size=1)
-    primary, survivor = (start_pod(processes, tmp_path, inputs_dir, port, spec, o)
+    primary, survivor = (start_pod(processes, tmp_path, inputs_dir, lighthouse, spec, o)
                          for o in (0, 1))
     reports = tmp_path / "reports.jsonl"
 
@@ -162,7 +154,7 @@ def test_the_primary_dying_after_the_last_step_loses_nothing(
     assert (tmp_path / "model" / "config.json").is_file()
 
     # A pod recreated now resumes from that final checkpoint: it trains nothing again.
-    assert start_pod(processes, tmp_path, inputs_dir, port, spec, 0, 1).wait(timeout=240) == 0
+    assert start_pod(processes, tmp_path, inputs_dir, lighthouse, spec, 0, 1).wait(timeout=240) == 0
     again = [r for r in records(reports) if r["pod"] == "live-0" and r["incarnation"] == "1"]
     assert not [r for r in again if r["kind"] == "metric"]
     resumed = [r["data"] for r in again if r["kind"] == "event" and r["data"]["type"] == "resumed"]
@@ -172,10 +164,10 @@ def test_the_primary_dying_after_the_last_step_loses_nothing(
 def test_a_pod_that_gets_sigterm_leaves_without_failing_a_step_of_its_peers(
         inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
     make_reviews_csv(inputs_dir / "reviews.csv", rows=2000)
-    port = start_lighthouse(processes, tmp_path)
+    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log")
     reports = tmp_path / "reports.jsonl"
     spec = live_spec(epochs=10, checkpoint_every_steps=25)
-    pods = [start_pod(processes, tmp_path, inputs_dir, port, spec, o) for o in range(3)]
+    pods = [start_pod(processes, tmp_path, inputs_dir, lighthouse, spec, o) for o in range(3)]
 
     def events(kind: str) -> list[dict]:
         return [r for r in records(reports) if r["kind"] == "event" and r["data"]["type"] == kind]
@@ -193,7 +185,7 @@ def test_a_pod_that_gets_sigterm_leaves_without_failing_a_step_of_its_peers(
     assert max(s["step"] for s in steps("live-0")) == step  # its last committed step
 
     # Recreated at once (as a backend does): it takes seconds to start and then heals.
-    rejoined = start_pod(processes, tmp_path, inputs_dir, port, spec, 0, 1)
+    rejoined = start_pod(processes, tmp_path, inputs_dir, lighthouse, spec, 0, 1)
     for process in (pods[1], pods[2], rejoined):
         assert process.wait(timeout=240) == 0
 
@@ -203,7 +195,8 @@ def test_a_pod_that_gets_sigterm_leaves_without_failing_a_step_of_its_peers(
         numbers = [s["step"] for s in steps(pod)]
         assert numbers == list(range(1, len(numbers) + 1))
         assert [s["participants"] for s in steps(pod) if s["step"] == step + 1] == [2]
-        assert "should_commit=False" not in (tmp_path / f"pod-{pod[-1]}-0.log").read_text()
+        log = (tmp_path / f"pod-{pod[-1]}-0.log").read_text()
+        assert "should_commit=True" in log and "should_commit=False" not in log
     lighthouse_log = (tmp_path / "lighthouse.log").read_text()
     after_leave = lighthouse_log.split(" left\n", 1)[1].splitlines()
     assert "fast quorum" in next(line for line in after_leave if "quorum [" in line)
