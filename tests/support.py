@@ -6,13 +6,21 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
+
+
+class Starter(Protocol):
+    """tests.conftest.Processes: starts a process that is killed at teardown."""
+
+    def start(self, args: list[str], env: dict[str, str], log: Path) -> Any: ...
 
 
 def wait_for(condition: Callable[[], T], *, what: str = "condition", timeout: float = 60.0,
@@ -31,6 +39,29 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def accepts(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something listens on `host:port`."""
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def start_lighthouse(processes: Starter, log: Path, **flags: int) -> str:
+    """A job's lighthouse process, started as the backends start it (`flags` override its
+    `--name value` options), on a free port; its address once it listens."""
+    from api.backends.commands import lighthouse_argv
+
+    port = free_port()
+    argv = lighthouse_argv(f"127.0.0.1:{port}", python=sys.executable)
+    for name, value in flags.items():
+        argv[argv.index(f"--{name}") + 1] = str(value)
+    processes.start(argv, {}, log)
+    wait_for(lambda: accepts(port), what="the lighthouse to listen", timeout=30)
+    return f"http://127.0.0.1:{port}"
 
 
 class ReportServer:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -13,7 +12,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from tests.support import free_port
+from tests.support import free_port, wait_for
 
 
 @contextmanager
@@ -23,10 +22,9 @@ def serve(app: FastAPI) -> Iterator[str]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
+    wait_for(lambda: server.started or not thread.is_alive(), what="the server to start",
+             timeout=20, interval=0.01)
+    assert server.started, "the server thread ended before it started"
     try:
         yield f"http://127.0.0.1:{config.port}"
     finally:

@@ -59,4 +59,5 @@ def test_a_blocked_workload_deletion_holds_up_no_other_job(settings: Settings,
         finally:
             backend.release.set()
             pass_.join(timeout=30)
+        assert not pass_.is_alive()
         assert http.get(f"/api/v1/jobs/{finishing}", headers=AUTH).json()["status"] == "failed"
