@@ -56,6 +56,10 @@ class BackendUnavailable(DomainError):
     status_code, error = 503, "backend_unavailable"
 
 
+class NotSupported(DomainError):
+    status_code, error = 501, "not_implemented"
+
+
 class ErrorBody(BaseModel):
     """Every error response: a machine-readable `error` and a `detail` for people."""
 
@@ -75,6 +79,7 @@ MEANINGS = {
     413: "The body is too large (one declared too large by its Content-Length is refused "
          "unread, by the framework, in plain text)",
     422: "A value is invalid; `detail` names the field",
+    501: "The job's backend cannot do this",
     503: "The backend (supervisor or Kubernetes) could not carry it out",
 }
 

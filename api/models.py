@@ -11,7 +11,7 @@ from sqlalchemy import JSON, Column, DateTime, UniqueConstraint
 from sqlmodel import Field as SQLField
 from sqlmodel import SQLModel
 
-from trainer.contract.spec import JobSpec
+from trainer.contract.spec import MAX_REPLICAS, JobSpec
 
 
 def utc_now() -> datetime:
@@ -128,6 +128,24 @@ class KillRequest(BaseModel):
     grace_seconds: float = Field(default=0, ge=0, le=300)
 
 
+class JobUpdate(BaseModel):
+    """Body of PATCH /api/v1/jobs/{id}: what may change while a job runs."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    replicas: int = Field(ge=1, le=MAX_REPLICAS)
+    """Pods to run, 1 to the job's `max_replicas`: new ordinals heal from a peer and take part;
+    the highest ones leave gracefully."""
+
+
+class MigrateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    node: str | None = Field(default=None, min_length=1, max_length=253,
+                             pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    """The node to move the pod to (Kubernetes); none: any node but its current one."""
+
+
 class DownloadLink(BaseModel):
     url: str
     """A path with `expires` and `signature`: GET it without a token until it expires."""
@@ -158,6 +176,28 @@ class Pod(SQLModel, table=True):
     exit_code: int | None = None
     step: int | None = None
     last_heartbeat: datetime | None = SQLField(default=None, sa_column=_time_column())
+
+
+class Migration(SQLModel, table=True):
+    """A pod moved on request, from the request to its replacement taking part."""
+
+    id: int | None = SQLField(default=None, primary_key=True)
+    job_id: str = SQLField(foreign_key="job.id", index=True)
+    ordinal: int
+    status: str = "pending"
+    """`pending` until the replacement takes part (`done`) or the backend gives up (`failed`)."""
+    requested_at: float
+    """Unix time of the request."""
+    step_at_request: int
+    old_incarnation: str | None = None
+    new_incarnation: str | None = None
+    node_from: str | None = None
+    node_to: str | None = None
+    """The node asked for; None: any but the current one."""
+    seconds: float | None = None
+    """From the request to the replacement's first committed step."""
+    steps_lost: int | None = None
+    """Committed steps the replacement had to redo (0 in live mode)."""
 
 
 # --- events (the stream and its history) -------------------------------------------------

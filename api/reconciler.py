@@ -20,9 +20,18 @@ from sqlmodel import Session, col, select
 
 from api.backends.base import Backend, BackendError, WorkloadStatus
 from api.db import session_scope
-from api.models import ACTIVE_STATUSES, FINISHED_STATUSES, Event, Job, JobStatus, Pod, utc_now
+from api.models import (
+    ACTIVE_STATUSES,
+    FINISHED_STATUSES,
+    Event,
+    Job,
+    JobStatus,
+    Migration,
+    Pod,
+    utc_now,
+)
 from api.services.events import EventLog, new_event
-from api.services.jobs import pods_of, still_active
+from api.services.jobs import REMOVED, pods_of, still_active
 from api.services.models import register_model
 from api.settings import Settings
 
@@ -33,6 +42,9 @@ ORPHANS_EVERY = 10.0
 """Seconds between two looks for workloads whose job has finished."""
 COMPLETION_GRACE = 15.0
 """Seconds the other pods get to report completion after the primary did."""
+MIGRATION_TIMEOUT = 120.0
+"""Seconds after which a migration whose replacement the backend no longer runs, and that
+never took part, has failed."""
 
 
 class Reconciler:
@@ -96,7 +108,8 @@ class Reconciler:
             self._delete_workload(job_id)
 
     def reconcile_job(self, session: Session, job: Job, status: WorkloadStatus) -> None:
-        events = self._sync_pods(session, job, status)
+        events = self._sync_pods(session, job, status) + self._settle_migrations(
+            session, job, status)
         model_dir = self._finished_model_dir(session, job, status)
         if model_dir is not None:
             self._delete_workload(job.id)
@@ -147,9 +160,21 @@ class Reconciler:
     def _sync_pods(self, session: Session, job: Job, status: WorkloadStatus) -> list[Event]:
         """Copy observed pod phases and restarts into the pods' rows, as events."""
         events: list[Event] = []
+        replicas = int(job.spec["replicas"])
         observed = {p.ordinal: p for p in status.pods}
-        for pod in pods_of(session, job.id):
+        rows = pods_of(session, job.id)
+        for ordinal in sorted(set(range(replicas)) - {pod.ordinal for pod in rows}):
+            rows.append(Pod(job_id=job.id, ordinal=ordinal, name=f"{job.id}-{ordinal}"))
+            session.add(rows[-1])  # its event follows once the backend lists it
+        for pod in rows:
             seen = observed.get(pod.ordinal)
+            if seen is None and pod.ordinal >= replicas and pod.phase != REMOVED:
+                events.append(new_event(
+                    job.id, "pod", ordinal=pod.ordinal, name=pod.name, phase=REMOVED,
+                    previous=pod.phase, message=f"pod {pod.name} removed: the job runs "
+                                                f"{replicas} pods"))
+                pod.phase = REMOVED
+                session.add(pod)
             if seen is None or (seen.phase, seen.restarts) == (pod.phase, pod.restarts):
                 continue
             events.append(new_event(
@@ -163,6 +188,25 @@ class Reconciler:
                 events += self._log_tail(job, pod)
             pod.phase, pod.restarts, pod.exit_code = seen.phase, seen.restarts, seen.exit_code
             session.add(pod)
+        return events
+
+    @staticmethod
+    def _settle_migrations(session: Session, job: Job, status: WorkloadStatus) -> list[Event]:
+        """Fail the migrations whose replacement is gone without having taken part."""
+        events: list[Event] = []
+        migrating = {p.ordinal for p in status.pods if p.migrating}
+        for migration in session.exec(select(Migration).where(
+                Migration.job_id == job.id, Migration.status == "pending")):
+            if (migration.ordinal in migrating
+                    or time.time() - migration.requested_at < MIGRATION_TIMEOUT):
+                continue
+            migration.status = "failed"
+            session.add(migration)
+            name = f"{job.id}-{migration.ordinal}"
+            events.append(new_event(
+                job.id, "job", type="migration_failed", ordinal=migration.ordinal, pod=name,
+                message=f"migration of {name} failed: its replacement did not take part "
+                        f"within {MIGRATION_TIMEOUT:.0f} s; the pod runs on as it was"))
         return events
 
     def _log_tail(self, job: Job, pod: Pod) -> list[Event]:

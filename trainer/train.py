@@ -102,6 +102,8 @@ class Trainer:
         self._membership: tuple[int, int] | None = None
         self._first_step = True
         self._was_primary = False
+        self._joined = False
+        self._heal: dict[str, Any] = {}
         self.resumed_from: checkpoint.CheckpointInfo | None = None
         latest = self.recovery.resume_before_training()
         if latest is not None:
@@ -136,6 +138,7 @@ class Trainer:
         unwrap(self.model).load_state_dict(state["model"])
         self.load_state_dict(state["trainer"])
         transfer = self.group.take_heal_report() or {}
+        self._heal = transfer
         logger.info("healed from %s: epoch %d, step %d, cursor %d, %d bytes in %.2f s",
                     state["pod"], self.sampler.epoch + 1, self.step, self.sampler.cursor,
                     transfer.get("bytes", 0), transfer.get("seconds", 0.0))
@@ -309,6 +312,8 @@ class Trainer:
                                              cursor=assignment.cursor, rank=self.group.rank,
                                              ids=result.used.tolist(), window=window.tolist()))
             self._log_progress(assignment, result, throughput)
+            if not self._joined and len(result.used):
+                self._join(assignment)
             if self._stop_requested and self.group.can_leave():
                 self._leave(assignment)
                 return True
@@ -327,6 +332,21 @@ class Trainer:
                                            step=self.step))
                 return True
         return False
+
+    def _join(self, first: Assignment) -> None:
+        """This process took part in a committed step for the first time: say so, and create
+        the ready file a migration waits for before it retires the pod's old incarnation."""
+        self._joined = True
+        self.reporter.emit(records.Joined(
+            message=f"{self.reporter.pod} takes part from step {self.step}",
+            pod=self.reporter.pod, step=self.step, epoch=first.epoch + 1,
+            participants=self.group.participants,
+            heal_bytes=int(self._heal.get("bytes", 0)),
+            heal_seconds=float(self._heal.get("seconds", 0.0))))
+        ready = self.config.runtime.ready_file
+        if ready is not None:
+            ready.parent.mkdir(parents=True, exist_ok=True)
+            ready.touch()
 
     def _leave(self, last: Assignment) -> None:
         """Leave gracefully after the step just committed: the peers hold the same state and go

@@ -18,7 +18,17 @@ class WorkloadNotFound(BackendError):
 
 
 class WorkloadConflict(BackendError):
-    """The workload (or an object of it) already exists or changed concurrently."""
+    """The workload (or an object of it) already exists or changed concurrently, or the pod is
+    busy with a request of the same kind (a migration)."""
+
+
+class Unsupported(BackendError):
+    """This backend cannot do that (yet); the message says what it can do instead."""
+
+
+class PlacementError(BackendError):
+    """The node a request names cannot take the pod (unknown, unschedulable, or the backend
+    has only one)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,12 @@ class PodStatus:
     reason: str | None = None
     """Why the last incarnation ended or waits, where the backend knows (`OOMKilled`,
     `CrashLoopBackOff`); None otherwise."""
+    incarnation: str | None = None
+    """The current incarnation (what its reports carry), where the backend names it."""
+    migrating: bool = False
+    """A migration of this pod is under way (its replacement has not taken over yet)."""
+    node: str | None = None
+    """The node it runs on, where the backend has nodes."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +111,21 @@ class Backend(Protocol):
         """Kill one pod as a node failure would; its controller recreates it.
 
         Raises WorkloadNotFound for an unknown job or ordinal.
+        """
+
+    def scale(self, job_id: str, replicas: int) -> None:
+        """Run `replicas` pods: new ordinals start and heal from a peer, the highest ones get
+        SIGTERM and leave gracefully (they are not recreated).
+
+        Raises WorkloadNotFound where the job has no running workload.
+        """
+
+    def migrate_pod(self, job_id: str, ordinal: int, node: str | None) -> None:
+        """Move one pod to another node (`node`, or any but its own), keeping its ordinal: live,
+        the replacement starts and takes part before the old incarnation leaves.
+
+        Raises WorkloadNotFound for an unknown job or ordinal, WorkloadConflict while that pod
+        migrates already, PlacementError where `node` cannot take it.
         """
 
     def delete(self, job_id: str) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from api.backends.base import Launch
 from trainer.contract.runtime import LOOPBACK, SPEC_ENV, Runtime
@@ -62,7 +63,9 @@ def pod_argv(launch: Launch, coordinator: Endpoint, local_addr: str,
     """A trainer pod's command. `local_addr` is how peers reach this pod (restart mode)."""
     if launch.fault_tolerance == "live":
         return [python, "-m", "trainer"]
-    return [python, "-m", "trainer.engine.elastic", f"--nnodes=1:{launch.replicas}",
+    # The rendezvous admits up to max_replicas nodes: scaling up is one more round.
+    max_nodes = max(int(launch.spec.get("max_replicas", launch.replicas)), launch.replicas)
+    return [python, "-m", "trainer.engine.elastic", f"--nnodes=1:{max_nodes}",
             "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={coordinator}",
             f"--rdzv-id={launch.job_id}", f"--rdzv-conf={RENDEZVOUS_CONF}",
             f"--max-restarts={ELASTIC_MAX_RESTARTS}", "--monitor-interval=0.2",
@@ -70,18 +73,20 @@ def pod_argv(launch: Launch, coordinator: Endpoint, local_addr: str,
 
 
 def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: str,
-            threads: int, incarnation: str = "") -> dict[str, str]:
+            threads: int, incarnation: str = "",
+            ready_file: Path | None = None) -> dict[str, str]:
     """A trainer pod's environment, the job's secrets included (REPORT_TOKEN, HEAL_SECRET).
 
     `pod_address` is how peers reach this pod, and the only address its processes listen on;
-    `incarnation` tells this process's reports apart (empty: the trainer makes one up).
+    `incarnation` tells this process's reports apart (empty: the trainer makes one up);
+    `ready_file` is created once the pod takes part in a step.
     """
     live = launch.fault_tolerance == "live"
     runtime = Runtime(job_id=launch.job_id, pod_name=pod_name, incarnation=incarnation,
                       pod_address=pod_address, report_url=launch.report_url,
                       report_token=launch.report_token, checkpoint_dir=launch.checkpoint_dir,
                       model_dir=launch.model_dir, inputs_dir=launch.inputs_dir,
-                      cache_dir=launch.cache_dir,
+                      cache_dir=launch.cache_dir, ready_file=ready_file,
                       **({"lighthouse": f"http://{coordinator}",
                           "heal_secret": launch.heal_secret} if live else {}))
     env = {SPEC_ENV: json.dumps(launch.spec), **runtime.to_env(),

@@ -29,6 +29,7 @@ from api.backends.base import (
     BackendError,
     Launch,
     PodStatus,
+    Unsupported,
     WorkloadConflict,
     WorkloadNotFound,
     WorkloadStatus,
@@ -286,6 +287,24 @@ class KubernetesBackend:
                 manifests.kill_event(job_id, pod, grace, ns, now))
         except BackendError as exc:  # the kill happened; the event is for `kubectl describe`
             logger.warning("job %s: kill event not recorded: %s", job_id, exc)
+
+    def scale(self, job_id: str, replicas: int) -> None:
+        """Patch the StatefulSet: its controller adds ordinals, or deletes the highest ones
+        with their grace period (SIGTERM: each leaves gracefully)."""
+        ns = self.namespace
+        owner = raw(f"get statefulset {ns}/{job_id}", self.apps.read_namespaced_stateful_set,
+                    job_id, ns)
+        if owner["metadata"].get("deletionTimestamp"):
+            raise WorkloadNotFound(f"statefulset {ns}/{job_id} is being deleted")
+        call(f"scale statefulset {ns}/{job_id}", self.apps.patch_namespaced_stateful_set,
+             job_id, ns, {"spec": {"replicas": replicas}}, _content_type=MERGE_PATCH)
+        logger.info("job %s: statefulset scaled to %d", job_id, replicas)
+
+    def migrate_pod(self, job_id: str, ordinal: int, node: str | None) -> None:
+        raise Unsupported("moving a pod between nodes is not available on the kubernetes "
+                          "backend yet: a StatefulSet cannot place one ordinal on a chosen "
+                          "node; kill the pod with a grace instead (it leaves gracefully and "
+                          "is recreated wherever the scheduler puts it)")
 
     def delete(self, job_id: str) -> None:
         if self._delete_statefulset(job_id):

@@ -26,7 +26,9 @@ import psutil
 from api.backends.base import (
     BackendError,
     Launch,
+    PlacementError,
     PodStatus,
+    WorkloadConflict,
     WorkloadNotFound,
     WorkloadStatus,
 )
@@ -37,8 +39,12 @@ from api.backends.local_jobdir import (
     JobDir,
     KillCommand,
     LaunchDocument,
+    MigrateCommand,
+    ScaleCommand,
     StateDocument,
     UnreadableDocument,
+    pending_commands,
+    read_command,
     read_launch,
     read_state,
     same_process,
@@ -113,26 +119,66 @@ class LocalBackend:
         if state is None:
             return WorkloadStatus(present=alive, pods=[
                 PodStatus(i, f"{job_id}-{i}", "Pending", 0)
-                for i in range(self._replicas(job_dir, state))])
+                for i in sorted(self._ordinals(job_dir, state))])
         pods = [PodStatus(ordinal=p.ordinal, name=p.name, phase=p.phase, restarts=p.restarts,
-                          started_at=p.started_at, exit_code=p.exit_code) for p in state.pods]
+                          started_at=p.started_at, exit_code=p.exit_code,
+                          incarnation=str(p.incarnation),
+                          migrating=p.surge is not None or p.replace_on_exit)
+                for p in state.pods]
         return WorkloadStatus(present=alive and not state.finished, pods=pods,
                               finished=state.finished, reason=state.reason)
 
     def kill_pod(self, job_id: str, ordinal: int, grace_seconds: float) -> None:
+        job_dir, _ = self._running_pod(job_id, ordinal)
+        send_command(job_dir, KillCommand(ordinal=ordinal,
+                                          grace_seconds=max(0.0, float(grace_seconds))))
+        logger.info("job %s: kill of pod %d requested (grace %.1f s)", job_id, ordinal,
+                    grace_seconds)
+
+    def scale(self, job_id: str, replicas: int) -> None:
+        job_dir, _ = self._running(job_id)
+        send_command(job_dir, ScaleCommand(replicas=replicas))
+        logger.info("job %s: scale to %d pods requested", job_id, replicas)
+
+    def migrate_pod(self, job_id: str, ordinal: int, node: str | None) -> None:
+        if node is not None:
+            raise PlacementError("the local backend runs every pod on this machine: it has no "
+                                 "other node to move a pod to (leave out `node`)")
+        job_dir, state = self._running_pod(job_id, ordinal)
+        pod = next((p for p in state.pods if p.ordinal == ordinal), None) if state else None
+        queued = any(isinstance(command, MigrateCommand) and command.ordinal == ordinal
+                     for command in self._queued(job_dir))
+        if queued or (pod is not None and (pod.surge is not None or pod.replace_on_exit)):
+            raise WorkloadConflict(f"pod {job_id}-{ordinal} is already migrating")
+        send_command(job_dir, MigrateCommand(ordinal=ordinal))
+        logger.info("job %s: migration of pod %d requested", job_id, ordinal)
+
+    def _running(self, job_id: str) -> tuple[JobDir, StateDocument | None]:
+        """The job's directory and state, where a supervisor runs it."""
         job_dir = self._job_dir(job_id)
         if not job_dir.path.is_dir():
             raise WorkloadNotFound(f"no job {job_id}")
         state = read_state(job_dir)
         if not self._alive(job_id, job_dir, state) or (state and state.finished):
             raise WorkloadNotFound(f"job {job_id} has no running supervisor")
-        replicas = self._replicas(job_dir, state)
-        if not 0 <= ordinal < replicas:
-            raise WorkloadNotFound(f"job {job_id} has no pod {ordinal} (replicas: {replicas})")
-        send_command(job_dir, KillCommand(ordinal=ordinal,
-                                          grace_seconds=max(0.0, float(grace_seconds))))
-        logger.info("job %s: kill of pod %d requested (grace %.1f s)", job_id, ordinal,
-                    grace_seconds)
+        return job_dir, state
+
+    def _running_pod(self, job_id: str, ordinal: int) -> tuple[JobDir, StateDocument | None]:
+        job_dir, state = self._running(job_id)
+        ordinals = self._ordinals(job_dir, state)
+        if ordinal not in ordinals:
+            raise WorkloadNotFound(f"job {job_id} has no pod {ordinal} (pods: "
+                                   f"{', '.join(map(str, sorted(ordinals))) or 'none'})")
+        return job_dir, state
+
+    @staticmethod
+    def _queued(job_dir: JobDir) -> list[object]:
+        """The commands its supervisor has not run yet."""
+        queued: list[object] = []
+        for path in pending_commands(job_dir):
+            with contextlib.suppress(BackendError):  # run (and removed) meanwhile
+                queued.append(read_command(path))
+        return queued
 
     def delete(self, job_id: str) -> None:
         job_dir = self._job_dir(job_id)
@@ -194,12 +240,13 @@ class LocalBackend:
         return child
 
     @staticmethod
-    def _replicas(job_dir: JobDir, state: StateDocument | None) -> int:
-        """The pods the job has: as its state lists them, else as launched."""
+    def _ordinals(job_dir: JobDir, state: StateDocument | None) -> set[int]:
+        """The pods the job has: as its state lists them (less those being scaled away), else
+        as launched."""
         if state is not None:
-            return len(state.pods)
+            return {pod.ordinal for pod in state.pods if not pod.removing}
         document = read_launch(job_dir)
-        return document.launch.replicas if document else 0
+        return set(range(document.launch.replicas if document else 0))
 
     def _observe(self, job_id: str, job_dir: JobDir) -> tuple[StateDocument | None, bool]:
         """The job's state, after replacing its supervisor if that died with the job unfinished;

@@ -2,9 +2,10 @@
 
 `jobs_dir/<job_id>/` holds `launch.json` (what to run, written once by the backend),
 `state.json` (the pods as the supervisor sees them, written only by the holder of
-`supervisor.lock`), `commands/` (kill and delete requests, one file each, each run once) and
-`logs/`. Both sides read and write these documents through the types here and nothing else; the
-processes a document names are found again by pid and start time.
+`supervisor.lock`), `commands/` (kill, scale, migrate and delete requests, one file each, each
+run once), `logs/` and `ready/` (the files pods create once they take part in a step). Both
+sides read and write these documents through the types here and nothing else; the processes a
+document names are found again by pid and start time.
 """
 
 from __future__ import annotations
@@ -72,6 +73,14 @@ class JobDir:
     def supervisor_log(self) -> Path:
         return self.path / "supervisor.log"
 
+    @property
+    def ready_dir(self) -> Path:
+        return self.path / "ready"
+
+    def ready(self, pod: str, incarnation: int) -> Path:
+        """Created by the pod's `incarnation` once it takes part in a committed step."""
+        return self.ready_dir / f"{pod}.{incarnation}"
+
     def log(self, process: str) -> Path:
         """The log of a pod (by its name) or of the coordinator (`lighthouse`, `store`)."""
         return self.logs / f"{process}.log"
@@ -84,6 +93,15 @@ class LaunchDocument:
     launch: Launch
     max_restarts: int = DEFAULT_MAX_RESTARTS
     restart_backoff: float = DEFAULT_BACKOFF_SECONDS
+
+
+class ProcessRecord(BaseModel):
+    """One more process group of a pod during a migration."""
+
+    pid: int
+    pid_started: float | None
+    incarnation: int
+    started_at: float
 
 
 class PodRecord(BaseModel):
@@ -104,6 +122,17 @@ class PodRecord(BaseModel):
     exit_code: int | None = None
     """Of the last incarnation that ended; None while running, or when no supervisor could
     see it end (it was adopted, or died while none watched)."""
+    issued: int = 0
+    """The highest incarnation started so far (replacements included): each is used once."""
+    removing: bool = False
+    """Scaled away: stopped, and dropped from the pods once it has ended."""
+    replace_on_exit: bool = False
+    """Migrating where no replacement can run beside it (restart mode): recreated at once when
+    it has stopped, with no restart counted."""
+    surge: ProcessRecord | None = None
+    """A migration's replacement, running beside the current incarnation until it takes part."""
+    retiring: ProcessRecord | None = None
+    """An incarnation a replacement took over from, leaving."""
 
 
 class CoordinatorRecord(BaseModel):
@@ -134,11 +163,16 @@ class StateDocument(BaseModel):
     """The `reason` the job finishes with once every pod has stopped."""
     adoptions: int = 0
     """How often a new supervisor took over this job from a dead one."""
+    replicas: int | None = None
+    """The pods asked for, once the job was scaled (None: the launch's replicas)."""
 
     def listed_processes(self) -> list[tuple[str, int, float | None]]:
         """(what, pid, start time) of every pod group and coordinator this state names."""
         listed = [(f"pod {pod.name}", pod.pid, pod.pid_started) for pod in self.pods
                   if pod.pid is not None]
+        listed += [(f"pod {pod.name} incarnation {extra.incarnation}", extra.pid,
+                    extra.pid_started) for pod in self.pods
+                   for extra in (pod.surge, pod.retiring) if extra is not None]
         if self.coordinator is not None and self.coordinator.pid is not None:
             listed.append((self.coordinator.name, self.coordinator.pid,
                            self.coordinator.pid_started))
@@ -159,7 +193,23 @@ class DeleteCommand(BaseModel):
     op: Literal["delete"] = "delete"
 
 
-Command = Annotated[KillCommand | DeleteCommand, Field(discriminator="op")]
+class ScaleCommand(BaseModel):
+    """Run `replicas` pods: add the missing ordinals, stop the highest ones (they leave)."""
+
+    op: Literal["scale"] = "scale"
+    replicas: int = Field(ge=1)
+
+
+class MigrateCommand(BaseModel):
+    """Replace one pod's process by a new incarnation: live, the new one starts beside the old
+    and the old leaves once the new one takes part; restart mode, the old one stops first."""
+
+    op: Literal["migrate"] = "migrate"
+    ordinal: int
+
+
+AnyCommand = KillCommand | DeleteCommand | ScaleCommand | MigrateCommand
+Command = Annotated[AnyCommand, Field(discriminator="op")]
 
 
 def _nest_launch(data: Any) -> Any:
@@ -221,7 +271,7 @@ def read_state(job_dir: JobDir) -> StateDocument | None:
     return _read(job_dir.state, _STATE)
 
 
-def send_command(job_dir: JobDir, command: KillCommand | DeleteCommand) -> None:
+def send_command(job_dir: JobDir, command: AnyCommand) -> None:
     # Names sort in the order the commands were sent.
     name = f"{time.time_ns()}-{uuid.uuid4().hex}.json"
     write_json_atomic(job_dir.commands / name, command.model_dump(mode="json"))
@@ -232,7 +282,7 @@ def pending_commands(job_dir: JobDir) -> list[Path]:
     return sorted(job_dir.commands.glob("*.json"))
 
 
-def read_command(path: Path) -> KillCommand | DeleteCommand:
+def read_command(path: Path) -> AnyCommand:
     command = _read(path, _COMMAND)
     if command is None:
         raise UnreadableDocument(f"command {path.name} vanished")

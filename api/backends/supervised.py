@@ -4,6 +4,7 @@ predecessor, and the pods that run in them."""
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
 import time
 from abc import ABC, abstractmethod
@@ -13,7 +14,7 @@ from pathlib import Path
 import psutil
 
 from api.backends.base import PodPhase
-from api.backends.local_jobdir import PodRecord, same_process
+from api.backends.local_jobdir import PodRecord, ProcessRecord, same_process, signal_group
 
 POLL_SECONDS = 0.1
 
@@ -79,6 +80,36 @@ def spawn(argv: list[str], cwd: Path, log: Path, env: dict[str, str] | None = No
 
 
 @dataclass
+class Extra:
+    """A pod's second process group during a migration: its replacement, or the incarnation
+    the replacement took over from."""
+
+    process: Watched
+    incarnation: int
+    started_at: float
+    kill_at: float | None = None
+    """Monotonic time at which a signalled one gets SIGKILL."""
+
+    def stop(self, grace: float) -> None:
+        """SIGTERM its group now and SIGKILL it after `grace` seconds (at once for 0)."""
+        if self.process.poll():
+            return
+        signal_group(self.process.pid, signal.SIGTERM if grace > 0 else signal.SIGKILL)
+        self.kill_at = min(self.kill_at or float("inf"), time.monotonic() + grace)
+
+    def record(self) -> ProcessRecord:
+        return ProcessRecord(pid=self.process.pid, pid_started=self.process.started,
+                             incarnation=self.incarnation, started_at=self.started_at)
+
+    @classmethod
+    def adopt(cls, record: ProcessRecord | None) -> Extra | None:
+        if record is None:
+            return None
+        return cls(Adopted(record.pid, record.pid_started), record.incarnation,
+                   record.started_at)
+
+
+@dataclass
 class Pod:
     ordinal: int
     name: str
@@ -96,6 +127,26 @@ class Pod:
     """Monotonic time at which a signalled incarnation gets SIGKILL."""
     restart_at: float | None = None
     """Monotonic time at which this failed pod is recreated."""
+    issued: int = 0
+    """The highest incarnation started so far: a new process takes the next one."""
+    removing: bool = False
+    """Scaled away: dropped once its processes have ended."""
+    replace_on_exit: bool = False
+    """Recreated at once when it stops, no restart counted (a restart-mode migration)."""
+    surge: Extra | None = None
+    """A migration's replacement, running beside the current process until it takes part."""
+    retiring: Extra | None = None
+    """The process a replacement took over from, leaving."""
+
+    def next_incarnation(self) -> int:
+        self.issued += 1
+        return self.issued
+
+    @property
+    def processes(self) -> list[Watched]:
+        """Every process group of the pod that may still run."""
+        extras = [extra.process for extra in (self.surge, self.retiring) if extra is not None]
+        return [*([self.process] if self.process is not None else []), *extras]
 
     @property
     def stopped(self) -> bool:
@@ -113,7 +164,11 @@ class Pod:
                          pid_started=process.started if process else None, phase=self.phase,
                          restarts=self.restarts, incarnation=self.incarnation,
                          started_at=self.started_at,
-                         signalled_at=self.signalled_at, exit_code=self.exit_code)
+                         signalled_at=self.signalled_at, exit_code=self.exit_code,
+                         issued=self.issued, removing=self.removing,
+                         replace_on_exit=self.replace_on_exit,
+                         surge=self.surge.record() if self.surge else None,
+                         retiring=self.retiring.record() if self.retiring else None)
 
     def adopt(self, record: PodRecord, stop_grace: float) -> None:
         """Take over this pod as a dead supervisor left it; a signalled incarnation keeps its
@@ -121,6 +176,9 @@ class Pod:
         self.restarts, self.phase = record.restarts, record.phase
         # A state.json of an older supervisor counted only restarts.
         self.incarnation = max(record.incarnation, record.restarts)
+        self.issued = max(record.issued, self.incarnation)
+        self.removing, self.replace_on_exit = record.removing, record.replace_on_exit
+        self.surge, self.retiring = Extra.adopt(record.surge), Extra.adopt(record.retiring)
         self.started_at, self.exit_code = record.started_at, record.exit_code
         self.signalled_at = record.signalled_at
         if record.phase == "Running" and record.pid is not None:

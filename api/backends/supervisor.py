@@ -1,12 +1,13 @@
 """A job's detached supervisor: kubelet + StatefulSet controller of the local backend.
 
 Run as `python -m api.backends.supervisor <job_dir>`. It starts the job's coordinator (the
-torchft lighthouse of a live job, the rendezvous store of a restart job) and one process group per
-pod with a stable ordinal, recreates a pod that failed (after a short backoff) while the others
-carry on, restarts the coordinator if it dies, obeys the kill/delete commands dropped into
-`commands/`, and records everything in `state.json` (replaced atomically) so that any API process
-can observe and re-adopt the job. Recovery inside the group is the pods' business: live pods heal
-from a peer, restart pods are restarted by their torchrun agents from the newest checkpoint.
+torchft lighthouse of a live job, the rendezvous store of a restart job) and one process group
+per pod with a stable ordinal, recreates a pod that failed (after a short backoff) while the
+others carry on, restarts the coordinator if it dies, obeys the kill, scale, migrate and delete
+commands dropped into `commands/`, and records everything in `state.json` (replaced atomically)
+so that any API process can observe and re-adopt the job. Recovery inside the group is the
+pods' business: live pods heal from a peer, restart pods are restarted by their torchrun agents
+from the newest checkpoint.
 
 With `--adopt` it takes over from a supervisor that died, as a restarted kubelet re-adopts its
 containers: the pods and coordinator listed in `state.json` that still run go on untouched.
@@ -31,7 +32,9 @@ from api.backends.local_jobdir import (
     CoordinatorRecord,
     DeleteCommand,
     JobDir,
+    KillCommand,
     LaunchDocument,
+    MigrateCommand,
     Mode,
     StateDocument,
     UnreadableDocument,
@@ -44,7 +47,7 @@ from api.backends.local_jobdir import (
     try_lock,
     write_state,
 )
-from api.backends.supervised import POLL_SECONDS, Adopted, Pod, Watched, spawn
+from api.backends.supervised import POLL_SECONDS, Adopted, Extra, Pod, Watched, spawn
 from trainer.contract.process import ExitCode, failure_reason
 
 logger = logging.getLogger(__name__)
@@ -68,7 +71,9 @@ class Supervisor:
         self.job_dir, self.launch = job_dir, document.launch
         self.job_id = self.launch.job_id
         self.max_restarts, self.backoff = document.max_restarts, document.restart_backoff
-        self.pods = [Pod(i, f"{self.job_id}-{i}") for i in range(self.launch.replicas)]
+        self.replicas = self.launch.replicas
+        """The pods asked for: the launch's, until the job is scaled."""
+        self.pods = [Pod(i, f"{self.job_id}-{i}") for i in range(self.replicas)]
         self.live = self.launch.fault_tolerance == "live"
         self.coordinator: Watched | None = None
         """The torchft lighthouse (live) or the rendezvous store (restart), on a fixed port."""
@@ -107,7 +112,10 @@ class Supervisor:
         """Take over the pods and coordinator of a dead supervisor as its state lists them."""
         self.adoptions = previous.adoptions + 1
         self.mode, self.final_reason = previous.mode, previous.final_reason
+        self.replicas = previous.replicas or self.replicas
         records = {record.ordinal: record for record in previous.pods}
+        ordinals = sorted(set(records) | set(range(self.replicas)))
+        self.pods = [Pod(ordinal, f"{self.job_id}-{ordinal}") for ordinal in ordinals]
         for pod in self.pods:
             if pod.ordinal in records:
                 pod.adopt(records[pod.ordinal], STOP_GRACE_SECONDS)
@@ -131,10 +139,12 @@ class Supervisor:
             self.stop_group("finishing", "deleted")
         self.run_commands()
         self.reap()
+        self.reap_extras()
+        self.promote_replacements()
         self.ensure_coordinator()
         if self.mode == "running":
             self.check_group()
-        elif not any(pod.alive for pod in self.pods):
+        elif not any(not process.poll() for pod in self.pods for process in pod.processes):
             self.finished, self.reason = True, self.final_reason
         self.write_state()
 
@@ -150,7 +160,8 @@ class Supervisor:
                 pid=coordinator.pid if coordinator else None,
                 pid_started=coordinator.started if coordinator else None,
                 restarts=max(self.coordinator_starts - 1, 0)),
-            mode=self.mode, final_reason=self.final_reason, adoptions=self.adoptions)
+            mode=self.mode, final_reason=self.final_reason, adoptions=self.adoptions,
+            replicas=self.replicas)
 
     def write_state(self) -> None:
         """Write state.json when it changed since the last write."""
@@ -181,24 +192,33 @@ class Supervisor:
         self.write_state()  # listed at once: should this supervisor die, it is found again
 
     def start_pod(self, pod: Pod) -> None:
+        # Every start after the first is a new incarnation.
+        pod.incarnation = pod.next_incarnation() if pod.started_at is not None else 0
+        pod.process = self.spawn_pod(pod, pod.incarnation)
+        pod.phase, pod.started_at, pod.kill_at = "Running", time.time(), None
+        pod.signalled_at, pod.replace_on_exit = None, False
+        logger.info("pod %s started: pid %d, incarnation %d, restarts %d", pod.name,
+                    pod.process.pid, pod.incarnation, pod.restarts)
+        self.write_state()  # listed at once: should this supervisor die, it is found again
+
+    def spawn_pod(self, pod: Pod, incarnation: int) -> Watched:
+        """Start one process group of `pod` as its `incarnation`."""
         launch = self.launch
         # The control plane's own settings (its admin token, database URL) stay out of the pods:
         # a pod holds only its job's report token.
         inherited = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_PREFIX)}
-        threads = (os.cpu_count() or 1) // len(self.pods)
-        if pod.started_at is not None:  # every start after the first is a new incarnation
-            pod.incarnation += 1
+        threads = (os.cpu_count() or 1) // max(self.replicas, 1)
+        ready = self.job_dir.ready(pod.name, incarnation)
+        ready.unlink(missing_ok=True)
         env = {**inherited, **commands.pod_env(launch, pod.name, self.coordinator_endpoint,
                                                commands.LOOPBACK, threads,
-                                               incarnation=str(pod.incarnation))}
+                                               incarnation=str(incarnation), ready_file=ready)}
         argv = commands.pod_argv(launch, self.coordinator_endpoint, commands.LOOPBACK,
                                  python=sys.executable)
-        pod.process = spawn(argv, self.job_dir.path, self.job_dir.log(pod.name), env)
-        pod.phase, pod.started_at, pod.kill_at = "Running", time.time(), None
-        pod.signalled_at = None
-        logger.info("pod %s started: pid %d, restarts %d", pod.name, pod.process.pid,
-                    pod.restarts)
-        self.write_state()  # listed at once: should this supervisor die, it is found again
+        return spawn(argv, self.job_dir.path, self.job_dir.log(pod.name), env)
+
+    def pod(self, ordinal: int) -> Pod | None:
+        return next((pod for pod in self.pods if pod.ordinal == ordinal), None)
 
     def run_commands(self) -> None:
         for path in pending_commands(self.job_dir):
@@ -212,16 +232,114 @@ class Supervisor:
             if isinstance(command, DeleteCommand):
                 logger.info("delete requested")
                 self.stop_group("finishing", "deleted")
-            else:
+            elif isinstance(command, KillCommand):
                 self.kill(command.ordinal, command.grace_seconds)
+            elif isinstance(command, MigrateCommand):
+                self.migrate(command.ordinal)
+            else:
+                self.scale(command.replicas)
 
     def kill(self, ordinal: int, grace: float) -> None:
-        pod = self.pods[ordinal] if 0 <= ordinal < len(self.pods) else None
+        pod = self.pod(ordinal)
         if pod is None or pod.process is None or not pod.alive:
             logger.warning("kill: no running pod with ordinal %r; ignored", ordinal)
             return
         logger.info("kill: pod %s (pid %d), grace %.1f s", pod.name, pod.process.pid, grace)
         self.signal_pod(pod, grace)
+
+    def scale(self, replicas: int) -> None:
+        """Run `replicas` pods: start the missing ordinals, stop the highest ones gracefully
+        (each leaves after its step; it is dropped, not recreated, once it has ended)."""
+        if self.mode == "finishing":
+            logger.warning("scale to %d ignored: the job is finishing", replicas)
+            return
+        logger.info("scale: %d -> %d pods", self.replicas, replicas)
+        self.replicas = replicas
+        for pod in self.pods:
+            if pod.ordinal >= replicas and not pod.removing:
+                pod.removing = True
+                self.stop_pod(pod, STOP_GRACE_SECONDS)
+            elif pod.ordinal < replicas and pod.removing:
+                pod.removing = False  # stopped already: it leaves and is recreated
+        for ordinal in range(replicas):
+            if self.pod(ordinal) is None:
+                pod = Pod(ordinal, f"{self.job_id}-{ordinal}")
+                self.pods.append(pod)
+                self.start_pod(pod)
+        self.pods.sort(key=lambda pod: pod.ordinal)
+
+    def migrate(self, ordinal: int) -> None:
+        """Replace the pod's process by a new incarnation. Live: make before break, the new
+        one starts beside the old and heals from a peer; the old one leaves once the new one
+        has taken part in a step (promote_replacements). Restart mode has no room for two: the
+        old one stops (an emergency checkpoint) and the new one starts as soon as it ended."""
+        pod = self.pod(ordinal)
+        if pod is None or pod.removing or not pod.alive or self.mode == "finishing":
+            logger.warning("migrate: no running pod with ordinal %r; ignored", ordinal)
+            return
+        if pod.surge is not None or pod.replace_on_exit:
+            logger.warning("migrate: pod %s is already migrating; ignored", pod.name)
+            return
+        if not self.live:
+            logger.info("migrate: stopping pod %s, its replacement starts when it ended",
+                        pod.name)
+            pod.replace_on_exit = True
+            self.signal_pod(pod, STOP_GRACE_SECONDS)
+            return
+        incarnation = pod.next_incarnation()
+        pod.surge = Extra(self.spawn_pod(pod, incarnation), incarnation, time.time())
+        logger.info("migrate: pod %s incarnation %d starts beside incarnation %d (pid %d)",
+                    pod.name, incarnation, pod.incarnation, pod.surge.process.pid)
+        self.write_state()
+
+    def promote_replacements(self) -> None:
+        """A replacement that took part in a step becomes its pod; the old process leaves."""
+        for pod in self.pods:
+            surge = pod.surge
+            if surge is None or not self.job_dir.ready(pod.name, surge.incarnation).exists():
+                continue
+            if pod.process is not None and pod.alive:
+                pod.retiring = Extra(pod.process, pod.incarnation, pod.started_at or 0.0)
+                pod.retiring.stop(STOP_GRACE_SECONDS)
+            pod.process, pod.incarnation, pod.started_at = (surge.process, surge.incarnation,
+                                                            surge.started_at)
+            pod.surge, pod.signalled_at, pod.kill_at = None, None, surge.kill_at
+            pod.phase, pod.exit_code = "Running", None
+            logger.info("migrate: pod %s incarnation %d takes part; incarnation %s leaves",
+                        pod.name, surge.incarnation,
+                        pod.retiring.incarnation if pod.retiring else "none")
+
+    def reap_extras(self) -> None:
+        """End what is left of replacements and leaving incarnations that ended; SIGKILL the
+        ones past their grace."""
+        now = time.monotonic()
+        for pod in self.pods:
+            for extra in (pod.surge, pod.retiring):
+                if extra is None:
+                    continue
+                if extra.process.poll():
+                    signal_group(extra.process.pid, signal.SIGKILL)
+                    if extra is pod.surge:
+                        pod.surge = None
+                        logger.warning("migrate: the replacement of pod %s exited with code %s "
+                                       "before it took part; the pod runs on as it was",
+                                       pod.name, extra.process.exit_code)
+                    else:
+                        pod.retiring = None
+                        logger.info("pod %s incarnation %d has left (exit code %s)", pod.name,
+                                    extra.incarnation, extra.process.exit_code)
+                elif extra.kill_at is not None and now >= extra.kill_at:
+                    logger.warning("pod %s incarnation %d ignored SIGTERM: SIGKILL", pod.name,
+                                   extra.incarnation)
+                    signal_group(extra.process.pid, signal.SIGKILL)
+                    extra.kill_at = None
+
+    def stop_pod(self, pod: Pod, grace: float) -> None:
+        """Stop every process group of the pod: its current one and any migration's."""
+        self.signal_pod(pod, grace)
+        for extra in (pod.surge, pod.retiring):
+            if extra is not None:
+                extra.stop(grace)
 
     def signal_pod(self, pod: Pod, grace: float) -> None:
         """SIGTERM its group now and SIGKILL it after `grace` seconds (at once for 0)."""
@@ -240,7 +358,7 @@ class Supervisor:
             return  # the first reason to finish wins; the pods are already being stopped
         self.mode, self.final_reason = mode, reason
         for pod in self.pods:
-            self.signal_pod(pod, STOP_GRACE_SECONDS)
+            self.stop_pod(pod, STOP_GRACE_SECONDS)
 
     def reap(self) -> None:
         now = time.monotonic()
@@ -256,6 +374,11 @@ class Supervisor:
             # The leader is gone; anything it left in its group must not outlive it.
             signal_group(pod.process.pid, signal.SIGKILL)
             pod.exit_code, pod.kill_at = pod.process.exit_code, None
+            if pod.replace_on_exit and self.mode == "running":
+                logger.info("pod %s stopped for its migration: starting its replacement",
+                            pod.name)
+                self.start_pod(pod)
+                continue
             if self.left(pod):
                 # Nothing failed: check_group recreates it at once, as a StatefulSet replaces a
                 # pod deleted gracefully, and no restart is counted.
@@ -265,6 +388,14 @@ class Supervisor:
             pod.phase = "Succeeded" if self.done_training(pod) else "Failed"
             logger.info("pod %s exited with code %s: %s", pod.name,
                         "unknown" if pod.exit_code is None else pod.exit_code, pod.phase)
+        self.drop_removed()
+
+    def drop_removed(self) -> None:
+        """Pods scaled away are gone once none of their processes runs."""
+        for pod in [pod for pod in self.pods if pod.removing]:
+            if all(process.poll() for process in pod.processes):
+                logger.info("pod %s removed (scaled to %d)", pod.name, self.replicas)
+                self.pods.remove(pod)
 
     def left(self, pod: Pod) -> bool:
         """Whether an ended pod left on a SIGTERM of this supervisor (a kill with a grace) and
@@ -288,10 +419,12 @@ class Supervisor:
             if pod.phase == "Failed" and pod.exit_code is None and self.done_training(pod):
                 logger.info("pod %s: the model is exported, so it ended its training", pod.name)
                 pod.phase, pod.restart_at = "Succeeded", None
-        failed = [pod for pod in self.pods if pod.phase == "Failed"]
+        failed = [pod for pod in self.pods if pod.phase == "Failed" and not pod.removing]
         if not failed:
-            if all(pod.phase == "Succeeded" for pod in self.pods):
+            if all(pod.phase == "Succeeded" for pod in self.pods if not pod.removing):
                 self.mode, self.final_reason = "finishing", None
+                for pod in self.pods:  # a replacement still healing has nothing left to do
+                    self.stop_pod(pod, STOP_GRACE_SECONDS)
             return
         bad = [p for p in failed if p.exit_code == ExitCode.BAD_INPUT and not p.stopped]
         if bad:
@@ -345,10 +478,13 @@ class Supervisor:
             signal_group(self.coordinator.pid, signal.SIGKILL)
             self.coordinator.wait(timeout=STOP_GRACE_SECONDS)
         for pod in self.pods:
-            if pod.process is not None and pod.alive:
-                logger.warning("pod %s still running at exit: SIGKILL", pod.name)
-                signal_group(pod.process.pid, signal.SIGKILL)
-                pod.process.wait(timeout=STOP_GRACE_SECONDS)
+            for process in pod.processes:
+                if not process.poll():
+                    logger.warning("pod %s (pid %d) still running at exit: SIGKILL", pod.name,
+                                   process.pid)
+                    signal_group(process.pid, signal.SIGKILL)
+                    process.wait(timeout=STOP_GRACE_SECONDS)
+            if pod.process is not None and pod.phase == "Running":
                 pod.exit_code, pod.phase = pod.process.exit_code, "Failed"
         if not self.finished:
             self.finished, self.reason = True, self.reason or "supervisor stopped unexpectedly"

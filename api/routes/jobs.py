@@ -9,7 +9,15 @@ from fastapi import APIRouter, Query, Request, Response, status
 from api.auth import AdminRoute
 from api.deps import BackendDep, EventsDep, SessionDep, SettingsDep
 from api.errors import error_responses
-from api.models import Accepted, EventsPublic, JobCreate, JobPublic, JobsPublic, JobStatus
+from api.models import (
+    Accepted,
+    EventsPublic,
+    JobCreate,
+    JobPublic,
+    JobsPublic,
+    JobStatus,
+    JobUpdate,
+)
 from api.routes import API_PREFIX
 from api.services import jobs as service
 from trainer.contract.spec import MAX_INT
@@ -37,6 +45,15 @@ def list_jobs(session: SessionDep, offset: Annotated[int, Query(ge=0, le=MAX_INT
 @router.get("/{job_id}", response_model=JobPublic, responses=error_responses(404))
 def get_job(job_id: str, session: SessionDep) -> JobPublic:
     return service.to_public(session, service.get_job(session, job_id))
+
+
+@router.patch("/{job_id}", response_model=JobPublic, responses=error_responses(404, 409, 503))
+def update_job(job_id: str, update: JobUpdate, session: SessionDep, backend: BackendDep,
+               events: EventsDep) -> JobPublic:
+    """Scale a starting, running or degraded job to `replicas` pods (1 to its
+    `max_replicas`): its spec says so at once and its pods follow; the highest ordinals leave
+    gracefully, new ones heal from a peer."""
+    return service.to_public(session, service.scale_job(session, backend, events, job_id, update))
 
 
 @router.post("/{job_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=Accepted,

@@ -1,4 +1,4 @@
-"""Failure injection and pod logs."""
+"""Failure injection, migration and pod logs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from fastapi import APIRouter, Body, Query, status
 from api.auth import AdminRoute
 from api.deps import BackendDep, EventsDep, SessionDep
 from api.errors import error_responses
-from api.models import Accepted, KillRequest
+from api.models import Accepted, KillRequest, MigrateRequest
 from api.routes import API_PREFIX
 from api.services import jobs as service
 
@@ -27,6 +27,21 @@ def kill_pod(job_id: str, ordinal: int, session: SessionDep, backend: BackendDep
     service.kill_pod(session, backend, events, job_id, ordinal, grace)
     return Accepted(id=f"{job_id}-{ordinal}", status="killed",
                     detail=f"pod killed (grace {grace:g} s); its controller recreates it")
+
+
+@router.post("/{ordinal}/migrate", status_code=status.HTTP_202_ACCEPTED, response_model=Accepted,
+             responses=error_responses(409, 501, 503))
+def migrate_pod(job_id: str, ordinal: int, session: SessionDep, backend: BackendDep,
+                events: EventsDep, request: Annotated[MigrateRequest | None, Body()] = None,
+                ) -> Accepted:
+    """Move the pod (to `node`, or any other node; the local backend has one): make before
+    break, the replacement heals from a peer and takes part before the old incarnation leaves
+    gracefully. The `migrated` event says when it took part."""
+    node = (request or MigrateRequest()).node
+    service.migrate_pod(session, backend, events, job_id, ordinal, node)
+    return Accepted(id=f"{job_id}-{ordinal}", status="migrating",
+                    detail="the replacement starts; a `migrated` event follows once it takes "
+                           "part")
 
 
 @router.get("/{ordinal}/logs")

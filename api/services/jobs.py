@@ -1,4 +1,5 @@
-"""Job lifecycle: create and launch, read, cancel, delete, kill a pod, list events."""
+"""Job lifecycle: create and launch, read, scale, cancel, delete, kill or migrate a pod, list
+events."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import os
 import re
 import secrets
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import delete
@@ -14,8 +17,17 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
 from api.auth import hash_token
-from api.backends.base import Backend, BackendError, Launch, Resources, WorkloadNotFound
-from api.errors import BackendUnavailable, Conflict, InvalidSpec, NotFound
+from api.backends.base import (
+    Backend,
+    BackendError,
+    Launch,
+    PlacementError,
+    Resources,
+    Unsupported,
+    WorkloadConflict,
+    WorkloadNotFound,
+)
+from api.errors import BackendUnavailable, Conflict, InvalidSpec, NotFound, NotSupported
 from api.models import (
     ACTIVE_STATUSES,
     Event,
@@ -27,6 +39,8 @@ from api.models import (
     JobPublic,
     JobsPublic,
     JobStatus,
+    JobUpdate,
+    Migration,
     Model,
     Pod,
     PodPublic,
@@ -39,6 +53,8 @@ from trainer.contract.spec import DATASET_ALIASES, LOCAL_DATA_SUFFIXES, OFFLINE_
 
 logger = logging.getLogger(__name__)
 
+REMOVED = "Removed"
+"""The phase of a pod row whose ordinal was scaled away and whose process has ended."""
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
@@ -131,6 +147,13 @@ def pods_of(session: Session, job_id: str) -> list[Pod]:
     return list(session.exec(select(Pod).where(Pod.job_id == job_id).order_by(col(Pod.ordinal))))
 
 
+def current_pods(session: Session, job: Job) -> list[Pod]:
+    """The job's pods: its ordinals, and those scaled away that have not ended yet."""
+    replicas = int(job.spec["replicas"])
+    return [pod for pod in pods_of(session, job.id)
+            if pod.ordinal < replicas or pod.phase != REMOVED]
+
+
 def to_public(session: Session, job: Job) -> JobPublic:
     epochs = int(job.spec.get("epochs", 1))
     remaining = (job.total_samples - job.samples_seen) if job.total_samples else None
@@ -141,12 +164,13 @@ def to_public(session: Session, job: Job) -> JobPublic:
     base = f"/api/v1/jobs/{job.id}"
     links = {"self": base, "events": f"{base}/events", "stream": f"{base}/stream",
              "checkpoints": f"{base}/checkpoints", "cancel": f"{base}/cancel",
-             "kill": f"{base}/pods/{{ordinal}}/kill"}
+             "kill": f"{base}/pods/{{ordinal}}/kill",
+             "migrate": f"{base}/pods/{{ordinal}}/migrate"}
     if job.model_id:
         links["model"] = f"/api/v1/models/{job.model_id}"
     return JobPublic(
         id=job.id, name=job.name, status=job.status, reason=job.reason, spec=job.spec,
-        pods=[PodPublic.model_validate(p) for p in pods_of(session, job.id)],
+        pods=[PodPublic.model_validate(p) for p in current_pods(session, job)],
         progress=Progress(epoch=job.epoch, epochs=epochs, step=job.step,
                           samples_seen=job.samples_seen, total_samples=job.total_samples,
                           eta_seconds=eta),
@@ -204,7 +228,7 @@ def delete_job(session: Session, settings: Settings, job_id: str, artifacts: boo
     if not job.status.finished:
         raise Conflict(f"job {job_id} is {job.status.value}: cancel it first")
     models = list(session.exec(select(Model).where(Model.job_id == job_id)))
-    for table in (Event, Pod, Incarnation):
+    for table in (Event, Pod, Incarnation, Migration):
         session.exec(delete(table).where(col(table.job_id) == job_id))
     if artifacts:
         for model in models:
@@ -241,22 +265,96 @@ def check_ordinal(job: Job, ordinal: int) -> None:
                        f"{int(job.spec['replicas']) - 1})")
 
 
+def _active(job: Job, action: str) -> None:
+    if job.status not in ACTIVE_STATUSES:
+        raise Conflict(f"job {job.id} is {job.status.value}, not running: {action}")
+
+
+def _call(action: str, call: Callable[[], None]) -> None:
+    """Run a backend request, its errors as the API's."""
+    try:
+        call()
+    except WorkloadNotFound as exc:
+        raise Conflict(f"no running workload to {action}: {exc}") from None
+    except WorkloadConflict as exc:
+        raise Conflict(str(exc)) from None
+    except PlacementError as exc:
+        raise InvalidSpec("node", str(exc)) from None
+    except Unsupported as exc:
+        raise NotSupported(str(exc)) from None
+    except BackendError as exc:
+        raise BackendUnavailable(str(exc)) from None
+
+
 def kill_pod(session: Session, backend: Backend, events: EventLog, job_id: str, ordinal: int,
              grace_seconds: float) -> None:
     job = get_job(session, job_id)
     check_ordinal(job, ordinal)
-    if job.status not in ACTIVE_STATUSES:
-        raise Conflict(f"job {job_id} is {job.status.value}, not running: nothing to kill")
-    try:
-        backend.kill_pod(job_id, ordinal, grace_seconds)
-    except WorkloadNotFound as exc:
-        raise Conflict(f"job {job_id} has no running workload: {exc}") from None
-    except BackendError as exc:
-        raise BackendUnavailable(str(exc)) from None
+    _active(job, "nothing to kill")
+    _call("kill", lambda: backend.kill_pod(job_id, ordinal, grace_seconds))
     events.commit(session, [new_event(
         job_id, "pod", action="kill", ordinal=ordinal, name=f"{job_id}-{ordinal}",
         grace_seconds=grace_seconds, by="admin",
         message=f"pod {job_id}-{ordinal} killed on request (grace {grace_seconds:g} s)")])
+
+
+def scale_job(session: Session, backend: Backend, events: EventLog, job_id: str,
+              update: JobUpdate) -> Job:
+    """Run `update.replicas` pods: the spec says so at once, the pods follow."""
+    job = get_job(session, job_id)
+    limit = int(job.spec.get("max_replicas", job.spec["replicas"]))
+    if update.replicas > limit:
+        raise InvalidSpec("replicas", f"must be at most the job's max_replicas ({limit})")
+    _active(job, "it cannot be scaled")
+    before = int(job.spec["replicas"])
+    if update.replicas == before:
+        return job
+    _call("scale", lambda: backend.scale(job_id, update.replicas))
+    job.spec = {**job.spec, "replicas": update.replicas}
+    rows = {pod.ordinal: pod for pod in pods_of(session, job_id)}
+    for ordinal in range(before, update.replicas):
+        pod = rows.get(ordinal) or Pod(job_id=job_id, ordinal=ordinal, name=f"{job_id}-{ordinal}")
+        pod.phase, pod.exit_code = "Pending", None
+        session.add(pod)
+    session.add(job)
+    direction = "up" if update.replicas > before else "down"
+    events.commit(session, [new_event(
+        job_id, "job", type="scaled", **{"from": before, "to": update.replicas}, by="admin",
+        message=f"scaled {direction} from {before} to {update.replicas} pods")],
+        guard=lambda: still_active(session, job_id))
+    logger.info("job %s scaled from %d to %d pods", job_id, before, update.replicas)
+    return job
+
+
+def migrate_pod(session: Session, backend: Backend, events: EventLog, job_id: str,
+                ordinal: int, node: str | None) -> Migration:
+    """Start moving one pod: its replacement starts; the reports say when it takes part."""
+    job = get_job(session, job_id)
+    check_ordinal(job, ordinal)
+    if job.status not in (JobStatus.running, JobStatus.degraded):
+        raise Conflict(f"job {job_id} is {job.status.value}: only a running job's pods migrate")
+    pending = session.exec(select(Migration).where(
+        Migration.job_id == job_id, Migration.ordinal == ordinal,
+        Migration.status == "pending")).first()
+    if pending is not None:
+        raise Conflict(f"pod {job_id}-{ordinal} is already migrating (since "
+                       f"{time.time() - pending.requested_at:.0f} s)")
+    try:
+        seen = next((p for p in backend.status(job_id).pods if p.ordinal == ordinal), None)
+    except BackendError as exc:
+        raise BackendUnavailable(str(exc)) from None
+    migration = Migration(job_id=job_id, ordinal=ordinal, requested_at=time.time(),
+                          step_at_request=job.step, node_to=node,
+                          old_incarnation=seen.incarnation if seen else None,
+                          node_from=seen.node if seen else None)
+    _call("migrate", lambda: backend.migrate_pod(job_id, ordinal, node))
+    session.add(migration)
+    name = f"{job_id}-{ordinal}"
+    events.commit(session, [new_event(
+        job_id, "pod", action="migrate", ordinal=ordinal, name=name, node=node, by="admin",
+        message=f"pod {name} migrating" + (f" to node {node}" if node else "")
+                + ": its replacement starts")], guard=lambda: still_active(session, job_id))
+    return migration
 
 
 def list_events(session: Session, job_id: str, after: int, limit: int,

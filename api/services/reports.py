@@ -22,12 +22,15 @@ from sqlalchemy import Connection, bindparam, insert, select, update
 from sqlalchemy.engine import Engine
 
 from api.errors import DomainError, InvalidSpec, NotFound
-from api.models import Event, EventType, Incarnation, Job, JobStatus, Pod, utc_now
+from api.models import Event, EventType, Incarnation, Job, JobStatus, Migration, Pod, utc_now
 from api.services.events import EventLog
 from trainer.contract.records import (
     Completed,
     Evaluation,
+    Joined,
     Kind,
+    LeaveReason,
+    Left,
     Metric,
     RecordData,
     ReportBatch,
@@ -41,8 +44,9 @@ STREAM_TYPES: dict[Kind, EventType] = {"metric": "metric", "eval": "metric",
                                        "checkpoint": "checkpoint", "event": "job",
                                        "samples": "samples"}
 LIVE_METRICS = ("loss", "samples_per_second", "learning_rate", "participants")
-JOBS, PODS, EVENTS, SEQS = (Job.__table__, Pod.__table__,  # type: ignore[attr-defined]
-                            Event.__table__, Incarnation.__table__)  # type: ignore[attr-defined]
+JOBS, PODS, EVENTS, SEQS, MIGRATIONS = (
+    Job.__table__, Pod.__table__, Event.__table__,  # type: ignore[attr-defined]
+    Incarnation.__table__, Migration.__table__)  # type: ignore[attr-defined]
 Items = list[dict[str, Any]]
 
 
@@ -53,6 +57,7 @@ class JobView:
     id: str
     status: JobStatus
     epochs: int
+    replicas: int
     step: int
     epoch: int
     samples_seen: int
@@ -85,7 +90,15 @@ class JobView:
 @dataclass
 class PodView:
     id: int
+    ordinal: int
     step: int
+
+
+def of_incarnation(reported: str, incarnation: str | None) -> bool:
+    """Whether a batch's incarnation is the pod incarnation a backend named (restart-mode
+    workers add a suffix of their own to it)."""
+    return incarnation is not None and (reported == incarnation
+                                        or reported.startswith(f"{incarnation}-"))
 
 
 @dataclass
@@ -186,8 +199,8 @@ class ReportWriter:
         for row in connection.execute(select(*columns).where(JOBS.c.id.in_(ids))):
             found[row.id] = JobView(
                 row.id, JobStatus(row.status), int(row.spec["epochs"]),
-                row.step, row.epoch, row.samples_seen, row.total_samples, row.metrics or {},
-                row.completed_model_dir)
+                int(row.spec["replicas"]), row.step, row.epoch, row.samples_seen,
+                row.total_samples, row.metrics or {}, row.completed_model_dir)
         return found
 
     @staticmethod
@@ -199,11 +212,11 @@ class ReportWriter:
 
     def _pod(self, connection: Connection, job_id: str, name: str) -> PodView:
         if (job_id, name) not in self._pods:
-            row = connection.execute(select(PODS.c.id, PODS.c.step).where(
+            row = connection.execute(select(PODS.c.id, PODS.c.ordinal, PODS.c.step).where(
                 PODS.c.job_id == job_id, PODS.c.name == name)).first()
             if row is None:
                 raise InvalidSpec("pod", f"job {job_id} has no pod named {name!r}")
-            self._pods[(job_id, name)] = PodView(row.id, row.step or 0)
+            self._pods[(job_id, name)] = PodView(row.id, row.ordinal, row.step or 0)
         return self._pods[(job_id, name)]
 
     def _last_seq(self, connection: Connection, key: tuple[str, str, str]) -> int:
@@ -222,9 +235,15 @@ class ReportWriter:
                         key=lambda r: r.seq)
         rows: Items = []
         for record in unique:
+            # The validated fields as they are (JSON values: no dump needed).
+            data = {**dict(record.data), "pod": batch.pod, "kind": record.kind}
+            if isinstance(record.data, Left):
+                data["reason"] = self._leave_reason(connection, job, pod, batch.incarnation)
             rows.append({"job_id": job.id, "type": STREAM_TYPES[record.kind], "time": record.time,
-                         # The validated fields as they are (JSON values: no dump needed).
-                         "data": {**dict(record.data), "pod": batch.pod, "kind": record.kind}})
+                         "data": data})
+            if isinstance(record.data, Joined):
+                rows += self._complete_migration(connection, job, pod, batch.incarnation,
+                                                 record.data, record.time)
             job.apply(record.data)
             if isinstance(record.data, Metric):
                 pod.step = max(pod.step, record.data.step)
@@ -241,6 +260,42 @@ class ReportWriter:
         if unique:
             seqs[key] = unique[-1].seq
         return rows, len(batch.records) - len(unique)
+
+    @staticmethod
+    def _leave_reason(connection: Connection, job: JobView, pod: PodView,
+                      incarnation: str) -> LeaveReason:
+        """Why a pod left: its ordinal was scaled away, a migration retired it, or else it got
+        SIGTERM from outside (an eviction, a drain, a kill with a grace)."""
+        if pod.ordinal >= job.replicas:
+            return "scale-down"
+        migrated = connection.execute(select(MIGRATIONS.c.old_incarnation).where(
+            MIGRATIONS.c.job_id == job.id, MIGRATIONS.c.ordinal == pod.ordinal)).scalars()
+        if any(of_incarnation(incarnation, old) for old in migrated):
+            return "migrate"
+        return "sigterm"
+
+    @staticmethod
+    def _complete_migration(connection: Connection, job: JobView, pod: PodView,
+                            incarnation: str, joined: Joined, time_: float) -> Items:
+        """A pod's new incarnation took part: the pending migration of it, if any, is done."""
+        migration = connection.execute(select(MIGRATIONS).where(
+            MIGRATIONS.c.job_id == job.id, MIGRATIONS.c.ordinal == pod.ordinal,
+            MIGRATIONS.c.status == "pending").order_by(MIGRATIONS.c.id.desc())).first()
+        if (migration is None or of_incarnation(incarnation, migration.old_incarnation)
+                or time_ < migration.requested_at):
+            return []
+        seconds = round(time_ - migration.requested_at, 3)
+        # The replacement started from the state after step `joined.step - 1`.
+        lost = max(0, migration.step_at_request - (joined.step - 1))
+        connection.execute(update(MIGRATIONS).where(MIGRATIONS.c.id == migration.id).values(
+            status="done", new_incarnation=incarnation, seconds=seconds, steps_lost=lost))
+        return [{"job_id": job.id, "type": "job", "time": time_, "data": {
+            "type": "migrated", "ordinal": pod.ordinal, "pod": joined.pod,
+            "old_incarnation": migration.old_incarnation, "new_incarnation": incarnation,
+            "node_from": migration.node_from, "node_to": migration.node_to,
+            "seconds": seconds, "steps_lost": lost, "step": joined.step,
+            "message": f"{joined.pod} migrated: its replacement took part {seconds:.1f} s "
+                       f"after the request, {lost} steps lost"}}]
 
     @staticmethod
     def _insert_events(connection: Connection, rows: Items) -> Items:

@@ -1,14 +1,23 @@
 """An in-memory backend for route and reconciler tests (the e2e tests use the real one).
 
 It keeps the protocol's semantics: pods exist per launch, a kill fails the pod and its controller
-recreates it (restarts + 1), delete removes the workload and is idempotent.
+recreates it (restarts + 1), a scale adds or drops the highest ordinals, a migration marks the
+pod migrating (on one of `nodes`), delete removes the workload and is idempotent.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from api.backends.base import BackendError, Launch, PodStatus, WorkloadNotFound, WorkloadStatus
+from api.backends.base import (
+    BackendError,
+    Launch,
+    PlacementError,
+    PodStatus,
+    WorkloadConflict,
+    WorkloadNotFound,
+    WorkloadStatus,
+)
 
 
 @dataclass
@@ -20,14 +29,21 @@ class FakeBackend:
     deleted: list[str] = field(default_factory=list)
     logs: dict[tuple[str, int], list[str]] = field(default_factory=dict)
     fail_launch: str | None = None
+    scales: list[tuple[str, int]] = field(default_factory=list)
+    migrations: list[tuple[str, int, str | None]] = field(default_factory=list)
+    nodes: tuple[str, ...] = ()
 
     def launch(self, launch: Launch) -> None:
         if self.fail_launch:
             raise BackendError(self.fail_launch)
         self.launches.append(launch)
         self.workloads[launch.job_id] = WorkloadStatus(present=True, pods=[
-            PodStatus(ordinal=o, name=f"{launch.job_id}-{o}", phase="Running", restarts=0)
-            for o in range(launch.replicas)])
+            self._pod(launch.job_id, o) for o in range(launch.replicas)])
+
+    @staticmethod
+    def _pod(job_id: str, ordinal: int) -> PodStatus:
+        return PodStatus(ordinal=ordinal, name=f"{job_id}-{ordinal}", phase="Running",
+                         restarts=0, incarnation="0")
 
     def status(self, job_id: str) -> WorkloadStatus:
         return self.workloads.get(job_id, WorkloadStatus(present=False))
@@ -49,6 +65,31 @@ class FakeBackend:
         self.kills.append((job_id, ordinal, grace_seconds))
         restarts = workload.pods[ordinal].restarts + 1
         self.set_pod(job_id, ordinal, restarts=restarts, exit_code=-9)
+
+    def _workload(self, job_id: str) -> WorkloadStatus:
+        workload = self.workloads.get(job_id)
+        if workload is None or not workload.present:
+            raise WorkloadNotFound(f"no workload of {job_id}")
+        return workload
+
+    def scale(self, job_id: str, replicas: int) -> None:
+        workload = self._workload(job_id)
+        self.scales.append((job_id, replicas))
+        kept = [p for p in workload.pods if p.ordinal < replicas]
+        added = [self._pod(job_id, o) for o in range(len(kept), replicas)]
+        self.workloads[job_id] = replace(workload, pods=kept + added)
+
+    def migrate_pod(self, job_id: str, ordinal: int, node: str | None) -> None:
+        workload = self._workload(job_id)
+        if node is not None and node not in self.nodes:
+            raise PlacementError(f"no node {node}")
+        pod = next((p for p in workload.pods if p.ordinal == ordinal), None)
+        if pod is None:
+            raise WorkloadNotFound(f"no pod {ordinal} of {job_id}")
+        if pod.migrating:
+            raise WorkloadConflict(f"pod {pod.name} is already migrating")
+        self.migrations.append((job_id, ordinal, node))
+        self.set_pod(job_id, ordinal, migrating=True)
 
     def delete(self, job_id: str) -> None:
         self.deleted.append(job_id)

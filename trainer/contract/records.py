@@ -171,6 +171,9 @@ class Stopped(Event):
     step: Count
 
 
+LeaveReason = Literal["scale-down", "migrate", "sigterm"]
+
+
 class Left(Event):
     """Left the job on purpose after committing `step`: its peers go on without it at once."""
 
@@ -178,6 +181,21 @@ class Left(Event):
     pod: str
     step: Count
     epoch: int = Field(ge=1)
+    reason: LeaveReason | None = None
+    """Why it was asked to leave: the API fills it in (the pod only knows it got SIGTERM)."""
+
+
+class Joined(Event):
+    """This incarnation took part in a committed step for the first time (after a heal, the
+    heal's size and duration)."""
+
+    type: Literal["joined"] = "joined"
+    pod: str
+    step: Count
+    epoch: int = Field(ge=1)
+    participants: int = Field(ge=1)
+    heal_bytes: Count = 0
+    heal_seconds: float = 0.0
 
 
 class Completed(Event):
@@ -198,7 +216,7 @@ class Failed(Event):
 
 
 EventData = Annotated[Started | Resumed | Healed | Quorum | Primary | EpochEnd | Stopped
-                      | Left | Completed | Failed, Field(discriminator="type")]
+                      | Left | Joined | Completed | Failed, Field(discriminator="type")]
 
 
 # --- records and batches -------------------------------------------------------------------
@@ -259,3 +277,6 @@ EVENT_TYPES: tuple[str, ...] = tuple(
     value for cls in get_args(get_args(EventData)[0])
     for value in get_args(cls.model_fields["type"].annotation))
 """Every `data.type` an event record may carry."""
+CONTROL_EVENT_TYPES = ("scaled", "migrated", "migration_failed")
+"""The `data.type` of job events the control plane itself records (membership changes it
+made: a scale, a migration)."""

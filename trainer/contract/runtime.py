@@ -76,6 +76,10 @@ class Runtime(BaseModel):
     heartbeat_file: Path | None = Field(default=None, alias="HEARTBEAT_FILE")
     """Touched about once a second while report records flow; Kubernetes probes its age."""
 
+    ready_file: Path | None = Field(default=None, alias="READY_FILE")
+    """Created once this process has taken part in a committed step: a migration retires the
+    pod's old incarnation when its replacement's file appears."""
+
     @model_validator(mode="after")
     def _token_with_url(self) -> Runtime:
         if self.report_url and not self.report_token:

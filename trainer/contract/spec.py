@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 MAX_INT = 2**62
 """Largest integer a client may send where it reaches the database (SQLite's INTEGER: 64 bits)."""
@@ -24,6 +32,9 @@ HUB_DATASETS = ("imdb", "sst2", "yelp_polarity")
 DATASET_ALIASES = (OFFLINE_DATASET, *HUB_DATASETS)
 LOCAL_DATA_SUFFIXES = (".csv", ".jsonl", ".parquet")
 """File types a dataset under the inputs dir may have."""
+
+MAX_REPLICAS = 16
+DEFAULT_MAX_REPLICAS = 8
 
 # Kubernetes quantities: an integer or decimal with an optional suffix (`500m`, `2`, `4Gi`).
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
@@ -76,8 +87,12 @@ class JobSpec(BaseModel):
     max_eval_samples: int | None = Field(default=None, ge=1, le=MAX_INT)
     """Cap on validation and on test samples each; none keeps all."""
 
-    replicas: int = Field(default=2, ge=1, le=16)
-    """Pods of the job (data-parallel replicas)."""
+    replicas: int = Field(default=2, ge=1, le=MAX_REPLICAS)
+    """Pods of the job (data-parallel replicas); `PATCH` the job to scale it while it runs."""
+
+    max_replicas: int = Field(default=DEFAULT_MAX_REPLICAS, ge=1, le=MAX_REPLICAS)
+    """The most pods the job may be scaled to (at least `replicas`; by default 8, or
+    `replicas` where that is more)."""
 
     epochs: int = Field(default=1, ge=1, le=100)
     """Passes over the training split."""
@@ -133,3 +148,17 @@ class JobSpec(BaseModel):
 
     resources: PodResources | None = None
     """Per-pod CPU, memory and GPUs (Kubernetes backend; the local backend ignores it)."""
+
+    @field_validator("max_replicas")
+    @classmethod
+    def _room_for_replicas(cls, value: int, info: ValidationInfo) -> int:
+        replicas = info.data.get("replicas")
+        if replicas is not None and value < replicas:
+            raise ValueError(f"must be at least replicas ({replicas})")
+        return value
+
+    @model_validator(mode="after")
+    def _default_max_replicas(self) -> JobSpec:
+        if "max_replicas" not in self.model_fields_set:
+            self.max_replicas = max(self.max_replicas, self.replicas)
+        return self

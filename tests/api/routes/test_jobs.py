@@ -28,7 +28,8 @@ def test_create_with_defaults_launches_the_pods(client: TestClient,
     assert job["status"] == "starting"
     assert job["spec"] == {
         "name": None, "model": "minilm", "dataset": "rotten_tomatoes", "preset": None,
-        "max_train_samples": None, "max_eval_samples": None, "replicas": 2, "epochs": 1,
+        "max_train_samples": None, "max_eval_samples": None, "replicas": 2, "max_replicas": 8,
+        "epochs": 1,
         "batch_size": 16, "learning_rate": 1e-4, "max_length": 128, "fault_tolerance": "live",
         "parallelism": "data", "finetune": "full", "checkpoint_every_steps": 50, "seed": 42,
         "warmup_ratio": 0.1, "weight_decay": 0.01, "max_grad_norm": 1.0,
