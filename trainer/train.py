@@ -45,6 +45,8 @@ class StepResult:
     used: np.ndarray
     """Sample ids this participant trained on (none while healing)."""
     stop_requested: bool
+    took_part: bool = True
+    """False for a pod that fetched the live state in this step instead of computing it."""
 
 
 class Trainer:
@@ -224,7 +226,8 @@ class Trainer:
             self.samples_seen += assignment.window
         self.optimizer.zero_grad(set_to_none=True)
         loss_total, counted, stops = stats.tolist()
-        return StepResult(committed, loss_total / max(counted, 1.0), assignment, used, stops > 0)
+        return StepResult(committed, loss_total / max(counted, 1.0), assignment, used, stops > 0,
+                          took_part=not idle)
 
     def _observe_group(self) -> None:
         """Report membership changes: quorums and primaries (job-level, so by the primary)."""
@@ -299,19 +302,8 @@ class Trainer:
             throughput = window_samples / max(now - window_start, 1e-9)
             if now - window_start > 5.0:
                 window_start, window_samples = now, 0
-            self.reporter.emit(records.Metric(step=self.step, epoch=assignment.epoch + 1,
-                                      loss=result.loss,
-                                      learning_rate=self.optimizer.param_groups[0]["lr"],
-                                      samples_per_second=throughput,
-                                      participants=self.group.participants,
-                                      samples_seen=self.samples_seen))
-            if self.config.runtime.log_sample_ids:
-                window = self.sampler.order(assignment.epoch)[
-                    assignment.cursor:assignment.cursor + assignment.window]
-                self.reporter.emit(records.SampleIds(step=self.step, epoch=assignment.epoch + 1,
-                                             cursor=assignment.cursor, rank=self.group.rank,
-                                             ids=result.used.tolist(), window=window.tolist()))
-            self._log_progress(assignment, result, throughput)
+            if result.took_part:  # a pod that healed into this step leaves it to its peers
+                self._report_step(assignment, result, throughput)
             if not self._joined and len(result.used):
                 self._join(assignment)
             if self._stop_requested and self.group.can_leave():
@@ -332,6 +324,23 @@ class Trainer:
                                            step=self.step))
                 return True
         return False
+
+    def _report_step(self, assignment: Assignment, result: StepResult,
+                     throughput: float) -> None:
+        self.reporter.emit(records.Metric(step=self.step, epoch=assignment.epoch + 1,
+                                          loss=result.loss,
+                                          learning_rate=self.optimizer.param_groups[0]["lr"],
+                                          samples_per_second=throughput,
+                                          participants=self.group.participants,
+                                          samples_seen=self.samples_seen))
+        if self.config.runtime.log_sample_ids:
+            window = self.sampler.order(assignment.epoch)[
+                assignment.cursor:assignment.cursor + assignment.window]
+            self.reporter.emit(records.SampleIds(step=self.step, epoch=assignment.epoch + 1,
+                                                 cursor=assignment.cursor, rank=self.group.rank,
+                                                 ids=result.used.tolist(),
+                                                 window=window.tolist()))
+        self._log_progress(assignment, result, throughput)
 
     def _join(self, first: Assignment) -> None:
         """This process took part in a committed step for the first time: say so, and create

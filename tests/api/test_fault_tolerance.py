@@ -10,141 +10,26 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import psutil
 import pytest
 
 from api.backends.local import SUPERVISOR_RESTARTS
 from api.backends.local_jobdir import same_process
 from tests.api.control_plane import ControlPlane
-from tests.conftest import Processes
-from tests.factories import make_reviews_csv, make_tiny_model
+from tests.api.scenarios import (
+    MODES,
+    Job,
+    assert_exactly_once,
+    assert_identical_replicas,
+    assert_no_step_computed_twice,
+    spec,
+)
+from tests.factories import make_tiny_model
 from tests.support import wait_for
 from trainer.checkpoint import MARKER, latest_checkpoint
 
 pytestmark = pytest.mark.slow
-
-MODES = ["live", "restart"]
-
-
-@pytest.fixture
-def plane(tmp_path: Path, inputs_dir: Path, processes: Processes) -> Iterator[ControlPlane]:
-    """The control plane; its pods report the sample ids of every committed step.
-
-    Killed pods come back after 6 s: a live pod rejoins within about 5 s of its start, and a
-    kill that lands between a pod's quorum request and its group set-up stalls the survivors
-    for the 5 s collective timeout, which could otherwise outlast the whole outage."""
-    make_reviews_csv(inputs_dir / "reviews.csv", rows=2400)
-    control = ControlPlane(processes, tmp_path / "data", inputs_dir,
-                           env={"LOG_SAMPLE_IDS": "true", "MIGRATOR_RESTART_BUDGET": "10",
-                                "MIGRATOR_RESTART_BACKOFF": "6"})
-    control.start()
-    yield control
-    control.close()
-
-
-def spec(mode: str, **overrides: Any) -> dict[str, Any]:
-    return {"model": "tiny", "dataset": "reviews.csv", "replicas": 3, "epochs": 12,
-            "batch_size": 8, "learning_rate": 0.003, "max_eval_samples": 100,
-            "checkpoint_every_steps": 5, "fault_tolerance": mode, **overrides}
-
-
-class Job:
-    """One job of the control plane, with views on what its pods reported."""
-
-    def __init__(self, plane: ControlPlane, body: dict[str, Any]) -> None:
-        self.plane = plane
-        created = plane.http.post("/api/v1/jobs", json=body)
-        assert created.status_code == 201, created.text
-        self.id: str = created.json()["id"]
-
-    def pod(self, ordinal: int) -> str:
-        return f"{self.id}-{ordinal}"
-
-    def steps(self, after: float = 0.0) -> list[dict[str, Any]]:
-        """Committed-step metrics (pod, step, participants), reported after `after`."""
-        return [e["data"] | {"time": e["time"]} for e in self.plane.events(self.id, "metric")
-                if e["data"]["kind"] == "metric" and e["time"] > after]
-
-    def reports(self, kind: str, after: float = 0.0) -> list[dict[str, Any]]:
-        """The trainers' lifecycle events of one type (`healed`, `primary`, ...)."""
-        return [e["data"] | {"time": e["time"]} for e in self.plane.events(self.id, "job")
-                if e["data"].get("type") == kind and e["time"] > after]
-
-    def kill(self, *ordinals: int) -> float:
-        """Kill pods through the API (SIGKILL, grace 0); returns when the last one was dead."""
-        pids = [self.plane.state(self.id)["pods"][o]["pid"] for o in ordinals]
-        for ordinal in ordinals:
-            response = self.plane.http.post(f"/api/v1/jobs/{self.id}/pods/{ordinal}/kill",
-                                            json={"grace_seconds": 0})
-            assert response.status_code == 202, response.text
-        wait_for(lambda: not any(alive(pid) for pid in pids),
-                 timeout=30, what=f"pods {ordinals} to die")
-        return time.time()
-
-    def wait_steps(self, count: int, after: float, participants: int,
-                   pods: tuple[int, ...], what: str) -> None:
-        def enough() -> bool:
-            steps = self.steps(after)
-            return all(sum(s["pod"] == self.pod(o) and s["participants"] == participants
-                           for s in steps) >= count for o in pods)
-        wait_for(enough, timeout=120, what=what)
-
-    def wait_rejoined(self, ordinals: tuple[int, ...], after: float) -> None:
-        """The recreated pods take part in steps again, and every pod has reported such a step.
-
-        A pod reports in order, so the survivors' records of the steps before it (those a
-        recreated pod healed past instead of committing, when a heal attempt failed) have
-        arrived too: a later SIGKILL, which loses a pod's last second of records, cannot lose
-        the only record of a committed step."""
-        self.wait_steps(1, after, 3, ordinals, f"pods {ordinals} to train with the others")
-        self.wait_steps(1, after, 3, (0, 1, 2), "every pod to report a step with all three")
-
-    def finish(self) -> dict[str, Any]:
-        job = self.plane.wait_status(self.id, "succeeded", "failed", timeout=300)
-        assert job["status"] == "succeeded", job["reason"]
-        return job
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def assert_identical_replicas(job: Job) -> None:
-    checksums = {r["pod"]: r["checksum"] for r in job.reports("completed")}
-    assert sorted(checksums) == [job.pod(o) for o in range(3)]
-    assert len(set(checksums.values())) == 1, checksums
-
-
-def assert_exactly_once(job: Job) -> None:
-    """Per epoch, the windows of the committed steps cover the training split exactly once,
-    every participant trained only inside its step's window, and all agree on each window."""
-    samples = [e["data"] for e in job.plane.events(job.id, "samples")]
-    assert samples
-    windows: dict[tuple[int, int], list[int]] = {}
-    for record in samples:
-        key = (record["epoch"], record["step"])
-        assert windows.setdefault(key, record["window"]) == record["window"], key
-        assert set(record["ids"]) <= set(record["window"])
-    train_size = job.reports("started")[0]["samples"]["train"]
-    epochs = sorted({epoch for epoch, _ in windows})
-    assert epochs == list(range(1, epochs[-1] + 1))
-    for epoch in epochs:
-        used = Counter(i for (e, _), window in windows.items() if e == epoch for i in window)
-        assert used == Counter(range(train_size)), f"epoch {epoch}"
-
-
-def assert_no_step_computed_twice(job: Job) -> None:
-    counts = Counter((s["pod"], s["step"]) for s in job.steps())
-    assert max(counts.values()) == 1, [key for key, n in counts.items() if n > 1][:5]
-
 
 @pytest.mark.parametrize("mode", MODES)
 def test_primary_killed_then_two_of_three(plane: ControlPlane, mode: str) -> None:

@@ -10,6 +10,7 @@ bad-input code ends the pod at once with that code: no retry fixes a missing dat
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -46,9 +47,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("workers failed with exit codes %s", sorted(codes))
         return ExitCode.BAD_INPUT if ExitCode.BAD_INPUT in codes else ExitCode.FAILED
     except SignalException as exc:
-        # The agent stopped its workers (each checkpoints on SIGTERM) and exits as killed.
+        # The agent stopped its workers (each checkpoints on SIGTERM). SIGTERM is a request to
+        # leave (an eviction, a scale-down, a migration): done, it exits 0, so its controller
+        # recreates it, where it should, without counting a failure.
         logger.info("stopped by %s", exc.sigval.name)
-        return 128 + int(exc.sigval)
+        return ExitCode.OK if exc.sigval == signal.SIGTERM else 128 + int(exc.sigval)
     return 0
 
 

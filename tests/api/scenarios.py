@@ -1,0 +1,122 @@
+"""Scenarios on the whole product: `python -m api`, the local backend, real pods; a job and
+views on what its pods reported, and the invariants of DESIGN.md that every scenario checks."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import psutil
+
+from tests.api.control_plane import ControlPlane
+from tests.support import wait_for
+
+MODES = ["live", "restart"]
+
+
+def spec(mode: str, **overrides: Any) -> dict[str, Any]:
+    return {"model": "tiny", "dataset": "reviews.csv", "replicas": 3, "epochs": 12,
+            "batch_size": 8, "learning_rate": 0.003, "max_eval_samples": 100,
+            "checkpoint_every_steps": 5, "fault_tolerance": mode, **overrides}
+
+
+class Job:
+    """One job of the control plane, with views on what its pods reported."""
+
+    def __init__(self, plane: ControlPlane, body: dict[str, Any]) -> None:
+        self.plane = plane
+        created = plane.http.post("/api/v1/jobs", json=body)
+        assert created.status_code == 201, created.text
+        self.id: str = created.json()["id"]
+
+    def pod(self, ordinal: int) -> str:
+        return f"{self.id}-{ordinal}"
+
+    def steps(self, after: float = 0.0) -> list[dict[str, Any]]:
+        """Committed-step metrics (pod, step, participants), reported after `after`."""
+        return [e["data"] | {"time": e["time"]} for e in self.plane.events(self.id, "metric")
+                if e["data"]["kind"] == "metric" and e["time"] > after]
+
+    def reports(self, kind: str, after: float = 0.0) -> list[dict[str, Any]]:
+        """The trainers' lifecycle events of one type (`healed`, `primary`, ...)."""
+        return [e["data"] | {"time": e["time"]} for e in self.plane.events(self.id, "job")
+                if e["data"].get("type") == kind and e["time"] > after]
+
+    def kill(self, *ordinals: int) -> float:
+        """Kill pods through the API (SIGKILL, grace 0); returns when the last one was dead."""
+        pids = [self.plane.state(self.id)["pods"][o]["pid"] for o in ordinals]
+        for ordinal in ordinals:
+            response = self.plane.http.post(f"/api/v1/jobs/{self.id}/pods/{ordinal}/kill",
+                                            json={"grace_seconds": 0})
+            assert response.status_code == 202, response.text
+        wait_for(lambda: not any(alive(pid) for pid in pids),
+                 timeout=30, what=f"pods {ordinals} to die")
+        return time.time()
+
+    def wait_steps(self, count: int, after: float, participants: int,
+                   pods: tuple[int, ...], what: str) -> None:
+        def enough() -> bool:
+            steps = self.steps(after)
+            return all(sum(s["pod"] == self.pod(o) and s["participants"] == participants
+                           for s in steps) >= count for o in pods)
+        wait_for(enough, timeout=120, what=what)
+
+    def wait_rejoined(self, ordinals: tuple[int, ...], after: float) -> None:
+        """The recreated pods take part in steps again, and every pod has reported such a step.
+
+        A pod reports in order, so the survivors' records of the steps before it (those a
+        recreated pod healed past instead of committing, when a heal attempt failed) have
+        arrived too: a later SIGKILL, which loses a pod's last second of records, cannot lose
+        the only record of a committed step."""
+        self.wait_steps(1, after, 3, ordinals, f"pods {ordinals} to train with the others")
+        self.wait_steps(1, after, 3, (0, 1, 2), "every pod to report a step with all three")
+
+    def finish(self) -> dict[str, Any]:
+        job = self.plane.wait_status(self.id, "succeeded", "failed", timeout=300)
+        assert job["status"] == "succeeded", job["reason"]
+        return job
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def assert_identical_replicas(job: Job, pods: int = 3) -> None:
+    checksums = {r["pod"]: r["checksum"] for r in job.reports("completed")}
+    assert sorted(checksums) == [job.pod(o) for o in range(pods)]
+    assert len(set(checksums.values())) == 1, checksums
+
+
+def assert_exactly_once(job: Job) -> None:
+    """Per epoch, the windows of the committed steps cover the training split exactly once,
+    every participant trained only inside its step's window, and all agree on each window."""
+    samples = [e["data"] for e in job.plane.events(job.id, "samples")]
+    assert samples
+    windows: dict[tuple[int, int], list[int]] = {}
+    for record in samples:
+        key = (record["epoch"], record["step"])
+        assert windows.setdefault(key, record["window"]) == record["window"], key
+        assert set(record["ids"]) <= set(record["window"])
+    train_size = job.reports("started")[0]["samples"]["train"]
+    epochs = sorted({epoch for epoch, _ in windows})
+    assert epochs == list(range(1, epochs[-1] + 1))
+    for epoch in epochs:
+        used = Counter(i for (e, _), window in windows.items() if e == epoch for i in window)
+        assert used == Counter(range(train_size)), f"epoch {epoch}"
+
+
+def assert_no_step_computed_twice(job: Job) -> None:
+    """Each step was committed by one quorum: all its reports name the same number of
+    participants, and there are no more reports than participants. (A pod's two incarnations
+    both take part in the steps of a migration's overlap; a pod killed within its report-flush
+    second may have lost its last few reports.)"""
+    reports: dict[int, list[int]] = {}
+    for step in job.steps():
+        reports.setdefault(step["step"], []).append(step["participants"])
+    twice = [(step, counts) for step, counts in sorted(reports.items())
+             if len(set(counts)) > 1 or len(counts) > counts[0]]
+    assert not twice, twice[:5]
