@@ -83,6 +83,14 @@ def build_parser() -> Parser:
     kill.add_argument("job_id")
     kill.add_argument("ordinal", type=int)
     kill.add_argument("--grace-seconds", type=float, default=0)
+    scale = commands.add_parser("scale", help="run a job on N pods (1 to its max_replicas)")
+    scale.add_argument("job_id")
+    scale.add_argument("replicas", type=int)
+    migrate = commands.add_parser("migrate", help="move one pod of a job, live")
+    migrate.add_argument("job_id")
+    migrate.add_argument("ordinal", type=int)
+    migrate.add_argument("--node", help="the node to move it to (Kubernetes); default: any "
+                                        "other")
     logs = commands.add_parser("logs", help="the last lines of a pod's log")
     logs.add_argument("job_id")
     logs.add_argument("ordinal", type=int)
@@ -149,6 +157,16 @@ def run(client: Client, args: argparse.Namespace) -> int:
     elif args.command == "kill":
         answer = client.request("POST", f"/api/v1/jobs/{args.job_id}/pods/{args.ordinal}/kill",
                                 json={"grace_seconds": args.grace_seconds})
+        print(answer["detail"])
+    elif args.command == "scale":
+        job = client.request("PATCH", f"/api/v1/jobs/{args.job_id}",
+                             json={"replicas": args.replicas})
+        print(f"{job['id']}: {job['spec']['replicas']} pods (at most "
+              f"{job['spec'].get('max_replicas', job['spec']['replicas'])})")
+    elif args.command == "migrate":
+        body = {"node": args.node} if args.node else {}
+        answer = client.request(
+            "POST", f"/api/v1/jobs/{args.job_id}/pods/{args.ordinal}/migrate", json=body)
         print(answer["detail"])
     elif args.command == "logs":
         answer = client.request("GET", f"/api/v1/jobs/{args.job_id}/pods/{args.ordinal}/logs",

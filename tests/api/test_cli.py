@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.cli import main
-from tests.api.conftest import ADMIN_TOKEN, AUTH, create_job, report
+from tests.api.conftest import ADMIN_TOKEN, AUTH, create_job, metric, report
 from tests.api.fakes import FakeBackend
 from tests.api.test_reconciler import reconcile
 from tests.conftest import ROOT
@@ -252,3 +252,20 @@ def test_the_migrator_console_script_is_main() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["migrator"] == "api.cli:main"
     assert pkgutil.resolve_name(project["scripts"]["migrator"]) is main
+
+
+def test_scale_and_migrate(cli: Run, client: TestClient, backend: FakeBackend) -> None:
+    job_id = create_job(client, replicas=2, max_replicas=4)["id"]
+    code, out, _ = cli("scale", job_id, "3")
+    assert (code, out.strip()) == (0, f"{job_id}: 3 pods (at most 4)")
+    assert backend.scales == [(job_id, 3)]
+    code, _, err = cli("scale", job_id, "5")
+    assert code == 1 and "replicas" in err and "max_replicas (4)" in err
+    code, _, err = cli("migrate", job_id, "1")
+    assert code == 1 and "starting" in err  # only a running job's pods migrate
+    report(client, backend, job_id, [metric(1, 1)])
+    code, out, _ = cli("migrate", job_id, "1")
+    assert code == 0 and "replacement starts" in out
+    code, _, err = cli("migrate", job_id, "0", "--node", "node-b")
+    assert code == 1 and "node" in err
+    assert backend.migrations == [(job_id, 1, None)]

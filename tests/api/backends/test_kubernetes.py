@@ -13,6 +13,7 @@ from api.backends import manifests
 from api.backends.base import (
     BackendError,
     Launch,
+    Unsupported,
     WorkloadConflict,
     WorkloadNotFound,
     WorkloadStatus,
@@ -136,6 +137,31 @@ def test_kill_deletes_the_pod_and_the_statefulset_recreates_it(
     annotations = fake_k8s.cluster.get("statefulsets", NS, launch.job_id)["metadata"][
         "annotations"]
     assert '"base":1' in annotations[manifests.INCARNATIONS_ANNOTATION]
+
+
+def test_scale_patches_the_statefulset_and_its_controller_follows(
+        backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer) -> None:
+    launch = make_launch(settings, replicas=2)
+    backend.launch(launch)
+    running(backend, launch.job_id)
+    backend.scale(launch.job_id, 3)
+    patch = [r for r in fake_k8s.cluster.requests if r.method == "PATCH"][-1]
+    assert (patch.path, patch.body) == (
+        f"/apis/apps/v1/namespaces/{NS}/statefulsets/{launch.job_id}", {"spec": {"replicas": 3}})
+    pod_status(backend, launch.job_id, 2, lambda p: p.phase == "Running", "pod 2 to run")
+
+    backend.scale(launch.job_id, 1)
+    # The pods scaled away get their grace period (SIGTERM: they leave gracefully).
+    deleting = fake_k8s.cluster.pod(f"{launch.job_id}-2")["metadata"]
+    assert deleting["deletionGracePeriodSeconds"] == manifests.TERMINATION_GRACE
+    wait_for(lambda: not fake_k8s.cluster.store.find("pods", NS, f"{launch.job_id}-1"),
+             timeout=10, what="pod 1 to be gone")
+    status = backend.status(launch.job_id)
+    assert [(p.ordinal, p.restarts) for p in status.pods] == [(0, 0)] and status.present
+    with pytest.raises(WorkloadNotFound, match="job-ffffffff"):
+        backend.scale("job-ffffffff", 2)
+    with pytest.raises(Unsupported, match="not available on the kubernetes backend"):
+        backend.migrate_pod(launch.job_id, 0, None)
 
 
 def test_kill_with_grace_and_unknown_pods(backend: KubernetesBackend, settings: Settings,

@@ -194,7 +194,8 @@ class FakeCluster:
                 self.store.changed.wait(TICK)
 
     def _reconcile(self) -> None:
-        """The StatefulSet controller: one pod per ordinal, recreated after deletion."""
+        """The StatefulSet controller: one pod per ordinal, recreated after deletion; scaled
+        down, the pods of the ordinals above `replicas` are deleted with their grace period."""
         for (plural, namespace, _), sts in list(self.store.objects.items()):
             if plural != "statefulsets" or sts["metadata"].get("deletionTimestamp"):
                 continue
@@ -202,6 +203,13 @@ class FakeCluster:
             for ordinal in range(int(spec.get("replicas", 1))):
                 if self.store.find("pods", namespace, f"{name}-{ordinal}") is None:
                     self._create_pod(sts, ordinal)
+            for pod in self.store.items("pods", namespace):
+                labels = pod["metadata"].get("labels", {})
+                owners = pod["metadata"].get("ownerReferences") or [{}]
+                if (owners[0].get("uid") == sts["metadata"]["uid"]
+                        and int(labels.get(POD_INDEX, -1)) >= int(spec.get("replicas", 1))
+                        and not pod["metadata"].get("deletionTimestamp")):
+                    self.delete("pods", namespace, pod["metadata"]["name"], None, None)
             pods = [self.store.find("pods", namespace, f"{name}-{o}")
                     for o in range(int(spec.get("replicas", 1)))]
             ready = sum(1 for p in pods if p and p["status"].get("phase") == "Running")
