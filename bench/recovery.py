@@ -211,7 +211,7 @@ def main() -> None:
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
                               headers={"Authorization": f"Bearer {TOKEN}"}) as http:
-                wait(lambda: _healthy(http), 60, "the API")
+                wait(lambda: healthy(http), 60, "the API")
                 for mode in modes if "kills" in parts else []:
                     kill_results[mode] = run_kills(http, data_dir,
                                                    {**spec, "fault_tolerance": mode}, args)
@@ -227,7 +227,7 @@ def main() -> None:
         report_chaos(chaos_results)
 
 
-def _healthy(http: httpx.Client) -> bool:
+def healthy(http: httpx.Client) -> bool:
     try:
         return http.get("/healthz").status_code == 200
     except httpx.HTTPError:

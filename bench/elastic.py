@@ -1,0 +1,190 @@
+"""Membership changes on purpose against the unplanned one: live against restart, one run.
+
+One job per mode (MiniLM, Rotten Tomatoes, 3 pods, local backend, the real control plane), and
+in it, one after the other, each operation through the API:
+
+    scale 3 -> 2 (graceful leave), SIGTERM to pod 1 (a kill with a grace), migrate pod 1,
+    scale 2 -> 3, SIGKILL pod 1 (the unplanned baseline).
+
+Per operation, from pod 0's committed steps (pod 0 is never touched): its largest gap between
+consecutive commits from the API call until the operation is over, divided by its median step
+interval over the 20 steps before the call; the committed steps computed again (a step number
+pod 0 reports again after a restart from a checkpoint); and the time from the API call to the
+new pod's first committed step (its `joined` event). Goals, live mode: gap / median <= 1.5 and
+0 steps lost for every planned operation, the new pod taking part within 5 s (SIGTERM) or 8 s
+(migration, scale-up).
+
+    PYTHONPATH=. .venv/bin/python -m bench.elastic [--modes live,restart]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.recovery import TOKEN, events, healthy, steps, wait
+from bench.serve_noop import free_port
+
+SETTLE_STEPS = 15
+"""Steps pod 0 commits with the expected participants before the next operation starts."""
+AFTER_STEPS = 3
+"""Median step intervals after an operation's end that still count as its window."""
+SPEC = {"model": "minilm", "dataset": "rotten_tomatoes", "replicas": 3, "max_replicas": 3,
+        "epochs": 3, "batch_size": 8, "checkpoint_every_steps": 25, "max_eval_samples": 200}
+
+
+@dataclass
+class Result:
+    operation: str
+    gap_ratio: float
+    lost: int
+    joined: float | None
+    """Seconds from the API call to the new pod's first committed step; None: no new pod."""
+
+
+class Run:
+    """One job of one mode, and what its pods reported."""
+
+    def __init__(self, http: httpx.Client, mode: str) -> None:
+        self.http, self.mode = http, mode
+        created = http.post("/api/v1/jobs", json={**SPEC, "fault_tolerance": mode})
+        created.raise_for_status()
+        self.id: str = created.json()["id"]
+
+    def pod(self, ordinal: int) -> str:
+        return f"{self.id}-{ordinal}"
+
+    def survivor_steps(self) -> list[tuple[float, int, int]]:
+        """(time, step, participants) of pod 0's commits, oldest first."""
+        return [(t, step, n) for t, pod, step, n in steps(self.http, self.id)
+                if pod == self.pod(0)]
+
+    def reports(self, kind: str, after: float) -> list[dict[str, Any]]:
+        return [e["data"] | {"time": e["time"]} for e in events(self.http, self.id, "job")
+                if e["data"].get("type") == kind and e["time"] > after]
+
+    def settle(self, participants: int) -> None:
+        """Wait until pod 0 has committed SETTLE_STEPS steps with `participants` in a row."""
+        def settled() -> bool:
+            recent = self.survivor_steps()[-SETTLE_STEPS:]
+            return len(recent) == SETTLE_STEPS and all(n == participants for _, _, n in recent)
+        wait(settled, 600, f"{participants} pods to train together")
+
+    def joined(self, ordinal: int, after: float) -> float:
+        """When the pod's next incarnation took part in a committed step (trainer time)."""
+        found = wait(lambda: [j for j in self.reports("joined", after)
+                              if j["pod"] == self.pod(ordinal)], 300,
+                     f"pod {ordinal} to take part")
+        return float(found[0]["time"])
+
+    def measure(self, operation: str, act: Callable[[], None], done: Callable[[float], float],
+                new_pod: bool, participants: int) -> Result:
+        """Run `act`, wait for `done(called_at)` (when the operation was over), then settle."""
+        before = self.survivor_steps()[-21:]
+        median = statistics.median(b[0] - a[0] for a, b in itertools.pairwise(before))
+        called = time.time()
+        act()
+        finished = done(called)
+        self.settle(participants)
+        after = [s for s in self.survivor_steps() if s[0] > before[-1][0] - 1e-9]
+        window = [s for s in after if s[0] <= finished + AFTER_STEPS * median]
+        gap = max(b[0] - a[0] for a, b in itertools.pairwise(window))
+        lost = sum(a[1] - b[1] + 1 for a, b in itertools.pairwise(after) if b[1] <= a[1])
+        result = Result(operation, gap / median, lost, finished - called if new_pod else None)
+        print(f"  {self.mode}: {operation}: gap/median {result.gap_ratio:.2f} (gap "
+              f"{gap:.2f} s, median {median:.3f} s), lost {lost}"
+              + (f", new pod taking part after {result.joined:.2f} s" if new_pod else ""),
+              flush=True)
+        return result
+
+    def patch(self, replicas: int) -> None:
+        self.http.patch(f"/api/v1/jobs/{self.id}", json={"replicas": replicas}
+                        ).raise_for_status()
+
+    def post(self, path: str, body: dict[str, Any] | None = None) -> None:
+        self.http.post(f"/api/v1/jobs/{self.id}/{path}", json=body or {}).raise_for_status()
+
+    def left(self, ordinal: int, called: float) -> float:
+        """When the pod was gone: it left (live) or its incarnation ended (restart)."""
+        def gone() -> float | None:
+            left = [e for e in self.reports("left", called) if e["pod"] == self.pod(ordinal)]
+            if left:
+                return float(left[0]["time"])
+            pods = self.http.get(f"/api/v1/jobs/{self.id}").json()["pods"]
+            return time.time() if all(p["ordinal"] != ordinal for p in pods) else None
+        return float(wait(gone, 300, f"pod {ordinal} to leave"))
+
+
+def run_mode(http: httpx.Client, mode: str) -> list[Result]:
+    run = Run(http, mode)
+    run.settle(3)
+    results = [
+        run.measure("scale 3 -> 2 (graceful leave)", lambda: run.patch(2),
+                    lambda called: run.left(2, called), False, 2),
+        run.measure("SIGTERM to a pod", lambda: run.post("pods/1/kill", {"grace_seconds": 30}),
+                    lambda called: run.joined(1, called), True, 2),
+        run.measure("migrate pod 1", lambda: run.post("pods/1/migrate"),
+                    lambda called: called + wait(
+                        lambda: run.reports("migrated", called), 300, "the migration",
+                    )[0]["seconds"], True, 2),
+        run.measure("scale 2 -> 3", lambda: run.patch(3),
+                    lambda called: run.joined(2, called), True, 3),
+        run.measure("SIGKILL (the unplanned baseline)",
+                    lambda: run.post("pods/1/kill", {"grace_seconds": 0}),
+                    lambda called: run.joined(1, called), True, 3),
+    ]
+    http.post(f"/api/v1/jobs/{run.id}/cancel")
+    return results
+
+
+def report(results: dict[str, list[Result]]) -> None:
+    modes = list(results)
+    header = " | ".join(f"{mode}: gap / median step | {mode}: lost | {mode}: new pod taking part"
+                        for mode in modes)
+    print(f"\n| operation | {header} |")
+    print("|---|" + "---|" * (3 * len(modes)))
+    for row in zip(*(results[mode] for mode in modes), strict=True):
+        cells = " | ".join(f"{r.gap_ratio:.2f} | {r.lost} | "
+                           + (f"{r.joined:.2f} s" if r.joined is not None else "-") for r in row)
+        print(f"| {row[0].operation} | {cells} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--modes", default="live,restart")
+    parser.add_argument("--data-dir", type=Path, help="keep jobs, logs and database here")
+    args = parser.parse_args()
+    results: dict[str, list[Result]] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        data_dir, port = args.data_dir or Path(scratch), free_port()
+        env = {**os.environ, "MIGRATOR_DATA_DIR": str(data_dir), "MIGRATOR_ADMIN_TOKEN": TOKEN,
+               "MIGRATOR_RECONCILE_INTERVAL": "0.5", "MIGRATOR_RESTART_BUDGET": "100"}
+        server = subprocess.Popen([sys.executable, "-m", "api", "--port", str(port)], env=env,
+                                  stdout=subprocess.DEVNULL, start_new_session=True)
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
+                              headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+                wait(lambda: healthy(http), 60, "the API")
+                for mode in args.modes.split(","):
+                    results[mode] = run_mode(http, mode)
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=30)
+    report(results)
+
+
+if __name__ == "__main__":
+    main()
