@@ -41,6 +41,12 @@ class NoopBackend:
     def kill_pod(self, job_id: str, ordinal: int, grace_seconds: float) -> None:
         pass
 
+    def scale(self, job_id: str, replicas: int) -> None:
+        self.replicas[job_id] = replicas
+
+    def migrate_pod(self, job_id: str, ordinal: int, node: str | None) -> None:
+        pass
+
     def delete(self, job_id: str) -> None:
         self.replicas.pop(job_id, None)
 

@@ -122,8 +122,6 @@ class PodRecord(BaseModel):
     exit_code: int | None = None
     """Of the last incarnation that ended; None while running, or when no supervisor could
     see it end (it was adopted, or died while none watched)."""
-    issued: int = 0
-    """The highest incarnation started so far (replacements included): each is used once."""
     removing: bool = False
     """Scaled away: stopped, and dropped from the pods once it has ended."""
     replace_on_exit: bool = False
@@ -165,6 +163,9 @@ class StateDocument(BaseModel):
     """How often a new supervisor took over this job from a dead one."""
     replicas: int | None = None
     """The pods asked for, once the job was scaled (None: the launch's replicas)."""
+    issued: int = 0
+    """The highest incarnation number started in the job: each new process takes the next, so
+    an ordinal scaled away and back never repeats one (its reports would count as duplicates)."""
 
     def listed_processes(self) -> list[tuple[str, int, float | None]]:
         """(what, pid, start time) of every pod group and coordinator this state names."""

@@ -127,8 +127,6 @@ class Pod:
     """Monotonic time at which a signalled incarnation gets SIGKILL."""
     restart_at: float | None = None
     """Monotonic time at which this failed pod is recreated."""
-    issued: int = 0
-    """The highest incarnation started so far: a new process takes the next one."""
     removing: bool = False
     """Scaled away: dropped once its processes have ended."""
     replace_on_exit: bool = False
@@ -137,10 +135,6 @@ class Pod:
     """A migration's replacement, running beside the current process until it takes part."""
     retiring: Extra | None = None
     """The process a replacement took over from, leaving."""
-
-    def next_incarnation(self) -> int:
-        self.issued += 1
-        return self.issued
 
     @property
     def processes(self) -> list[Watched]:
@@ -165,7 +159,7 @@ class Pod:
                          restarts=self.restarts, incarnation=self.incarnation,
                          started_at=self.started_at,
                          signalled_at=self.signalled_at, exit_code=self.exit_code,
-                         issued=self.issued, removing=self.removing,
+                         removing=self.removing,
                          replace_on_exit=self.replace_on_exit,
                          surge=self.surge.record() if self.surge else None,
                          retiring=self.retiring.record() if self.retiring else None)
@@ -176,7 +170,6 @@ class Pod:
         self.restarts, self.phase = record.restarts, record.phase
         # A state.json of an older supervisor counted only restarts.
         self.incarnation = max(record.incarnation, record.restarts)
-        self.issued = max(record.issued, self.incarnation)
         self.removing, self.replace_on_exit = record.removing, record.replace_on_exit
         self.surge, self.retiring = Extra.adopt(record.surge), Extra.adopt(record.retiring)
         self.started_at, self.exit_code = record.started_at, record.exit_code

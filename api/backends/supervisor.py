@@ -73,6 +73,8 @@ class Supervisor:
         self.max_restarts, self.backoff = document.max_restarts, document.restart_backoff
         self.replicas = self.launch.replicas
         """The pods asked for: the launch's, until the job is scaled."""
+        self.issued = 0
+        """The highest incarnation number started (StateDocument.issued)."""
         self.pods = [Pod(i, f"{self.job_id}-{i}") for i in range(self.replicas)]
         self.live = self.launch.fault_tolerance == "live"
         self.coordinator: Watched | None = None
@@ -99,7 +101,7 @@ class Supervisor:
             self.ensure_coordinator()
             for pod in self.pods:
                 if pod.phase == "Pending" and self.mode == "running":
-                    self.start_pod(pod)
+                    self.start_pod(pod, first=pod.started_at is None and self.previous is None)
             while not self.finished:
                 time.sleep(POLL_SECONDS)
                 self.tick()
@@ -113,6 +115,9 @@ class Supervisor:
         self.adoptions = previous.adoptions + 1
         self.mode, self.final_reason = previous.mode, previous.final_reason
         self.replicas = previous.replicas or self.replicas
+        self.issued = max([previous.issued, *(record.incarnation for record in previous.pods),
+                           *(extra.incarnation for record in previous.pods
+                             for extra in (record.surge, record.retiring) if extra)])
         records = {record.ordinal: record for record in previous.pods}
         ordinals = sorted(set(records) | set(range(self.replicas)))
         self.pods = [Pod(ordinal, f"{self.job_id}-{ordinal}") for ordinal in ordinals]
@@ -161,7 +166,7 @@ class Supervisor:
                 pid_started=coordinator.started if coordinator else None,
                 restarts=max(self.coordinator_starts - 1, 0)),
             mode=self.mode, final_reason=self.final_reason, adoptions=self.adoptions,
-            replicas=self.replicas)
+            replicas=self.replicas, issued=self.issued)
 
     def write_state(self) -> None:
         """Write state.json when it changed since the last write."""
@@ -191,9 +196,13 @@ class Supervisor:
         logger.info("%s on %s (pid %d)", name, endpoint, self.coordinator.pid)
         self.write_state()  # listed at once: should this supervisor die, it is found again
 
-    def start_pod(self, pod: Pod) -> None:
-        # Every start after the first is a new incarnation.
-        pod.incarnation = pod.next_incarnation() if pod.started_at is not None else 0
+    def next_incarnation(self) -> int:
+        self.issued += 1
+        return self.issued
+
+    def start_pod(self, pod: Pod, first: bool = False) -> None:
+        """Start the pod's process: incarnation 0 at the job's launch, a new number after."""
+        pod.incarnation = 0 if first else self.next_incarnation()
         pod.process = self.spawn_pod(pod, pod.incarnation)
         pod.phase, pod.started_at, pod.kill_at = "Running", time.time(), None
         pod.signalled_at, pod.replace_on_exit = None, False
@@ -286,7 +295,7 @@ class Supervisor:
             pod.replace_on_exit = True
             self.signal_pod(pod, STOP_GRACE_SECONDS)
             return
-        incarnation = pod.next_incarnation()
+        incarnation = self.next_incarnation()
         pod.surge = Extra(self.spawn_pod(pod, incarnation), incarnation, time.time())
         logger.info("migrate: pod %s incarnation %d starts beside incarnation %d (pid %d)",
                     pod.name, incarnation, pod.incarnation, pod.surge.process.pid)

@@ -1,0 +1,130 @@
+"""The supervisor's scale and migrate commands, run in this process with stand-in pods.
+
+Each pod is a real process group (a Python sleeper that exits 0 on SIGTERM, as a trainer that
+leaves does, and says it is up with a file beside its ready file); a test creates a
+replacement's ready file where a trainer would once it took part.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api.backends import commands
+from api.backends import supervisor as supervisor_module
+from api.backends.base import Launch
+from api.backends.local_jobdir import (
+    JobDir,
+    LaunchDocument,
+    MigrateCommand,
+    ScaleCommand,
+    read_state,
+    send_command,
+)
+from api.backends.supervisor import Supervisor
+from tests.support import wait_for
+
+SLEEPER = [sys.executable, "-c", "import os, pathlib, signal, sys, time\n"
+           "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+           "up = pathlib.Path(os.environ['READY_FILE'] + '.up')\n"
+           "up.parent.mkdir(exist_ok=True)\nup.touch()\ntime.sleep(120)"]
+
+
+@pytest.fixture
+def supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Supervisor]:
+    monkeypatch.setattr(commands, "pod_argv", lambda *args, **kwargs: SLEEPER)
+    monkeypatch.setattr(commands, "lighthouse_argv", lambda *args, **kwargs: SLEEPER)
+    job_dir = JobDir(tmp_path / "job-elastic")
+    for sub in (job_dir.logs, job_dir.commands):
+        sub.mkdir(parents=True)
+    launch = Launch(job_id=job_dir.job_id, replicas=2, fault_tolerance="live",
+                    spec={"replicas": 2, "max_replicas": 4}, report_url="http://127.0.0.1:9",
+                    report_token="t", checkpoint_dir=tmp_path / "checkpoints",
+                    model_dir=tmp_path / "model", inputs_dir=tmp_path,
+                    cache_dir=tmp_path / "cache")
+    running = Supervisor(job_dir, LaunchDocument(launch))
+    running.ensure_coordinator()
+    for pod in running.pods:
+        running.start_pod(pod, first=True)
+    yield running
+    running.kill_leftovers()
+
+
+def up(supervisor: Supervisor) -> bool:
+    """Every process of every pod has its SIGTERM handler installed."""
+    return all(Path(f"{supervisor.job_dir.ready(pod.name, incarnation)}.up").exists()
+               for pod in supervisor.pods
+               for incarnation in [pod.incarnation, *([pod.surge.incarnation]
+                                                      if pod.surge else [])])
+
+
+def ticks_until(supervisor: Supervisor, condition: Any, what: str) -> Any:
+    def ticked() -> Any:
+        supervisor.tick()
+        return condition()
+    return wait_for(ticked, timeout=20, what=what)
+
+
+def test_scale_down_and_up_never_repeats_an_incarnation(supervisor: Supervisor) -> None:
+    job_dir = supervisor.job_dir
+    send_command(job_dir, ScaleCommand(replicas=3))
+    ticks_until(supervisor, lambda: len(supervisor.pods) == 3, "pod 2 to start")
+    ticks_until(supervisor, lambda: up(supervisor), "the pods to be up")
+    first = supervisor.pods[2].incarnation
+    assert first > 0  # a pod added later takes a number no pod of the job had at launch
+
+    leaving = supervisor.pods[2].process
+    send_command(job_dir, ScaleCommand(replicas=1))
+    ticks_until(supervisor, lambda: [p.ordinal for p in supervisor.pods] == [0],
+                "pods 1 and 2 to leave and be dropped")
+    assert leaving is not None and leaving.exit_code == 0  # asked to leave: SIGTERM, not KILL
+    state = read_state(job_dir)
+    assert state is not None and state.replicas == 1 and len(state.pods) == 1
+
+    send_command(job_dir, ScaleCommand(replicas=3))
+    ticks_until(supervisor, lambda: len(supervisor.pods) == 3, "pods 1 and 2 to start again")
+    assert supervisor.pods[2].incarnation > first
+    incarnations = [p.incarnation for p in supervisor.pods]
+    assert len(set(incarnations[1:])) == 2 and all(p.restarts == 0 for p in supervisor.pods)
+    assert all(p.phase == "Running" for p in supervisor.pods)
+
+
+def test_a_migration_keeps_the_old_process_until_the_replacement_takes_part(
+        supervisor: Supervisor) -> None:
+    job_dir, pod = supervisor.job_dir, supervisor.pods[1]
+    ticks_until(supervisor, lambda: up(supervisor), "the pods to be up")
+    old, old_incarnation = pod.process, pod.incarnation
+    send_command(job_dir, MigrateCommand(ordinal=1))
+    surge = ticks_until(supervisor, lambda: pod.surge, "the replacement to start")
+    ticks_until(supervisor, lambda: up(supervisor), "the replacement to be up")
+    send_command(job_dir, MigrateCommand(ordinal=1))  # already migrating: ignored
+    for _ in range(5):
+        supervisor.tick()
+    record = read_state(job_dir).pods[1]  # type: ignore[union-attr]
+    assert record.surge is not None and record.surge.incarnation == surge.incarnation
+    assert old is not None and not old.poll() and pod.process is old  # make before break
+
+    job_dir.ready(pod.name, surge.incarnation).parent.mkdir(exist_ok=True)
+    job_dir.ready(pod.name, surge.incarnation).touch()  # what the trainer does once it took part
+    ticks_until(supervisor, lambda: pod.retiring is None and old.poll(),
+                "the old incarnation to leave")
+    assert old.exit_code == 0
+    assert (pod.process, pod.incarnation) == (surge.process, surge.incarnation)
+    assert pod.incarnation > old_incarnation and pod.restarts == 0 and pod.phase == "Running"
+    assert supervisor.pods[0].surge is None
+
+
+def test_a_replacement_that_dies_before_taking_part_leaves_the_pod_as_it_was(
+        supervisor: Supervisor) -> None:
+    pod = supervisor.pods[0]
+    old = pod.process
+    send_command(supervisor.job_dir, MigrateCommand(ordinal=0))
+    surge = ticks_until(supervisor, lambda: pod.surge, "the replacement to start")
+    supervisor_module.signal_group(surge.process.pid, 9)
+    ticks_until(supervisor, lambda: pod.surge is None, "the failed replacement to be dropped")
+    assert pod.process is old and old is not None and not old.poll()
+    assert pod.phase == "Running" and pod.restarts == 0
