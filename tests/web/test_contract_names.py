@@ -7,7 +7,7 @@ from typing import get_args
 
 from api.models import EventType
 from tests.conftest import ROOT
-from trainer.contract.records import EVENT_TYPES, RECORD_KINDS
+from trainer.contract.records import CONTROL_EVENT_TYPES, EVENT_TYPES, RECORD_KINDS
 
 STATIC = ROOT / "web" / "static"
 QUOTED = re.compile(r"'([a-z_]+)'")
@@ -24,12 +24,12 @@ def test_the_stream_types_the_page_listens_to_are_the_apis() -> None:
 
 COMPARED_KIND = re.compile(r"data\.kind [!=]== '([a-z_]+)'")
 COMPARED_TYPE = re.compile(r"(?:data\.type|tag) [!=]== '([a-z_]+)'")
-LISTED_TYPES = re.compile(r"\[([^\]]*)\]\.includes\(tag\)")
+LISTED_TYPES = re.compile(r"\[([^\]]*)\]\.includes\((?:tag|data\.type)\)")
 
 
 def test_every_record_kind_and_event_type_the_page_compares_exists() -> None:
     kinds, types = set(), set()
-    for name in ("job.js", "timeline.js", "charts.js"):
+    for name in ("job.js", "timeline.js", "charts.js", "pods.js"):
         lines = lines_of(name)
         for number, line in enumerate(lines):
             kinds |= set(COMPARED_KIND.findall(line))
@@ -39,5 +39,8 @@ def test_every_record_kind_and_event_type_the_page_compares_exists() -> None:
             if "function rejoinType" in line:  # the event that marks a rejoin, per mode
                 types |= set(QUOTED.findall(lines[number + 1].split("?", 1)[1]))
     assert {"eval", "metric"} <= kinds and {"healed", "resumed", "quorum"} <= types
+    # Membership changes: the pods' own (left, joined) and the control plane's (scaled, ...).
+    assert {"scaled", "left", "joined", "migrated", "migration_failed"} <= types
     assert kinds <= set(RECORD_KINDS), kinds - set(RECORD_KINDS)
-    assert types <= set(EVENT_TYPES), types - set(EVENT_TYPES)
+    known = set(EVENT_TYPES) | set(CONTROL_EVENT_TYPES)
+    assert types <= known, types - known

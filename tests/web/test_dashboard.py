@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import io
+import itertools
+import re
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +16,10 @@ import pytest
 from api.backends.local import LocalBackend
 from tests.api.conftest import ADMIN_TOKEN
 from tests.api.control_plane import ControlPlane
-from tests.factories import evaluation, record
+from tests.factories import evaluation, metric_data, record
 from tests.support import wait_for
 from tests.web.conftest import save_artifact
+from trainer.contract.records import Joined, Left, RecordData
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -46,6 +50,43 @@ def pod_state(page: Any, ordinal: int) -> dict[str, str]:
     return {"phase": row.get_attribute("data-phase") or "",
             "rejoined": row.get_attribute("data-rejoined") or "",
             "restarts": row.locator("td").nth(3).inner_text()}
+
+
+def drawn_markers(page: Any, chart: str) -> list[str]:
+    """The kinds of the markers the chart drew last (those inside its x range)."""
+    return str(js(page, f"document.querySelector('[data-chart={chart}]')?.dataset.markers ?? ''"
+                  )).split()
+
+
+def marker_labels(page: Any) -> list[str]:
+    return list(page.evaluate(
+        "async () => (await import('/static/state.js')).state.job.markers.map(m => m.label)"))
+
+
+Report = Callable[..., None]
+
+
+def reporter(plane: ControlPlane, job_id: str) -> Report:
+    """`report(ordinal, *data, incarnation=...)` posts records as that pod would, timed now."""
+    token, seqs = plane.report_token(job_id), itertools.count(1)
+
+    def report(ordinal: int, *data: RecordData, incarnation: str = "web-test") -> None:
+        response = plane.http.post(
+            f"/api/v1/jobs/{job_id}/reports", headers={"Authorization": f"Bearer {token}"},
+            json={"pod": f"{job_id}-{ordinal}", "incarnation": incarnation,
+                  "records": [record(next(seqs), item, time.time()) for item in data]})
+        assert response.status_code == 200, response.text
+
+    return report
+
+
+def joined(pod: str, step: int) -> Joined:
+    return Joined(message=f"{pod} takes part", pod=pod, step=step, epoch=1, participants=2,
+                  heal_bytes=2_000_000, heal_seconds=0.4)
+
+
+def notice_says(page: Any, text: str) -> bool:
+    return text in page.inner_text("p.notice")
 
 
 def downloaded(page: Any, selector: str) -> bytes:
@@ -266,3 +307,117 @@ def test_the_stream_reconnects_after_a_control_plane_restart_and_misses_nothing(
     # The browser notes the stream cut by the kill and its retries while the API was down.
     assert page.console.unexpected("net::ERR_INCOMPLETE_CHUNKED_ENCODING",
                                    "net::ERR_CONNECTION_REFUSED") == []
+
+
+def test_the_replicas_control_scales_the_job(control_plane: ControlPlane, page: Any,
+                                             artifacts_dir: Path) -> None:
+    created = control_plane.http.post("/api/v1/jobs",
+                                      json={**SPEC, "replicas": 1, "max_replicas": 2})
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    report = reporter(control_plane, job_id)
+    try:
+        login(page, control_plane, f"#/jobs/{job_id}")
+        field, scale = page.locator("#replicas"), page.locator("form.replicas button")
+        field.wait_for()
+        assert field.input_value() == "1" and field.get_attribute("max") == "2"
+        report(0, metric_data(1, participants=1))  # a first point of the participants chart
+
+        field.fill("3")  # above max_replicas: the API's 422 says why
+        with page.expect_response(lambda r: r.request.method == "PATCH") as answered:
+            scale.click()
+        assert answered.value.status == 422
+        wait_for(lambda: notice_says(page, "at most the job's max_replicas (2)"), timeout=10,
+                 what="the 422's message")
+        assert field.get_attribute("aria-invalid") == "true"
+        assert control_plane.job(job_id)["spec"]["replicas"] == 1
+
+        field.fill("2")
+        with page.expect_request(lambda r: r.method == "PATCH"
+                                 and r.url.endswith(f"/api/v1/jobs/{job_id}")) as sent:
+            scale.click()
+        assert sent.value.post_data_json == {"replicas": 2}
+        wait_for(lambda: "2 pods" in page.inner_text(".stats"), timeout=10, what="2 pods shown")
+        assert field.input_value() == "2" and field.get_attribute("aria-invalid") is None
+        assert control_plane.job(job_id)["spec"]["replicas"] == 2
+        scaled = page.locator(".timeline li[data-tag=scaled]")
+        scaled.wait_for()
+        assert "scale 1→2" in scaled.inner_text()
+        note = page.locator("tr[data-ordinal='1'] .note")
+        wait_for(lambda: note.inner_text() == "joining", timeout=10, what="pod 1 joining")
+
+        report(1, joined(f"{job_id}-1", step=3), metric_data(3), incarnation="web-test-1")
+        page.locator(".timeline li[data-tag=joined]:has-text('pod 1 joined at step 3')").wait_for()
+        assert note.inner_text() != "joining"
+
+        field.fill("1")
+        with page.expect_request(lambda r: r.method == "PATCH") as sent:
+            scale.click()
+        assert sent.value.post_data_json == {"replicas": 1}
+        page.locator(".timeline li[data-tag=scaled]:has-text('scale 2→1')").wait_for()
+        report(1, Left(message="left", pod=f"{job_id}-1", step=4, epoch=1),
+               incarnation="web-test-1")
+        left = page.locator(".timeline li[data-tag=left]")
+        left.wait_for()
+        assert "pod 1 left (scale-down) after step 4" in left.inner_text()
+        report(0, metric_data(5, participants=1))  # the chart's x range covers every change
+        wait_for(lambda: {"scale", "join", "leave"} <= set(drawn_markers(page, "participants")),
+                 timeout=10, what="the membership markers on the participants chart")
+        assert {"scale 1→2", "pod 1 joined", "scale 2→1",
+                "pod 1 left (scale-down)"} <= set(marker_labels(page))
+        save_artifact(page, artifacts_dir, "dashboard-job-scaled.png")
+        assert page.console.unexpected(422) == []
+    finally:  # its pods would slow the other tests down
+        LocalBackend(control_plane.data_dir / "jobs").delete(job_id)
+
+
+def test_the_migrate_button_moves_a_pod(control_plane: ControlPlane, page: Any) -> None:
+    created = control_plane.http.post("/api/v1/jobs", json=SPEC)
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    report = reporter(control_plane, job_id)
+    try:
+        login(page, control_plane, f"#/jobs/{job_id}")
+        migrate = page.locator("tr[data-ordinal='1'] button", has_text="Migrate")
+        migrate.wait_for()
+        assert migrate.is_disabled()  # the job is starting: nothing to migrate yet
+        report(0, metric_data(1))  # training: the job runs
+        wait_for(migrate.is_enabled, timeout=60, what="pod 1 running in a running job")
+
+        def click_migrate() -> Any:
+            migrate.click()
+            page.wait_for_selector("#confirm[open]")
+            with page.expect_response(lambda r: r.request.method == "POST" and r.url.endswith(
+                    f"/api/v1/jobs/{job_id}/pods/1/migrate")) as answered:
+                page.click("#confirm-ok")
+            return answered.value
+
+        assert click_migrate().status == 202
+        page.locator(".timeline li[data-tag=migrate]").wait_for()
+        note = page.locator("tr[data-ordinal='1'] .note")
+        wait_for(lambda: note.inner_text() == "migrating", timeout=10, what="pod 1 migrating")
+        assert notice_says(page, "Pod 1 is migrating")
+
+        assert click_migrate().status == 409  # the API's detail is shown
+        wait_for(lambda: notice_says(page, f"{job_id}-1 is already migrating"), timeout=10,
+                 what="the 409's detail")
+
+        # The replacement takes part in a step: the API records the migration as done.
+        report(1, joined(f"{job_id}-1", step=3), incarnation="replacement")
+        migrated = page.locator(".timeline li[data-tag=migrated]")
+        migrated.wait_for()
+        assert re.search(r"pod 1 migrated in [\d.]+ s", migrated.inner_text())
+        report(0, metric_data(4))
+        wait_for(lambda: {"migrate", "migrated"} <= set(drawn_markers(page, "participants")),
+                 timeout=10, what="the migration's markers on the participants chart")
+        wait_for(lambda: note.inner_text() != "migrating", timeout=10, what="the note to go")
+        assert "migrate 1" in marker_labels(page)
+        assert "join" not in drawn_markers(page, "participants")  # its own marker says it
+
+        assert control_plane.http.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 202
+        page.wait_for_selector(".title-row .badge[data-status=cancelled]")
+        wait_for(migrate.is_disabled, timeout=10, what="no migration of a cancelled job")
+        assert page.locator("form.replicas").is_hidden()
+        assert page.console.unexpected(409) == []
+    finally:
+        LocalBackend(control_plane.data_dir / "jobs").delete(job_id)

@@ -3,10 +3,17 @@ import { state } from './state.js';
 
 const TOKEN_KEY = 'migrator.token';
 
+/** What a person reads of an error's detail: its text, or the messages of a 422's list. */
+function messageOf(status, detail) {
+  if (typeof detail === 'string') return detail;
+  const messages = Array.isArray(detail) ? detail.map((d) => d?.msg).filter(Boolean) : [];
+  return messages.length ? messages.join('; ') : `HTTP ${status}`;
+}
+
 export class ApiError extends Error {
   constructor(status, body) {
     const detail = body && body.detail !== undefined ? body.detail : body;
-    super(typeof detail === 'string' ? detail : `HTTP ${status}`);
+    super(messageOf(status, detail));
     this.status = status;
     this.detail = detail;
   }

@@ -16,10 +16,17 @@ function cssVar(name) {
   return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
 }
 
-const MARKER_COLORS = { kill: '--bad', failure: '--bad', restart: '--warn', rejoin: '--good' };
+const MARKER_COLORS = {
+  kill: '--bad', failure: '--bad', restart: '--warn', rejoin: '--good',
+  scale: '--scale', join: '--good', leave: '--warn',
+  migrate: '--move', migrated: '--move', 'migration-failed': '--bad',
+};
+// Dashed: a pod coming (back) or asked to move; solid: what happened to the job.
+const DASHED = new Set(['rejoin', 'join', 'leave', 'migrate']);
 
-/** Vertical lines at failure and rejoin moments; `toX` maps a marker to this chart's x.
- * Labels that would overlap move down a row. */
+/** Vertical lines at failures, rejoins and membership changes; `toX` maps a marker to this
+ * chart's x. Labels that would overlap move down a row. The figure's `data-markers` names the
+ * kinds drawn. */
 function markersPlugin(markers, toX) {
   return {
     hooks: {
@@ -34,13 +41,15 @@ function markersPlugin(markers, toX) {
           if (x >= bbox.left && x <= bbox.left + bbox.width) placed.push({ marker, x });
         }
         placed.sort((a, b) => a.x - b.x);
+        const figure = u.root.closest('figure');
+        if (figure) figure.dataset.markers = placed.map((p) => p.marker.kind).join(' ');
         ctx.save();
         ctx.lineWidth = ratio;
         ctx.font = `${10 * ratio}px system-ui, sans-serif`;
         const rowEnds = [];
         for (const { marker, x } of placed) {
           ctx.strokeStyle = ctx.fillStyle = cssVar(MARKER_COLORS[marker.kind] ?? '--muted');
-          ctx.setLineDash(marker.kind === 'rejoin' ? [4 * ratio, 3 * ratio] : []);
+          ctx.setLineDash(DASHED.has(marker.kind) ? [4 * ratio, 3 * ratio] : []);
           ctx.beginPath();
           ctx.moveTo(x, bbox.top);
           ctx.lineTo(x, bbox.top + bbox.height);

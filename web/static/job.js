@@ -8,17 +8,12 @@ import { Pods } from './pods.js';
 import { Checkpoints, Result } from './result.js';
 import { KeyedSeries, TimeSeries } from './series.js';
 import { state } from './state.js';
-import { describe, Timeline } from './timeline.js';
+import { describe, joinedLate, membershipLabel, ordinalOf, Timeline } from './timeline.js';
 
 const POLL_MS = 2000;
 const STREAM_TYPES = ['metric', 'checkpoint', 'job', 'pod', 'log', 'samples'];
 const FINISHED = ['succeeded', 'failed', 'cancelled'];
 const RETRY_MS = 3000;
-
-function ordinalOf(podName) {
-  const match = /-(\d+)$/.exec(String(podName ?? ''));
-  return match ? Number(match[1]) : null;
-}
 
 /** How a pod rejoins: a live group heals it from a peer (a pod recreated there may first load a
  * checkpoint: not a rejoin yet); a restarted group resumes from the checkpoint. */
@@ -44,12 +39,35 @@ function newView(id) {
     kills: new Map(), // ordinal -> {time, restarts}: restarts seen when it was killed
     restarts: new Map(), // ordinal -> restarts seen in the stream's pod events
     rejoins: new Map(), // ordinal -> {time, step}
+    arriving: new Set(), // ordinals a scale-up added that have not joined yet
+    migrating: new Set(), // ordinals whose migration was asked for and has not ended
     podSteps: new Map(), // pod name -> highest step it reported
     latest: null, // the newest metric point
     loadingHistory: false,
     chartsAt: 0, // when the charts were last redrawn
     flushes: 0,
   };
+}
+
+/** Chart markers of a membership change, and what the pods grid notes of it. */
+function membership(view, data, time) {
+  const label = membershipLabel('job', data);
+  if (data.type === 'scaled') {
+    for (let ordinal = data.from; ordinal < data.to; ordinal += 1) view.arriving.add(ordinal);
+    for (const ordinal of view.arriving) if (ordinal >= data.to) view.arriving.delete(ordinal);
+    view.markers.push({ time, kind: 'scale', label });
+  } else if (data.type === 'left') {
+    view.markers.push({ time, kind: 'leave', label });
+  } else if (data.type === 'joined') {
+    // Only a scale-up's newcomers: a migration's replacement has its `migrated` marker, a
+    // comeback its rejoin, and the pods that start together join at step 1.
+    if (view.arriving.delete(ordinalOf(data.pod)) && joinedLate(data)) {
+      view.markers.push({ time, kind: 'join', label });
+    }
+  } else {
+    view.migrating.delete(data.ordinal);
+    view.markers.push({ time, kind: data.type === 'migrated' ? 'migrated' : 'migration-failed', label });
+  }
 }
 
 function layout(view) {
@@ -62,6 +80,7 @@ function layout(view) {
     bar: h('progress', { max: 1, value: 0, 'aria-label': 'progress' }),
     stats: h('dl.stats'),
     reason: h('p.error', { hidden: true }),
+    replicas: h('form.replicas', { hidden: true, novalidate: true, 'aria-label': 'Replicas' }),
     podsBody: h('tbody'),
     charts: h('div.charts'),
     result: h('section.card.result', { hidden: true, 'aria-label': 'Result' }),
@@ -76,7 +95,7 @@ function layout(view) {
     el.notice,
     h('section.card.summary', { 'aria-label': 'Progress' }, el.bar, el.stats, el.reason),
     el.result,
-    section('Pods', h('div.table-wrap', {}, h('table.pods', {},
+    section('Pods', el.replicas, h('div.table-wrap', {}, h('table.pods', {},
       h('thead', {}, h('tr', {}, h('th.num', {}, '#'), h('th', {}, 'Pod'), h('th', {}, 'Phase'),
         h('th.num', {}, 'Restarts'), h('th', {}, 'Last heartbeat'), h('th.num', {}, 'Step'),
         h('th', {}, h('span.visually-hidden', {}, 'Actions')))),
@@ -102,7 +121,11 @@ export function showJob(main, id) {
   state.job = view;
   const { el, content } = layout(view);
   fill(main, ...content);
-  const pods = new Pods(el.podsBody, el.notice, view);
+  const pods = new Pods(el.podsBody, el.notice, view, el.replicas, (job) => {
+    view.job = job; // the scaled job, as the PATCH answered it
+    pods.render();
+    renderSummary();
+  });
   const timeline = new Timeline(el.timeline);
   const checkpoints = new Checkpoints(el.checkpointsBody, el.checkpointsEmpty);
   const result = new Result(el.result);
@@ -160,6 +183,9 @@ export function showJob(main, id) {
     if (type === 'pod' && data.action === 'kill') {
       view.kills.set(data.ordinal, { time, restarts: view.restarts.get(data.ordinal) ?? 0 });
       view.markers.push({ time, kind: 'kill', label: `kill ${data.ordinal}` });
+    } else if (type === 'pod' && data.action === 'migrate') {
+      view.migrating.add(data.ordinal);
+      view.markers.push({ time, kind: 'migrate', label: membershipLabel(type, data) });
     } else if (type === 'pod' && data.ordinal !== undefined) {
       const before = view.restarts.get(data.ordinal) ?? 0;
       if ((data.restarts ?? 0) > before) {
@@ -170,6 +196,10 @@ export function showJob(main, id) {
       if (data.phase === 'Failed' && !(kill && time - kill.time < 30)) {
         view.markers.push({ time, kind: 'failure', label: `failed ${data.ordinal}` });
       }
+      if (data.phase === 'Removed') {
+        view.arriving.delete(data.ordinal);
+        view.migrating.delete(data.ordinal);
+      }
       const pod = view.job?.pods.find((p) => p.ordinal === data.ordinal);
       if (pod && data.phase) {
         pod.phase = data.phase;
@@ -178,12 +208,16 @@ export function showJob(main, id) {
     } else if (type === 'job' && data.type === rejoinType(view.job)) {
       const ordinal = ordinalOf(data.pod);
       const kill = view.kills.get(ordinal);
-      // A heal at step 0 is a pod joining at start-up, not a comeback.
-      if ((data.type === 'healed' && data.step !== 0) || kill) {
+      // A heal at step 0 is a pod joining at start-up, not a comeback; nor is the heal of a pod
+      // a scale-up or a migration brings in (their own markers say so).
+      const arrival = view.arriving.has(ordinal) || view.migrating.has(ordinal);
+      if (!arrival && ((data.type === 'healed' && data.step !== 0) || kill)) {
         view.rejoins.set(ordinal, { time, step: data.step });
         view.markers.push({ time, kind: 'rejoin', label: `rejoin ${ordinal ?? ''}` });
         if (kill && time >= kill.time) context = { afterKill: time - kill.time };
       }
+    } else if (type === 'job' && ['scaled', 'left', 'joined', 'migrated', 'migration_failed'].includes(data.type)) {
+      membership(view, data, time);
     } else if (type === 'job' && data.type === 'quorum' && Number.isFinite(data.participants)) {
       view.series.participants.add(time, `q${event.id}`, [data.participants]);
     } else if (type === 'job' && data.status && !data.type && !event.historic) {

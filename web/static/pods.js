@@ -1,6 +1,10 @@
-// The pods grid: one row per ordinal, each with a Kill button (after a confirm).
+// The pods grid: one row per ordinal, each with Kill and Migrate buttons (after a confirm), and
+// the replicas control that scales the job.
 import { api } from './api.js';
-import { ago, confirmDialog, h, notice, setBadge, setText } from './dom.js';
+import { ago, confirmDialog, fill, h, notice, setBadge, setText } from './dom.js';
+
+const SCALABLE = ['starting', 'running', 'degraded'];
+const MIGRATABLE = ['running', 'degraded'];
 
 /** What to show for a pod: its phase, or "Killed" from the kill until its restart is seen. */
 export function shownPhase(pod, view) {
@@ -10,12 +14,42 @@ export function shownPhase(pod, view) {
   return pod.phase;
 }
 
+/** The note beside a pod's phase: what is happening to it, or how it came back. */
+function noteOf(pod, phase, view) {
+  const rejoin = view.rejoins.get(pod.ordinal);
+  const kill = view.kills.get(pod.ordinal);
+  if (phase === 'Killed') return 'waiting for its controller';
+  if (!view.finished && pod.ordinal >= view.job.spec.replicas) return 'leaving: scaled down';
+  if (!view.finished && view.migrating.has(pod.ordinal)) return 'migrating';
+  if (!view.finished && view.arriving.has(pod.ordinal)) return 'joining';
+  if (rejoin && (!kill || rejoin.time >= kill.time)) return `rejoined${rejoin.step !== undefined ? ` at step ${rejoin.step}` : ''}`;
+  if (kill && phase !== 'Running') return 'recreated';
+  return '';
+}
+
 export class Pods {
-  constructor(body, status, view) {
+  /** `status`: the page's notice; `form`: the replicas control's (empty) form; `onScaled(job)`:
+   * called with the job the PATCH answered. */
+  constructor(body, status, view, form, onScaled) {
     this.body = body;
     this.status = status;
     this.view = view;
     this.rows = new Map();
+    this.form = form;
+    this.onScaled = onScaled;
+    this.replicas = h('input#replicas', {
+      type: 'number', name: 'replicas', min: '1', step: '1', inputmode: 'numeric',
+      'aria-describedby': 'replicas-limit',
+    });
+    this.limit = h('span.hint#replicas-limit');
+    this.scaleButton = h('button.small', { type: 'submit' }, 'Scale');
+    this.shownReplicas = null;
+    fill(form, h('label', { for: 'replicas' }, 'Replicas'), this.replicas, this.limit,
+      this.scaleButton);
+    form.addEventListener('submit', (event) => {
+      event.preventDefault();
+      this.scale();
+    });
   }
 
   row(pod) {
@@ -27,11 +61,14 @@ export class Pods {
       kill: h('button.danger.small', {
         type: 'button', on: { click: () => this.kill(pod.ordinal) },
       }, 'Kill'),
+      migrate: h('button.small', {
+        type: 'button', on: { click: () => this.migrate(pod.ordinal) },
+      }, 'Migrate'),
     };
     row = h('tr', { dataset: { ordinal: String(pod.ordinal) } },
       h('td.num', {}, String(pod.ordinal)), cells.name,
       h('td', {}, cells.phase, ' ', cells.note),
-      cells.restarts, cells.heartbeat, cells.step, h('td', {}, cells.kill));
+      cells.restarts, cells.heartbeat, cells.step, h('td', {}, cells.kill, ' ', cells.migrate));
     row.cells_ = cells;
     this.rows.set(pod.ordinal, row);
     this.body.append(row);
@@ -42,27 +79,79 @@ export class Pods {
     const { view } = this;
     const job = view.job;
     if (!job) return;
-    for (const pod of job.pods) {
+    // The API lists a scaled-away pod until it is gone; the stream may say so first.
+    const pods = job.pods.filter((p) => p.ordinal < job.spec.replicas || p.phase !== 'Removed');
+    const listed = new Set(pods.map((p) => p.ordinal));
+    for (const [ordinal, row] of this.rows) {
+      if (!listed.has(ordinal)) {
+        row.remove();
+        this.rows.delete(ordinal);
+      }
+    }
+    const live = MIGRATABLE.includes(job.status);
+    for (const pod of pods) {
       const row = this.row(pod);
       const cells = row.cells_;
       const phase = shownPhase(pod, view);
+      const leaving = pod.ordinal >= job.spec.replicas;
       row.dataset.phase = phase;
       setText(cells.name, pod.name);
       setBadge(cells.phase, phase);
-      const rejoin = view.rejoins.get(pod.ordinal);
-      const kill = view.kills.get(pod.ordinal);
-      let note = '';
-      if (phase === 'Killed') note = 'waiting for its controller';
-      else if (rejoin && (!kill || rejoin.time >= kill.time)) note = `rejoined${rejoin.step !== undefined ? ` at step ${rejoin.step}` : ''}`;
-      else if (kill && phase !== 'Running') note = 'recreated';
+      const note = noteOf(pod, phase, view);
       setText(cells.note, note);
       row.dataset.rejoined = note.startsWith('rejoined') ? 'true' : 'false';
       setText(cells.restarts, Math.max(pod.restarts, view.restarts.get(pod.ordinal) ?? 0));
       setText(cells.heartbeat, ago(pod.last_heartbeat));
       const step = Math.max(pod.step ?? 0, view.podSteps.get(pod.name) ?? 0);
       setText(cells.step, step || '–');
-      cells.kill.disabled = view.finished || phase !== 'Running';
+      cells.kill.disabled = view.finished || phase !== 'Running' || leaving;
       cells.kill.setAttribute('aria-label', `Kill pod ${pod.ordinal} (${pod.name})`);
+      cells.migrate.disabled = !live || phase !== 'Running' || leaving;
+      cells.migrate.setAttribute('aria-label', `Migrate pod ${pod.ordinal} (${pod.name})`);
+    }
+    this.renderReplicas();
+  }
+
+  renderReplicas() {
+    const { job } = this.view;
+    const replicas = job.spec.replicas;
+    const max = job.spec.max_replicas ?? replicas;
+    this.form.hidden = !SCALABLE.includes(job.status);
+    this.replicas.max = String(max);
+    setText(this.limit, `of at most ${max}`);
+    // A value being typed stays until the job's count itself changes.
+    if (replicas !== this.shownReplicas) {
+      this.replicas.value = String(replicas);
+      this.replicas.removeAttribute('aria-invalid');
+      this.shownReplicas = replicas;
+    }
+  }
+
+  /** A message under the title: an error stays, a confirmation goes after a while. */
+  tell(message, kind = 'info') {
+    clearTimeout(this.clearing);
+    notice(this.status, message, kind);
+    if (kind !== 'error') this.clearing = setTimeout(() => notice(this.status, ''), 10_000);
+  }
+
+  async scale() {
+    const { view } = this;
+    // The server judges the value (1 to max_replicas) and says what is wrong with it.
+    const replicas = this.replicas.value === '' ? null : Number(this.replicas.value);
+    this.scaleButton.disabled = true;
+    this.replicas.removeAttribute('aria-invalid');
+    try {
+      const job = await api(`/api/v1/jobs/${encodeURIComponent(view.id)}`,
+        { method: 'PATCH', body: { replicas } });
+      const count = job.spec.replicas;
+      this.tell(`Scaled to ${count} pod${count === 1 ? '' : 's'}; the pods follow.`);
+      this.onScaled(job);
+    } catch (error) {
+      if (error.unauthorized) return;
+      if (error.status === 422) this.replicas.setAttribute('aria-invalid', 'true');
+      this.tell(`Not scaled: ${error.message}`, 'error');
+    } finally {
+      this.scaleButton.disabled = false;
     }
   }
 
@@ -76,11 +165,25 @@ export class Pods {
     try {
       await api(`/api/v1/jobs/${encodeURIComponent(view.id)}/pods/${ordinal}/kill`,
         { method: 'POST', body: { grace_seconds: 0 } });
-      notice(this.status, `Pod ${ordinal} killed; watch it come back.`);
-      clearTimeout(this.clearing);
-      this.clearing = setTimeout(() => notice(this.status, ''), 10_000);
+      this.tell(`Pod ${ordinal} killed; watch it come back.`);
     } catch (error) {
-      if (!error.unauthorized) notice(this.status, `Pod ${ordinal} was not killed: ${error.message}`, 'error');
+      if (!error.unauthorized) this.tell(`Pod ${ordinal} was not killed: ${error.message}`, 'error');
+    }
+  }
+
+  async migrate(ordinal) {
+    const { view } = this;
+    const name = `${view.id}-${ordinal}`;
+    const ok = await confirmDialog(`Migrate pod ${ordinal}?`,
+      `A replacement of ${name} starts beside it, heals from a peer and takes part; then the `
+      + 'old one leaves after a committed step. Training goes on throughout.', 'Migrate pod');
+    if (!ok) return;
+    try {
+      await api(`/api/v1/jobs/${encodeURIComponent(view.id)}/pods/${ordinal}/migrate`,
+        { method: 'POST' });
+      this.tell(`Pod ${ordinal} is migrating; its replacement starts.`);
+    } catch (error) {
+      if (!error.unauthorized) this.tell(`Pod ${ordinal} was not migrated: ${error.message}`, 'error');
     }
   }
 }

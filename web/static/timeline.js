@@ -9,12 +9,49 @@ function podLabel(data) {
   return data.ordinal !== undefined ? `pod ${data.ordinal}` : '';
 }
 
+/** The ordinal at the end of a pod's name (`job-x-2` -> 2), or null. */
+export function ordinalOf(podName) {
+  const match = /-(\d+)$/.exec(String(podName ?? ''));
+  return match ? Number(match[1]) : null;
+}
+
+/** The short label of a membership change (a chart marker, the start of its timeline row), or
+ * null for any other event. */
+export function membershipLabel(type, data) {
+  const pod = `pod ${data.ordinal ?? ordinalOf(data.pod) ?? '?'}`;
+  if (type === 'pod') return data.action === 'migrate' ? `migrate ${data.ordinal}` : null;
+  if (type !== 'job') return null;
+  if (data.type === 'scaled') return `scale ${data.from}→${data.to}`;
+  if (data.type === 'left') return `${pod} left${data.reason ? ` (${data.reason})` : ''}`;
+  if (data.type === 'joined') return `${pod} joined`;
+  if (data.type === 'migrated') return `${pod} migrated in ${duration(data.seconds)}`;
+  if (data.type === 'migration_failed') return `${pod} not migrated`;
+  return null;
+}
+
+/** Whether a `joined` pod came to a job already training: pods that start together all join
+ * at step 1, their first committed step. */
+export function joinedLate(data) {
+  return data.step > 1;
+}
+
 /** Scalar fields of an event nobody taught the dashboard about, as "key=value" text. */
 function generic(data) {
   return Object.entries(data)
     .filter(([key, value]) => !['time', 'kind', 'pod'].includes(key)
       && ['string', 'number', 'boolean'].includes(typeof value))
     .map(([key, value]) => `${key}=${value}`).join(' ');
+}
+
+/** What a membership change's timeline row says after its label. */
+function membershipDetail(data) {
+  if (data.type === 'left') return data.step === undefined ? '' : ` after step ${data.step}`;
+  const extra = [];
+  if (data.type === 'joined' && data.participants !== undefined) extra.push(`${data.participants} participants`);
+  if (data.type === 'joined' && data.heal_bytes) extra.push(`healed ${number(data.heal_bytes / 1e6, 1)} MB in ${duration(data.heal_seconds)}`);
+  if (data.type === 'migrated' && data.steps_lost !== undefined) extra.push(`${data.steps_lost} step${data.steps_lost === 1 ? '' : 's'} lost`);
+  return (data.step === undefined ? '' : ` at step ${data.step}`)
+    + (extra.length ? ` (${extra.join(', ')})` : '');
 }
 
 /** {tag, tone, text} for an event worth a timeline row, or null (metric points, samples). */
@@ -37,6 +74,8 @@ export function describe(type, data, context = {}) {
   }
   if (type === 'pod') {
     if (data.action === 'kill') return { tag: 'kill', tone: 'bad', text: data.message ?? `pod ${data.ordinal} killed` };
+    if (data.action === 'migrate') return { tag: 'migrate', tone: 'info', text: data.message ?? membershipLabel(type, data) };
+    if (data.phase === 'Removed') return { tag: 'removed', tone: 'info', text: data.message ?? generic(data) };
     const tone = data.phase === 'Failed' ? 'bad' : data.phase === 'Running' ? 'good' : 'info';
     return { tag: data.restarts ? 'restart' : 'pod', tone, text: data.message ?? generic(data) };
   }
@@ -47,6 +86,7 @@ export function describe(type, data, context = {}) {
       return { tag: data.status, tone, text: data.message ?? '' };
     }
     const tag = data.type ?? 'job';
+    if (tag === 'joined' && !joinedLate(data)) return null; // every pod at start-up
     let text = data.message ?? generic(data);
     if (tag === 'healed') {
       const extra = [];
@@ -60,9 +100,11 @@ export function describe(type, data, context = {}) {
       text = `${data.participants} participant${data.participants === 1 ? '' : 's'}`
         + (data.step !== undefined ? ` at step ${data.step}` : '')
         + (Array.isArray(data.replica_ids) ? `: ${data.replica_ids.join(', ')}` : '');
+    } else if (['scaled', 'left', 'joined', 'migrated'].includes(tag)) {
+      text = membershipLabel(type, data) + membershipDetail(data);
     }
-    const tone = ['failed', 'sigterm'].includes(tag) ? 'bad'
-      : ['healed', 'completed', 'resumed'].includes(tag) ? 'good' : 'info';
+    const tone = ['failed', 'sigterm', 'migration_failed'].includes(tag) ? 'bad'
+      : ['healed', 'completed', 'resumed', 'joined', 'migrated'].includes(tag) ? 'good' : 'info';
     return { tag, tone, text };
   }
   if (type === 'log') {
