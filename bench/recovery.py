@@ -104,32 +104,34 @@ def run_kills(http: httpx.Client, data_dir: Path, spec: dict[str, Any],
     victim, survivor = f"{job_id}-1", f"{job_id}-0"
     wait(lambda: http.get(f"/api/v1/jobs/{job_id}").json()["progress"]["step"] >= 3, 600,
          "training to start")
-    kills = []
-    for _ in range(args.kills):
-        time.sleep(args.every)
-        if http.get(f"/api/v1/jobs/{job_id}").json()["status"] not in ("running", "degraded"):
-            break
-        killed_at, restarts = kill(http, data_dir, job_id, 1)
-        started = wait(lambda r=restarts: (pod := pod_state(data_dir, job_id, 1))["restarts"] > r
-                       and pod["started_at"], 120, "pod 1 to be recreated")
-        wait(lambda s=started: any(pod == victim and t > s
-                                   for t, pod, _, _ in steps(http, job_id)), 300,
-             "the recreated pod's first step")
-        wait(lambda s=started: any(pod == survivor and t > s
-                                   for t, pod, _, _ in steps(http, job_id)), 300,
-             "a survivor's step after the rejoin")
-        committed = steps(http, job_id)
-        recovered_at, first_step = recovery(committed, survivor, killed_at)
-        last_before = max(step for t, pod, step, _ in committed
-                          if t < recovered_at and pod == survivor)
-        rejoined = min(t for t, pod, _, _ in committed if t > started and pod == victim)
-        kills.append({"pause": recovered_at - killed_at,
-                      "lost": max(0, last_before - first_step + 1),
-                      "rejoin": rejoined - started})
-        print(f"  {spec['fault_tolerance']}: kill {len(kills)}: pause "
-              f"{kills[-1]['pause']:.2f} s, lost {kills[-1]['lost']}, rejoin "
-              f"{kills[-1]['rejoin']:.2f} s", flush=True)
-    http.post(f"/api/v1/jobs/{job_id}/cancel")
+    kills: list[dict[str, float]] = []
+    try:
+        for _ in range(args.kills):
+            time.sleep(args.every)
+            if http.get(f"/api/v1/jobs/{job_id}").json()["status"] not in ("running", "degraded"):
+                break
+            killed_at, restarts = kill(http, data_dir, job_id, 1)
+            started = wait(lambda r=restarts: (pod := pod_state(data_dir, job_id, 1))[
+                "restarts"] > r and pod["started_at"], 120, "pod 1 to be recreated")
+            wait(lambda s=started: any(pod == victim and t > s
+                                       for t, pod, _, _ in steps(http, job_id)), 300,
+                 "the recreated pod's first step")
+            wait(lambda s=started: any(pod == survivor and t > s
+                                       for t, pod, _, _ in steps(http, job_id)), 300,
+                 "a survivor's step after the rejoin")
+            committed = steps(http, job_id)
+            recovered_at, first_step = recovery(committed, survivor, killed_at)
+            last_before = max(step for t, pod, step, _ in committed
+                              if t < recovered_at and pod == survivor)
+            rejoined = min(t for t, pod, _, _ in committed if t > started and pod == victim)
+            kills.append({"pause": recovered_at - killed_at,
+                          "lost": max(0, last_before - first_step + 1),
+                          "rejoin": rejoined - started})
+            print(f"  {spec['fault_tolerance']}: kill {len(kills)}: pause "
+                  f"{kills[-1]['pause']:.2f} s, lost {kills[-1]['lost']}, rejoin "
+                  f"{kills[-1]['rejoin']:.2f} s", flush=True)
+    finally:  # its pods outlive the API
+        http.post(f"/api/v1/jobs/{job_id}/cancel")
     return kills
 
 
