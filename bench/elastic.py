@@ -21,12 +21,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
-import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,8 +30,7 @@ from typing import Any
 
 import httpx
 
-from bench.recovery import TOKEN, events, healthy, steps, wait
-from bench.serve_noop import free_port
+from bench.control_plane import events, serve, steps, wait
 
 SETTLE_STEPS = 15
 """Steps pod 0 commits with the expected participants before the next operation starts."""
@@ -170,21 +164,9 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, help="keep jobs, logs and database here")
     args = parser.parse_args()
     results: dict[str, list[Result]] = {}
-    with tempfile.TemporaryDirectory() as scratch:
-        data_dir, port = args.data_dir or Path(scratch), free_port()
-        env = {**os.environ, "MIGRATOR_DATA_DIR": str(data_dir), "MIGRATOR_ADMIN_TOKEN": TOKEN,
-               "MIGRATOR_RECONCILE_INTERVAL": "0.5", "MIGRATOR_RESTART_BUDGET": "100"}
-        server = subprocess.Popen([sys.executable, "-m", "api", "--port", str(port)], env=env,
-                                  stdout=subprocess.DEVNULL, start_new_session=True)
-        try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
-                              headers={"Authorization": f"Bearer {TOKEN}"}) as http:
-                wait(lambda: healthy(http), 60, "the API")
-                for mode in args.modes.split(","):
-                    results[mode] = run_mode(http, mode)
-        finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=30)
+    with serve(args.data_dir) as (http, _):
+        for mode in args.modes.split(","):
+            results[mode] = run_mode(http, mode)
     report(results)
 
 

@@ -22,12 +22,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
-import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -35,35 +30,7 @@ from typing import Any
 import httpx
 
 from api.demo import DEMO_SPEC
-from bench.serve_noop import free_port
-
-TOKEN = "bench-admin-token-0123456789"
-
-
-def events(http: httpx.Client, job_id: str, kind: str) -> list[dict[str, Any]]:
-    found, after = [], 0
-    while True:
-        page = http.get(f"/api/v1/jobs/{job_id}/events",
-                        params={"after": after, "type": kind, "limit": 1000}).json()
-        found += page["data"]
-        if page["next_after"] is None:
-            return found
-        after = page["next_after"]
-
-
-def wait(condition: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(0.2)
-    return value
-
-
-def steps(http: httpx.Client, job_id: str) -> list[tuple[float, str, int, int]]:
-    """(trainer time, pod, step, participants) of every committed step, oldest first."""
-    return sorted((e["time"], e["data"]["pod"], e["data"]["step"], e["data"]["participants"])
-                  for e in events(http, job_id, "metric") if e["data"].get("kind") == "metric")
+from bench.control_plane import serve, steps, wait
 
 
 def pod_state(data_dir: Path, job_id: str, ordinal: int) -> dict[str, Any]:
@@ -204,36 +171,16 @@ def main() -> None:
             "epochs": 1, "batch_size": 8, "checkpoint_every_steps": 20}
     kill_results: dict[str, list[dict[str, float]]] = {}
     chaos_results: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
-    with tempfile.TemporaryDirectory() as scratch:
-        data_dir, port = args.data_dir or Path(scratch), free_port()
-        env = {**os.environ, "MIGRATOR_DATA_DIR": str(data_dir), "MIGRATOR_ADMIN_TOKEN": TOKEN,
-               "MIGRATOR_RECONCILE_INTERVAL": "0.5", "MIGRATOR_RESTART_BUDGET": "100"}
-        server = subprocess.Popen([sys.executable, "-m", "api", "--port", str(port)], env=env,
-                                  stdout=subprocess.DEVNULL, start_new_session=True)
-        try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
-                              headers={"Authorization": f"Bearer {TOKEN}"}) as http:
-                wait(lambda: healthy(http), 60, "the API")
-                for mode in modes if "kills" in parts else []:
-                    kill_results[mode] = run_kills(http, data_dir,
-                                                   {**spec, "fault_tolerance": mode}, args)
-                for mode in modes if "chaos" in parts else []:
-                    chaos_results[mode] = (run_demo(http, data_dir, mode, None),
-                                           run_demo(http, data_dir, mode, args.chaos_every))
-        finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=30)
+    with serve(args.data_dir) as (http, data_dir):
+        for mode in modes if "kills" in parts else []:
+            kill_results[mode] = run_kills(http, data_dir, {**spec, "fault_tolerance": mode}, args)
+        for mode in modes if "chaos" in parts else []:
+            chaos_results[mode] = (run_demo(http, data_dir, mode, None),
+                                   run_demo(http, data_dir, mode, args.chaos_every))
     if kill_results:
         report_kills(kill_results)
     if chaos_results:
         report_chaos(chaos_results)
-
-
-def healthy(http: httpx.Client) -> bool:
-    try:
-        return http.get("/healthz").status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 if __name__ == "__main__":
