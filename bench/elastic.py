@@ -7,7 +7,8 @@ in it, one after the other, each operation through the API:
     scale 2 -> 3, SIGKILL pod 1 (the unplanned baseline).
 
 Per operation, from pod 0's committed steps (pod 0 is never touched): its largest gap between
-consecutive commits from the API call until the operation is over, divided by its median step
+consecutive commits from the API call until the operation is over (and pod 0 has committed 3
+steps with the new membership after it), divided by its median step
 interval over the 20 steps before the call; the committed steps computed again (a step number
 pod 0 reports again after a restart from a checkpoint); and the time from the API call to the
 new pod's first committed step (its `joined` event). Goals, live mode: gap / median <= 1.5 and
@@ -35,7 +36,8 @@ from bench.control_plane import events, serve, steps, wait
 SETTLE_STEPS = 15
 """Steps pod 0 commits with the expected participants before the next operation starts."""
 AFTER_STEPS = 3
-"""Median step intervals after an operation's end that still count as its window."""
+"""Steps pod 0 commits with the new membership after an operation ended that still count as
+its window."""
 SPEC = {"model": "minilm", "dataset": "rotten_tomatoes", "replicas": 3, "max_replicas": 3,
         "epochs": 3, "batch_size": 8, "checkpoint_every_steps": 25, "max_eval_samples": 200}
 
@@ -70,11 +72,13 @@ class Run:
         return [e["data"] | {"time": e["time"]} for e in events(self.http, self.id, "job")
                 if e["data"].get("type") == kind and e["time"] > after]
 
-    def settle(self, participants: int) -> None:
-        """Wait until pod 0 has committed SETTLE_STEPS steps with `participants` in a row."""
+    def settle(self, participants: int, after: float = 0.0) -> None:
+        """Wait until pod 0 has committed SETTLE_STEPS steps in a row with `participants`, all
+        after `after`."""
         def settled() -> bool:
             recent = self.survivor_steps()[-SETTLE_STEPS:]
-            return len(recent) == SETTLE_STEPS and all(n == participants for _, _, n in recent)
+            return len(recent) == SETTLE_STEPS and all(
+                n == participants and t > after for t, _, n in recent)
         wait(settled, 600, f"{participants} pods to train together")
 
     def joined(self, ordinal: int, after: float) -> float:
@@ -92,9 +96,12 @@ class Run:
         called = time.time()
         act()
         finished = done(called)
-        self.settle(participants)
+        self.settle(participants, after=finished)
         after = [s for s in self.survivor_steps() if s[0] > before[-1][0] - 1e-9]
-        window = [s for s in after if s[0] <= finished + AFTER_STEPS * median]
+        # Over once pod 0 has committed AFTER_STEPS steps with the new membership since the
+        # operation ended (a restart round, where there is one, is inside).
+        settled = [s for s in after if s[0] > finished and s[2] == participants]
+        window = [s for s in after if s[0] <= settled[AFTER_STEPS - 1][0]]
         gap = max(b[0] - a[0] for a, b in itertools.pairwise(window))
         lost = sum(a[1] - b[1] + 1 for a, b in itertools.pairwise(after) if b[1] <= a[1])
         result = Result(operation, gap / median, lost, finished - called if new_pod else None)
