@@ -27,6 +27,26 @@ class Watched(ABC):
         self.ended = False
         self.exit_code: int | None = None
         """Once ended: its exit status (negative: the signal that killed it), where known."""
+        self.kill_at: float | None = None
+        """Monotonic time at which it gets SIGKILL, once stopped with a grace."""
+
+    def stop(self, grace: float) -> None:
+        """SIGTERM its group now and SIGKILL it after `grace` seconds (at once for 0)."""
+        if self.poll():
+            return
+        if grace <= 0:
+            signal_group(self.pid, signal.SIGKILL)
+            return
+        signal_group(self.pid, signal.SIGTERM)
+        self.kill_at = min(self.kill_at or float("inf"), time.monotonic() + grace)
+
+    def overdue(self, now: float) -> bool:
+        """Whether its grace ran out while it still runs: it gets SIGKILL now (once)."""
+        if self.kill_at is None or now < self.kill_at or self.poll():
+            return False
+        signal_group(self.pid, signal.SIGKILL)
+        self.kill_at = None
+        return True
 
     @abstractmethod
     def poll(self) -> bool:
@@ -87,26 +107,22 @@ class Extra:
     process: Watched
     incarnation: int
     started_at: float
-    kill_at: float | None = None
-    """Monotonic time at which a signalled one gets SIGKILL."""
-
-    def stop(self, grace: float) -> None:
-        """SIGTERM its group now and SIGKILL it after `grace` seconds (at once for 0)."""
-        if self.process.poll():
-            return
-        signal_group(self.process.pid, signal.SIGTERM if grace > 0 else signal.SIGKILL)
-        self.kill_at = min(self.kill_at or float("inf"), time.monotonic() + grace)
 
     def record(self) -> ProcessRecord:
         return ProcessRecord(pid=self.process.pid, pid_started=self.process.started,
                              incarnation=self.incarnation, started_at=self.started_at)
 
     @classmethod
-    def adopt(cls, record: ProcessRecord | None) -> Extra | None:
+    def adopt(cls, record: ProcessRecord | None, kill_after: float | None = None,
+              ) -> Extra | None:
+        """The process a dead supervisor recorded; `kill_after`: it was stopped already, and
+        gets SIGKILL after that many more seconds."""
         if record is None:
             return None
-        return cls(Adopted(record.pid, record.pid_started), record.incarnation,
-                   record.started_at)
+        process = Adopted(record.pid, record.pid_started)
+        if kill_after is not None:
+            process.kill_at = time.monotonic() + kill_after
+        return cls(process, record.incarnation, record.started_at)
 
 
 @dataclass
@@ -123,8 +139,6 @@ class Pod:
     exit_code: int | None = None
     signalled_at: float | None = None
     """Unix time the supervisor first signalled this incarnation (a kill, a stop)."""
-    kill_at: float | None = None
-    """Monotonic time at which a signalled incarnation gets SIGKILL."""
     restart_at: float | None = None
     """Monotonic time at which this failed pod is recreated."""
     removing: bool = False
@@ -171,12 +185,13 @@ class Pod:
         # A state.json of an older supervisor counted only restarts.
         self.incarnation = max(record.incarnation, record.restarts)
         self.removing, self.replace_on_exit = record.removing, record.replace_on_exit
-        self.surge, self.retiring = Extra.adopt(record.surge), Extra.adopt(record.retiring)
+        self.surge = Extra.adopt(record.surge)
+        self.retiring = Extra.adopt(record.retiring, kill_after=stop_grace)
         self.started_at, self.exit_code = record.started_at, record.exit_code
         self.signalled_at = record.signalled_at
         if record.phase == "Running" and record.pid is not None:
             # One that died while no supervisor watched is seen to end at the first poll.
             self.process = Adopted(record.pid, record.pid_started)
             if record.signalled_at is not None:
-                self.kill_at = time.monotonic() + max(
+                self.process.kill_at = time.monotonic() + max(
                     0.0, record.signalled_at + stop_grace - time.time())

@@ -149,7 +149,7 @@ class Supervisor:
         self.ensure_coordinator()
         if self.mode == "running":
             self.check_group()
-        elif not any(not process.poll() for pod in self.pods for process in pod.processes):
+        elif all(process.poll() for pod in self.pods for process in pod.processes):
             self.finished, self.reason = True, self.final_reason
         self.write_state()
 
@@ -204,7 +204,7 @@ class Supervisor:
         """Start the pod's process: incarnation 0 at the job's launch, a new number after."""
         pod.incarnation = 0 if first else self.next_incarnation()
         pod.process = self.spawn_pod(pod, pod.incarnation)
-        pod.phase, pod.started_at, pod.kill_at = "Running", time.time(), None
+        pod.phase, pod.started_at = "Running", time.time()
         pod.signalled_at, pod.replace_on_exit = None, False
         logger.info("pod %s started: pid %d, incarnation %d, restarts %d", pod.name,
                     pod.process.pid, pod.incarnation, pod.restarts)
@@ -309,10 +309,10 @@ class Supervisor:
                 continue
             if pod.process is not None and pod.alive:
                 pod.retiring = Extra(pod.process, pod.incarnation, pod.started_at or 0.0)
-                pod.retiring.stop(STOP_GRACE_SECONDS)
+                pod.process.stop(STOP_GRACE_SECONDS)
             pod.process, pod.incarnation, pod.started_at = (surge.process, surge.incarnation,
                                                             surge.started_at)
-            pod.surge, pod.signalled_at, pod.kill_at = None, None, surge.kill_at
+            pod.surge, pod.signalled_at = None, None
             pod.phase, pod.exit_code = "Running", None
             logger.info("migrate: pod %s incarnation %d takes part; incarnation %s leaves",
                         pod.name, surge.incarnation,
@@ -337,29 +337,23 @@ class Supervisor:
                         pod.retiring = None
                         logger.info("pod %s incarnation %d has left (exit code %s)", pod.name,
                                     extra.incarnation, extra.process.exit_code)
-                elif extra.kill_at is not None and now >= extra.kill_at:
+                elif extra.process.overdue(now):
                     logger.warning("pod %s incarnation %d ignored SIGTERM: SIGKILL", pod.name,
                                    extra.incarnation)
-                    signal_group(extra.process.pid, signal.SIGKILL)
-                    extra.kill_at = None
 
     def stop_pod(self, pod: Pod, grace: float) -> None:
         """Stop every process group of the pod: its current one and any migration's."""
         self.signal_pod(pod, grace)
         for extra in (pod.surge, pod.retiring):
             if extra is not None:
-                extra.stop(grace)
+                extra.process.stop(grace)
 
     def signal_pod(self, pod: Pod, grace: float) -> None:
         """SIGTERM its group now and SIGKILL it after `grace` seconds (at once for 0)."""
         if pod.process is None or not pod.alive:
             return
         pod.signalled_at = pod.signalled_at or time.time()
-        if grace <= 0:
-            signal_group(pod.process.pid, signal.SIGKILL)
-            return
-        signal_group(pod.process.pid, signal.SIGTERM)
-        pod.kill_at = min(pod.kill_at or float("inf"), time.monotonic() + grace)
+        pod.process.stop(grace)
 
     def stop_group(self, mode: Mode, reason: str | None) -> None:
         """Stop every live pod (SIGTERM, SIGKILL after the grace) and then finish."""
@@ -375,14 +369,12 @@ class Supervisor:
             if pod.process is None or not pod.alive:
                 continue
             if not pod.process.poll():
-                if pod.kill_at is not None and now >= pod.kill_at:
+                if pod.process.overdue(now):
                     logger.warning("pod %s ignored SIGTERM: SIGKILL", pod.name)
-                    signal_group(pod.process.pid, signal.SIGKILL)
-                    pod.kill_at = None
                 continue
             # The leader is gone; anything it left in its group must not outlive it.
             signal_group(pod.process.pid, signal.SIGKILL)
-            pod.exit_code, pod.kill_at = pod.process.exit_code, None
+            pod.exit_code = pod.process.exit_code
             if pod.replace_on_exit and self.mode == "running":
                 logger.info("pod %s stopped for its migration: starting its replacement",
                             pod.name)
