@@ -162,11 +162,7 @@ class Reconciler:
         events: list[Event] = []
         replicas = int(job.spec["replicas"])
         observed = {p.ordinal: p for p in status.pods}
-        rows = pods_of(session, job.id)
-        for ordinal in sorted(set(range(replicas)) - {pod.ordinal for pod in rows}):
-            rows.append(Pod(job_id=job.id, ordinal=ordinal, name=f"{job.id}-{ordinal}"))
-            session.add(rows[-1])  # its event follows once the backend lists it
-        for pod in rows:
+        for pod in pods_of(session, job.id):  # a scale adds the rows of new ordinals
             seen = observed.get(pod.ordinal)
             if seen is None and pod.ordinal >= replicas and pod.phase != REMOVED:
                 events.append(new_event(

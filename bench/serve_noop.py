@@ -12,7 +12,7 @@ from pathlib import Path
 import uvicorn
 
 from api.app import create_app
-from api.backends.base import Launch, PodStatus, WorkloadStatus
+from api.backends.base import Launch, Moving, PodStatus, WorkloadStatus
 from api.settings import Settings
 
 
@@ -44,8 +44,8 @@ class NoopBackend:
     def scale(self, job_id: str, replicas: int) -> None:
         self.replicas[job_id] = replicas
 
-    def migrate_pod(self, job_id: str, ordinal: int, node: str | None) -> None:
-        pass
+    def migrate_pod(self, job_id: str, ordinal: int, node: str | None) -> Moving:
+        return Moving(None)
 
     def delete(self, job_id: str) -> None:
         self.replicas.pop(job_id, None)

@@ -88,6 +88,15 @@ class PodStatus:
 
 
 @dataclass(frozen=True)
+class Moving:
+    """The incarnation a migration replaces, as it was when the migration was asked for."""
+
+    incarnation: str | None
+    """What its reports carry, where the backend names it."""
+    node: str | None = None
+
+
+@dataclass(frozen=True)
 class WorkloadStatus:
     present: bool
     """The workload exists and its controller (supervisor / StatefulSet) is alive."""
@@ -120,9 +129,10 @@ class Backend(Protocol):
         Raises WorkloadNotFound where the job has no running workload.
         """
 
-    def migrate_pod(self, job_id: str, ordinal: int, node: str | None) -> None:
+    def migrate_pod(self, job_id: str, ordinal: int, node: str | None) -> Moving:
         """Move one pod to another node (`node`, or any but its own), keeping its ordinal: live,
-        the replacement starts and takes part before the old incarnation leaves.
+        the replacement starts and takes part before the old incarnation leaves. Returns the
+        incarnation being replaced.
 
         Raises WorkloadNotFound for an unknown job or ordinal, WorkloadConflict while that pod
         migrates already, PlacementError where `node` cannot take it.

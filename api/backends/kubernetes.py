@@ -28,6 +28,7 @@ from api.backends import manifests
 from api.backends.base import (
     BackendError,
     Launch,
+    Moving,
     PodStatus,
     Unsupported,
     WorkloadConflict,
@@ -300,7 +301,7 @@ class KubernetesBackend:
              job_id, ns, {"spec": {"replicas": replicas}}, _content_type=MERGE_PATCH)
         logger.info("job %s: statefulset scaled to %d", job_id, replicas)
 
-    def migrate_pod(self, job_id: str, ordinal: int, node: str | None) -> None:
+    def migrate_pod(self, job_id: str, ordinal: int, node: str | None) -> Moving:
         raise Unsupported("moving a pod between nodes is not available on the kubernetes "
                           "backend yet: a StatefulSet cannot place one ordinal on a chosen "
                           "node; kill the pod with a grace instead (it leaves gracefully and "

@@ -26,6 +26,7 @@ import psutil
 from api.backends.base import (
     BackendError,
     Launch,
+    Moving,
     PlacementError,
     PodStatus,
     WorkloadConflict,
@@ -35,6 +36,7 @@ from api.backends.base import (
 from api.backends.local_jobdir import (
     DEFAULT_BACKOFF_SECONDS,
     DEFAULT_MAX_RESTARTS,
+    AnyCommand,
     DeleteCommand,
     JobDir,
     KillCommand,
@@ -123,7 +125,7 @@ class LocalBackend:
         pods = [PodStatus(ordinal=p.ordinal, name=p.name, phase=p.phase, restarts=p.restarts,
                           started_at=p.started_at, exit_code=p.exit_code,
                           incarnation=str(p.incarnation),
-                          migrating=p.surge is not None or p.replace_on_exit)
+                          migrating=p.migrating)
                 for p in state.pods]
         return WorkloadStatus(present=alive and not state.finished, pods=pods,
                               finished=state.finished, reason=state.reason)
@@ -140,7 +142,7 @@ class LocalBackend:
         send_command(job_dir, ScaleCommand(replicas=replicas))
         logger.info("job %s: scale to %d pods requested", job_id, replicas)
 
-    def migrate_pod(self, job_id: str, ordinal: int, node: str | None) -> None:
+    def migrate_pod(self, job_id: str, ordinal: int, node: str | None) -> Moving:
         if node is not None:
             raise PlacementError("the local backend runs every pod on this machine: it has no "
                                  "other node to move a pod to (leave out `node`)")
@@ -148,10 +150,11 @@ class LocalBackend:
         pod = next((p for p in state.pods if p.ordinal == ordinal), None) if state else None
         queued = any(isinstance(command, MigrateCommand) and command.ordinal == ordinal
                      for command in self._queued(job_dir))
-        if queued or (pod is not None and (pod.surge is not None or pod.replace_on_exit)):
+        if queued or (pod is not None and pod.migrating):
             raise WorkloadConflict(f"pod {job_id}-{ordinal} is already migrating")
         send_command(job_dir, MigrateCommand(ordinal=ordinal))
         logger.info("job %s: migration of pod %d requested", job_id, ordinal)
+        return Moving(str(pod.incarnation) if pod else None)
 
     def _running(self, job_id: str) -> tuple[JobDir, StateDocument | None]:
         """The job's directory and state, where a supervisor runs it."""
@@ -172,9 +175,9 @@ class LocalBackend:
         return job_dir, state
 
     @staticmethod
-    def _queued(job_dir: JobDir) -> list[object]:
+    def _queued(job_dir: JobDir) -> list[AnyCommand]:
         """The commands its supervisor has not run yet."""
-        queued: list[object] = []
+        queued: list[AnyCommand] = []
         for path in pending_commands(job_dir):
             with contextlib.suppress(BackendError):  # run (and removed) meanwhile
                 queued.append(read_command(path))

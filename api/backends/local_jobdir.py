@@ -115,7 +115,8 @@ class PodRecord(BaseModel):
     restarts: int = 0
     """Incarnations that failed and were recreated (the restart budget counts these)."""
     incarnation: int = 0
-    """Of the current process: counts every start, graceful leaves included."""
+    """Of the current process: 0 at the launch, then the job's next number at every start
+    (StateDocument.issued), graceful leaves and migrations included."""
     started_at: float | None = None
     signalled_at: float | None = None
     """Unix time the supervisor first signalled this incarnation (a kill, a stop)."""
@@ -131,6 +132,11 @@ class PodRecord(BaseModel):
     """A migration's replacement, running beside the current incarnation until it takes part."""
     retiring: ProcessRecord | None = None
     """An incarnation a replacement took over from, leaving."""
+
+    @property
+    def migrating(self) -> bool:
+        """A migration of it is under way: its replacement runs, or it stops to make room."""
+        return self.surge is not None or self.replace_on_exit
 
 
 class CoordinatorRecord(BaseModel):

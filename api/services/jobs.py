@@ -11,6 +11,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
@@ -55,6 +56,7 @@ logger = logging.getLogger(__name__)
 
 REMOVED = "Removed"
 """The phase of a pod row whose ordinal was scaled away and whose process has ended."""
+T = TypeVar("T")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
@@ -270,10 +272,10 @@ def _active(job: Job, action: str) -> None:
         raise Conflict(f"job {job.id} is {job.status.value}, not running: {action}")
 
 
-def _call(action: str, call: Callable[[], None]) -> None:
+def _call(action: str, call: Callable[[], T]) -> T:
     """Run a backend request, its errors as the API's."""
     try:
-        call()
+        return call()
     except WorkloadNotFound as exc:
         raise Conflict(f"no running workload to {action}: {exc}") from None
     except WorkloadConflict as exc:
@@ -339,15 +341,11 @@ def migrate_pod(session: Session, backend: Backend, events: EventLog, job_id: st
     if pending is not None:
         raise Conflict(f"pod {job_id}-{ordinal} is already migrating (since "
                        f"{time.time() - pending.requested_at:.0f} s)")
-    try:
-        seen = next((p for p in backend.status(job_id).pods if p.ordinal == ordinal), None)
-    except BackendError as exc:
-        raise BackendUnavailable(str(exc)) from None
-    migration = Migration(job_id=job_id, ordinal=ordinal, requested_at=time.time(),
+    requested_at = time.time()
+    moving = _call("migrate", lambda: backend.migrate_pod(job_id, ordinal, node))
+    migration = Migration(job_id=job_id, ordinal=ordinal, requested_at=requested_at,
                           step_at_request=job.step, node_to=node,
-                          old_incarnation=seen.incarnation if seen else None,
-                          node_from=seen.node if seen else None)
-    _call("migrate", lambda: backend.migrate_pod(job_id, ordinal, node))
+                          old_incarnation=moving.incarnation, node_from=moving.node)
     session.add(migration)
     name = f"{job_id}-{ordinal}"
     events.commit(session, [new_event(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from api.backends.base import (
     BackendError,
     Launch,
+    Moving,
     PlacementError,
     PodStatus,
     WorkloadConflict,
@@ -79,7 +80,7 @@ class FakeBackend:
         added = [self._pod(job_id, o) for o in range(len(kept), replicas)]
         self.workloads[job_id] = replace(workload, pods=kept + added)
 
-    def migrate_pod(self, job_id: str, ordinal: int, node: str | None) -> None:
+    def migrate_pod(self, job_id: str, ordinal: int, node: str | None) -> Moving:
         workload = self._workload(job_id)
         if node is not None and node not in self.nodes:
             raise PlacementError(f"no node {node}")
@@ -90,6 +91,7 @@ class FakeBackend:
             raise WorkloadConflict(f"pod {pod.name} is already migrating")
         self.migrations.append((job_id, ordinal, node))
         self.set_pod(job_id, ordinal, migrating=True)
+        return Moving(pod.incarnation, pod.node)
 
     def delete(self, job_id: str) -> None:
         self.deleted.append(job_id)
