@@ -97,7 +97,8 @@ class Run:
         act()
         finished = done(called)
         self.settle(participants, after=finished)
-        after = [s for s in self.survivor_steps() if s[0] > before[-1][0] - 1e-9]
+        # From the last commit before the call on: a pause that starts with it counts.
+        after = [s for s in self.survivor_steps() if s[0] >= before[-1][0]]
         # Over once pod 0 has committed AFTER_STEPS steps with the new membership since the
         # operation ended (a restart round, where there is one, is inside).
         settled = [s for s in after if s[0] > finished and s[2] == participants]
