@@ -63,7 +63,7 @@ def make_backend(settings: Settings) -> Backend:
         from api.backends.local import LocalBackend
 
         return LocalBackend(settings.jobs_dir, max_restarts=settings.restart_budget,
-                            restart_backoff=settings.restart_backoff)
+                            restart_backoff=settings.restart_backoff, standby=settings.standby)
     from api.backends.kubernetes import KubernetesBackend
 
     return KubernetesBackend.from_settings(settings)

@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     restart_backoff: float = Field(default=1.0, ge=0, le=300)
     """Seconds the local backend waits before it recreates a failed pod (Kubernetes recreates
     a deleted pod at once and backs off crashing containers itself)."""
+    standby: bool = True
+    """Local backend, live jobs: keep a warm standby process per job (model and data loaded)
+    that the next pod to start becomes, so a recreated, added or migrated pod takes part in
+    about the time of a heal. Costs one idle process's memory per job."""
     predict_cache_size: int = 2
     """Models kept in memory for predictions."""
     log_format: Literal["text", "json"] = "text"

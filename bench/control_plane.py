@@ -3,6 +3,7 @@ port with a scratch data dir, and reading back what a job's pods reported."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -45,6 +46,16 @@ def steps(http: httpx.Client, job_id: str) -> list[tuple[float, str, int, int]]:
     """(trainer time, pod, step, participants) of every committed step, oldest first."""
     return sorted((e["time"], e["data"]["pod"], e["data"]["step"], e["data"]["participants"])
                   for e in events(http, job_id, "metric") if e["data"].get("kind") == "metric")
+
+
+def standby_ready(data_dir: Path, job_id: str) -> bool:
+    """Whether the job's supervisor holds a loaded standby (local backend, live jobs): its
+    loading costs the pods CPU, so a measurement waits for it to be over."""
+    try:
+        state = json.loads((data_dir / "jobs" / job_id / "state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool((state.get("standby") or {}).get("ready"))
 
 
 def healthy(http: httpx.Client) -> bool:

@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from bench.control_plane import events, serve, steps, wait
+from bench.control_plane import events, serve, standby_ready, steps, wait
 
 SETTLE_STEPS = 15
 """Steps pod 0 commits with the expected participants before the next operation starts."""
@@ -54,8 +54,8 @@ class Result:
 class Run:
     """One job of one mode, and what its pods reported."""
 
-    def __init__(self, http: httpx.Client, mode: str) -> None:
-        self.http, self.mode = http, mode
+    def __init__(self, http: httpx.Client, data_dir: Path, mode: str) -> None:
+        self.http, self.data_dir, self.mode = http, data_dir, mode
         created = http.post("/api/v1/jobs", json={**SPEC, "fault_tolerance": mode})
         created.raise_for_status()
         self.id: str = created.json()["id"]
@@ -74,7 +74,11 @@ class Run:
 
     def settle(self, participants: int, after: float = 0.0) -> None:
         """Wait until pod 0 has committed SETTLE_STEPS steps in a row with `participants`, all
-        after `after`."""
+        after `after` and after a live job's standby was loaded."""
+        if self.mode == "live":
+            wait(lambda: standby_ready(self.data_dir, self.id), 600, "the standby")
+            after = max(after, time.time())
+
         def settled() -> bool:
             recent = self.survivor_steps()[-SETTLE_STEPS:]
             return len(recent) == SETTLE_STEPS and all(
@@ -130,8 +134,8 @@ class Run:
         return float(wait(gone, 300, f"pod {ordinal} to leave"))
 
 
-def run_mode(http: httpx.Client, mode: str) -> list[Result]:
-    run = Run(http, mode)
+def run_mode(http: httpx.Client, data_dir: Path, mode: str) -> list[Result]:
+    run = Run(http, data_dir, mode)
     try:
         run.settle(3)
         return [
@@ -172,9 +176,9 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, help="keep jobs, logs and database here")
     args = parser.parse_args()
     results: dict[str, list[Result]] = {}
-    with serve(args.data_dir) as (http, _):
+    with serve(args.data_dir) as (http, data_dir):
         for mode in args.modes.split(","):
-            results[mode] = run_mode(http, mode)
+            results[mode] = run_mode(http, data_dir, mode)
     report(results)
 
 

@@ -7,6 +7,7 @@ import os
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from trainer.config import ConfigError, TrainConfig, load_config
 from trainer.contract.process import ExitCode, log_format
@@ -16,7 +17,11 @@ from trainer.distributed import Group, die_with_parent
 from trainer.model import ModelError, choose_device
 from trainer.report import HeartbeatFile, HttpSink, JsonlSink, MetricsSink, Reporter
 
+if TYPE_CHECKING:
+    from trainer.train import Prepared
+
 logger = logging.getLogger("trainer")
+
 
 def configure_logging(job_id: str, pod: str) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
@@ -60,7 +65,9 @@ def make_group(config: TrainConfig, pod: str, environ: Mapping[str, str]) -> Gro
     return Group(device, environ, address=runtime.pod_address)
 
 
-def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> int:
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ,
+         prepared: Prepared | None = None) -> int:
+    """Train as the pod the configuration names; `prepared`: what a standby loaded for it."""
     try:
         config = load_config(argv, environ)
     except ConfigError as exc:
@@ -77,7 +84,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
         from trainer.train import Trainer
 
         group = make_group(config, pod, environ)
-        trainer = Trainer(config, group, reporter)
+        trainer = Trainer(config, group, reporter, prepared)
         trainer.train()
         if trainer.stop_reason == "peer":
             return ExitCode.PEER_STOPPED

@@ -49,6 +49,41 @@ class StepResult:
     """False for a pod that fetched the live state in this step instead of computing it."""
 
 
+@dataclass
+class Prepared:
+    """What a pod loads before it needs to know which pod it is: a warm standby
+    (trainer.standby) holds it ready, so the pod it becomes starts with a heal."""
+
+    key: str
+    """The spec and input directories it was loaded for."""
+    tokenizer: Any
+    train: TokenizedSplit
+    validation: TokenizedSplit
+    test: TokenizedSplit
+    model: nn.Module
+    """Freshly initialised (seeded), on its device, not wrapped yet."""
+
+    def fits(self, config: TrainConfig, device: torch.device) -> bool:
+        return self.key == _prepared_key(config) and next(self.model.parameters()).device == device
+
+
+def _prepared_key(config: TrainConfig) -> str:
+    runtime = config.runtime
+    return f"{config.spec.model_dump_json()} {runtime.inputs_dir} {runtime.cache_dir}"
+
+
+def prepare(config: TrainConfig, device: torch.device) -> Prepared:
+    """The tokenizer, the tokenized splits and the seeded model of the job's spec."""
+    spec, runtime = config.spec, config.runtime
+    name_or_path = resolve_model(spec.model, runtime.inputs_dir)
+    tokenizer = load_tokenizer(name_or_path)
+    splits = make_splits(load_source(spec, runtime.inputs_dir, runtime.cache_dir), spec)
+    train, validation, test = (tokenize(split, tokenizer, spec.max_length, runtime.cache_dir)
+                               for split in (splits.train, splits.validation, splits.test))
+    model = load_model(name_or_path, spec.seed).to(device)
+    return Prepared(_prepared_key(config), tokenizer, train, validation, test, model)
+
+
 class Trainer:
     config: TrainConfig
     group: Group
@@ -77,24 +112,24 @@ class Trainer:
     recovery: Recovery
     """The fault-tolerance rules of the group's mode."""
 
-    def __init__(self, config: TrainConfig, group: Group, reporter: Reporter) -> None:
+    def __init__(self, config: TrainConfig, group: Group, reporter: Reporter,
+                 prepared: Prepared | None = None) -> None:
         self.config, self.group, self.reporter = config, group, reporter
         spec, runtime = config.spec, config.runtime
         self.device = group.device
-        name_or_path = resolve_model(spec.model, runtime.inputs_dir)
-        self.tokenizer = load_tokenizer(name_or_path)
-        splits = make_splits(load_source(spec, runtime.inputs_dir, runtime.cache_dir), spec)
+        if prepared is None or not prepared.fits(config, self.device.device):
+            prepared = prepare(config, self.device.device)
+        self.tokenizer = prepared.tokenizer
         self.train_data, self.validation_data, self.test_data = (
-            tokenize(split, self.tokenizer, spec.max_length, runtime.cache_dir)
-            for split in (splits.train, splits.validation, splits.test))
-        self.data_sizes = {"train": len(splits.train), "validation": len(splits.validation),
-                           "test": len(splits.test)}
-        model = load_model(name_or_path, spec.seed).to(self.device.device)
+            prepared.train, prepared.validation, prepared.test)
+        self.data_sizes = {"train": len(self.train_data), "validation": len(self.validation_data),
+                           "test": len(self.test_data)}
+        model = prepared.model
         self.model = group.wrap(model)
         self.optimizer = build_optimizer(model, spec)
         self.schedule = LinearSchedule(spec.learning_rate, spec.warmup_ratio,
-                                       spec.epochs * len(splits.train))
-        self.sampler = GlobalSampler(len(splits.train), spec.batch_size, spec.seed)
+                                       spec.epochs * len(self.train_data))
+        self.sampler = GlobalSampler(len(self.train_data), spec.batch_size, spec.seed)
         self.step, self.samples_seen, self.epoch_end_pending, self.metrics = 0, 0, False, {}
         self.stop_reason = None
         self.checkpoints = checkpoint.CheckpointWriter()

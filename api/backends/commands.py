@@ -72,6 +72,12 @@ def pod_argv(launch: Launch, coordinator: Endpoint, local_addr: str,
             f"--local-addr={local_addr}", "-m", "trainer"]
 
 
+def standby_argv(ready_file: Path, python: str = "python") -> list[str]:
+    """A live job's warm standby (trainer.standby): a pod's environment without its identity;
+    it creates `ready_file` once loaded and becomes the pod named on its stdin."""
+    return [python, "-m", "trainer.standby", "--ready-file", str(ready_file)]
+
+
 def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: str,
             threads: int, incarnation: str = "",
             ready_file: Path | None = None) -> dict[str, str]:

@@ -78,9 +78,10 @@ class LocalBackend:
 
     def __init__(self, jobs_dir: Path, max_restarts: int = DEFAULT_MAX_RESTARTS,
                  restart_backoff: float = DEFAULT_BACKOFF_SECONDS,
-                 supervisor_restarts: int = SUPERVISOR_RESTARTS) -> None:
+                 supervisor_restarts: int = SUPERVISOR_RESTARTS, standby: bool = True) -> None:
         self.jobs_dir = jobs_dir
         self.max_restarts, self.restart_backoff = max_restarts, restart_backoff
+        self.standby = standby
         self.supervisor_restarts = supervisor_restarts
         # Supervisors this process started; polling them reaps them (no zombies in the API).
         self._children: dict[str, subprocess.Popen[bytes]] = {}
@@ -102,7 +103,8 @@ class LocalBackend:
         job_dir.state.unlink(missing_ok=True)
         for stale in job_dir.commands.iterdir():
             stale.unlink(missing_ok=True)
-        write_launch(job_dir, LaunchDocument(launch, self.max_restarts, self.restart_backoff))
+        write_launch(job_dir, LaunchDocument(launch, self.max_restarts, self.restart_backoff,
+                                             self.standby))
         with self._lock:
             self._revivals.pop(launch.job_id, None)
             self._seen.pop(launch.job_id, None)

@@ -93,6 +93,8 @@ class LaunchDocument:
     launch: Launch
     max_restarts: int = DEFAULT_MAX_RESTARTS
     restart_backoff: float = DEFAULT_BACKOFF_SECONDS
+    standby: bool = True
+    """A live job keeps a warm standby process that the next pod to start becomes."""
 
 
 class ProcessRecord(BaseModel):
@@ -102,6 +104,14 @@ class ProcessRecord(BaseModel):
     pid_started: float | None
     incarnation: int
     started_at: float
+
+
+class StandbyRecord(BaseModel):
+    """A live job's warm standby (trainer.standby): loaded once `ready`."""
+
+    pid: int
+    pid_started: float | None
+    ready: bool = False
 
 
 class PodRecord(BaseModel):
@@ -172,6 +182,7 @@ class StateDocument(BaseModel):
     issued: int = 0
     """The highest incarnation number started in the job: each new process takes the next, so
     an ordinal scaled away and back never repeats one (its reports would count as duplicates)."""
+    standby: StandbyRecord | None = None
 
     def listed_processes(self) -> list[tuple[str, int, float | None]]:
         """(what, pid, start time) of every pod group and coordinator this state names."""
@@ -180,6 +191,8 @@ class StateDocument(BaseModel):
         listed += [(f"pod {pod.name} incarnation {extra.incarnation}", extra.pid,
                     extra.pid_started) for pod in self.pods
                    for extra in (pod.surge, pod.retiring) if extra is not None]
+        if self.standby is not None:
+            listed.append(("standby", self.standby.pid, self.standby.pid_started))
         if self.coordinator is not None and self.coordinator.pid is not None:
             listed.append((self.coordinator.name, self.coordinator.pid,
                            self.coordinator.pid_started))
@@ -223,7 +236,7 @@ def _nest_launch(data: Any) -> Any:
     """launch.json is flat: the Launch's fields next to the policy's (which older files lack)."""
     if not isinstance(data, dict):
         return data
-    policy = {k: data[k] for k in ("max_restarts", "restart_backoff") if k in data}
+    policy = {k: data[k] for k in ("max_restarts", "restart_backoff", "standby") if k in data}
     return {"launch": data, **policy}
 
 
@@ -262,7 +275,8 @@ def write_launch(job_dir: JobDir, document: LaunchDocument) -> None:
         # Pods run in the job directory: a relative path would change meaning there.
         if isinstance(value := getattr(document.launch, field.name), Path):
             data[field.name] = str(value.absolute())
-    data |= {"max_restarts": document.max_restarts, "restart_backoff": document.restart_backoff}
+    data |= {"max_restarts": document.max_restarts, "restart_backoff": document.restart_backoff,
+             "standby": document.standby}
     write_json_atomic(job_dir.launch, data, mode=0o600)  # it holds the job's report token
 
 

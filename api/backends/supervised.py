@@ -90,11 +90,14 @@ class Adopted(Watched):
         return self.ended
 
 
-def spawn(argv: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None) -> Child:
-    """Start `argv` as the leader of a new session, appending its output to `log`."""
+def spawn(argv: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None,
+          stdin: int = subprocess.DEVNULL) -> Child:
+    """Start `argv` as the leader of a new session, appending its output to `log`;
+    `stdin=subprocess.PIPE`: this supervisor writes to it (the child sees its end close with
+    this process)."""
     # The child keeps its own descriptor of the log, so its output outlives this supervisor.
     with log.open("ab") as handle:
-        return Child(subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+        return Child(subprocess.Popen(argv, env=env, cwd=cwd, stdin=stdin,
                                       stdout=handle, stderr=subprocess.STDOUT,
                                       start_new_session=True))
 

@@ -47,6 +47,7 @@ from api.backends.local_jobdir import (
     try_lock,
     write_state,
 )
+from api.backends.standby import SETTLE_SECONDS, Standby
 from api.backends.supervised import POLL_SECONDS, Adopted, Extra, Pod, Watched, spawn
 from trainer.contract.process import ExitCode, failure_reason
 
@@ -89,6 +90,8 @@ class Supervisor:
         self.adoptions = 0
         self.previous = previous
         """The state a dead supervisor left, to adopt its processes from."""
+        self.standby = Standby(job_dir) if self.live and document.standby else None
+        """The warm process the next pod to start becomes (live jobs)."""
         self._sigterm = False
         self._written: StateDocument | None = None
 
@@ -132,6 +135,7 @@ class Supervisor:
             self.coordinator_starts = coordinator.restarts + 1
             if coordinator.pid is not None:
                 self.coordinator = Adopted(coordinator.pid, coordinator.pid_started)
+        Standby.discard(previous.standby)
         logger.warning("adopting the job from supervisor pid %s (adoption %d): pods %s",
                        previous.supervisor_pid, self.adoptions,
                        ", ".join(f"{p.name} pid {p.process.pid}" for p in self.pods
@@ -151,6 +155,7 @@ class Supervisor:
             self.check_group()
         elif all(process.poll() for pod in self.pods for process in pod.processes):
             self.finished, self.reason = True, self.final_reason
+        self.keep_standby()
         self.write_state()
 
     def state(self) -> StateDocument:
@@ -166,7 +171,8 @@ class Supervisor:
                 pid_started=coordinator.started if coordinator else None,
                 restarts=max(self.coordinator_starts - 1, 0)),
             mode=self.mode, final_reason=self.final_reason, adoptions=self.adoptions,
-            replicas=self.replicas, issued=self.issued)
+            replicas=self.replicas, issued=self.issued,
+            standby=self.standby.record() if self.standby else None)
 
     def write_state(self) -> None:
         """Write state.json when it changed since the last write."""
@@ -211,20 +217,50 @@ class Supervisor:
         self.write_state()  # listed at once: should this supervisor die, it is found again
 
     def spawn_pod(self, pod: Pod, incarnation: int) -> Watched:
-        """Start one process group of `pod` as its `incarnation`."""
-        launch = self.launch
+        """Start one process group of `pod` as its `incarnation`: the standby, if one runs."""
+        ready = self.job_dir.ready(pod.name, incarnation)
+        ready.unlink(missing_ok=True)
+        env = self.pod_env(pod.name, str(incarnation), ready)
+        log = self.job_dir.log(pod.name)
+        if self.standby is not None and (process := self.standby.take(env, log)) is not None:
+            return process
+        argv = commands.pod_argv(self.launch, self.coordinator_endpoint, commands.LOOPBACK,
+                                 python=sys.executable)
+        return spawn(argv, self.job_dir.path, log, env)
+
+    def pod_env(self, name: str, incarnation: str, ready: Path | None) -> dict[str, str]:
+        """A pod's environment (the standby's: no name, incarnation or ready file)."""
         # The control plane's own settings (its admin token, database URL) stay out of the pods:
         # a pod holds only its job's report token.
         inherited = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_PREFIX)}
         threads = (os.cpu_count() or 1) // max(self.replicas, 1)
-        ready = self.job_dir.ready(pod.name, incarnation)
-        ready.unlink(missing_ok=True)
-        env = {**inherited, **commands.pod_env(launch, pod.name, self.coordinator_endpoint,
-                                               commands.LOOPBACK, threads,
-                                               incarnation=str(incarnation), ready_file=ready)}
-        argv = commands.pod_argv(launch, self.coordinator_endpoint, commands.LOOPBACK,
-                                 python=sys.executable)
-        return spawn(argv, self.job_dir.path, self.job_dir.log(pod.name), env)
+        return {**inherited, **commands.pod_env(self.launch, name, self.coordinator_endpoint,
+                                                commands.LOOPBACK, threads,
+                                                incarnation=incarnation, ready_file=ready)}
+
+    def keep_standby(self) -> None:
+        """Keep a standby warm while the job runs, started once the job is quiet: every pod
+        has taken part (its ready file exists), the last one SETTLE_SECONDS ago or more."""
+        if self.standby is None:
+            return
+        if self.mode != "running":
+            self.standby.stop()
+            return
+        self.standby.keep(self.pod_env("", "", None), wanted=self.quiet(time.time()))
+
+    def quiet(self, now: float) -> bool:
+        for pod in self.pods:
+            if pod.removing:
+                continue
+            if not pod.alive or pod.surge is not None or pod.retiring is not None:
+                return False
+            try:
+                took_part = self.job_dir.ready(pod.name, pod.incarnation).stat().st_mtime
+            except OSError:
+                return False
+            if now - took_part < SETTLE_SECONDS:
+                return False
+        return True
 
     def pod(self, ordinal: int) -> Pod | None:
         return next((pod for pod in self.pods if pod.ordinal == ordinal), None)
@@ -474,7 +510,9 @@ class Supervisor:
         return failure_reason(lines) or f"exit code {pod.exit_code}"
 
     def kill_leftovers(self) -> None:
-        """Never leave an orphan pod or coordinator, whatever ended the loop."""
+        """Never leave an orphan pod, standby or coordinator, whatever ended the loop."""
+        if self.standby is not None:
+            self.standby.stop()
         if self.coordinator is not None and not self.coordinator.poll():
             signal_group(self.coordinator.pid, signal.SIGKILL)
             self.coordinator.wait(timeout=STOP_GRACE_SECONDS)

@@ -155,6 +155,9 @@ def test_a_pod_stopped_with_a_grace_leaves_gracefully_and_is_recreated(
     dying, so nothing fails and no restart is counted; the recreated pod heals and rejoins."""
     job = Job(plane, spec("live"))
     wait_for(lambda: len(job.steps()) >= 30, timeout=180, what="training with three pods")
+    # Once the pods take part, the job keeps a warm standby: the recreated pod is that process.
+    standby = wait_for(lambda: (plane.state(job.id).get("standby") or {}).get("ready")
+                       and plane.state(job.id)["standby"], timeout=120, what="a warm standby")
     response = plane.http.post(f"/api/v1/jobs/{job.id}/pods/2/kill", json={"grace_seconds": 30})
     assert response.status_code == 202, response.text
     stopped_at = time.time()
@@ -162,6 +165,7 @@ def test_a_pod_stopped_with_a_grace_leaves_gracefully_and_is_recreated(
     assert left[0]["pod"] == job.pod(2)
     job.wait_steps(3, stopped_at, 2, (0, 1), "pods 0 and 1 to train without pod 2")
     job.wait_rejoined((2,), stopped_at)
+    assert plane.state(job.id)["pods"][2]["pid"] == standby["pid"]
 
     finished = job.finish()
     assert [p["restarts"] for p in finished["pods"]] == [0, 0, 0]

@@ -1,72 +1,24 @@
-"""The supervisor's scale and migrate commands, run in this process with stand-in pods.
-
-Each pod is a real process group (a Python sleeper that exits 0 on SIGTERM, as a trainer that
-leaves does, and says it is up with a file beside its ready file); a test creates a
-replacement's ready file where a trainer would once it took part.
-"""
+"""The supervisor's scale and migrate commands, run in this process with stand-in pods
+(tests/api/backends/stand_ins.py)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from api.backends import commands
 from api.backends import supervisor as supervisor_module
-from api.backends.base import Launch
-from api.backends.local_jobdir import (
-    JobDir,
-    LaunchDocument,
-    MigrateCommand,
-    ScaleCommand,
-    read_state,
-    send_command,
-)
+from api.backends.local_jobdir import MigrateCommand, ScaleCommand, read_state, send_command
 from api.backends.supervisor import Supervisor
-from tests.support import wait_for
-
-SLEEPER = [sys.executable, "-c", "import os, pathlib, signal, sys, time\n"
-           "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
-           "up = pathlib.Path(os.environ['READY_FILE'] + '.up')\n"
-           "up.parent.mkdir(exist_ok=True)\nup.touch()\ntime.sleep(120)"]
+from tests.api.backends.stand_ins import start_supervisor, ticks_until, up
 
 
 @pytest.fixture
 def supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Supervisor]:
-    monkeypatch.setattr(commands, "pod_argv", lambda *args, **kwargs: SLEEPER)
-    monkeypatch.setattr(commands, "lighthouse_argv", lambda *args, **kwargs: SLEEPER)
-    job_dir = JobDir(tmp_path / "job-elastic")
-    for sub in (job_dir.logs, job_dir.commands):
-        sub.mkdir(parents=True)
-    launch = Launch(job_id=job_dir.job_id, replicas=2, fault_tolerance="live",
-                    spec={"replicas": 2, "max_replicas": 4}, report_url="http://127.0.0.1:9",
-                    report_token="t", checkpoint_dir=tmp_path / "checkpoints",
-                    model_dir=tmp_path / "model", inputs_dir=tmp_path,
-                    cache_dir=tmp_path / "cache")
-    running = Supervisor(job_dir, LaunchDocument(launch))
-    running.ensure_coordinator()
-    for pod in running.pods:
-        running.start_pod(pod, first=True)
+    running = start_supervisor(tmp_path, monkeypatch, standby=False)
     yield running
     running.kill_leftovers()
-
-
-def up(supervisor: Supervisor) -> bool:
-    """Every process of every pod has its SIGTERM handler installed."""
-    return all(Path(f"{supervisor.job_dir.ready(pod.name, incarnation)}.up").exists()
-               for pod in supervisor.pods
-               for incarnation in [pod.incarnation, *([pod.surge.incarnation]
-                                                      if pod.surge else [])])
-
-
-def ticks_until(supervisor: Supervisor, condition: Any, what: str) -> Any:
-    def ticked() -> Any:
-        supervisor.tick()
-        return condition()
-    return wait_for(ticked, timeout=20, what=what)
 
 
 def test_scale_down_and_up_never_repeats_an_incarnation(supervisor: Supervisor) -> None:

@@ -1,0 +1,107 @@
+"""A live job's warm standby, as its supervisor keeps it: one trainer process
+(trainer.standby) that has loaded the job's model and data and becomes the next pod to start.
+
+The next pod the supervisor starts (recreated after a failure or a graceful leave, added by a
+scale-up, a migration's replacement) is handed to the standby on its stdin instead of being
+spawned, so it takes part after a heal rather than after a Python start-up and a model load.
+A new standby starts only once the job is quiet again (every pod takes part, none started in
+the last SETTLE_SECONDS): loading one costs CPU the pods would miss during a heal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from api.backends import commands
+from api.backends.local_jobdir import JobDir, StandbyRecord, same_process, signal_group
+from api.backends.supervised import Child, spawn
+
+logger = logging.getLogger(__name__)
+
+SETTLE_SECONDS = 5.0
+"""How long after the last pod started a new standby may start loading."""
+MAX_FAILURES = 3
+"""Standbys that ended on their own (bad input, a crash) before the job stops keeping one."""
+NAME = "standby"
+
+
+class Standby:
+    """At most one warm process, and what it takes to start, hand over and stop one."""
+
+    def __init__(self, job_dir: JobDir) -> None:
+        self.job_dir = job_dir
+        self.process: Child | None = None
+        self.failures = 0
+        self._starts = 0
+
+    @property
+    def ready_file(self) -> Path:
+        return self.job_dir.ready_dir / f"{NAME}.{self._starts}"
+
+    @property
+    def ready(self) -> bool:
+        return self.process is not None and self.ready_file.exists()
+
+    def record(self) -> StandbyRecord | None:
+        if self.process is None:
+            return None
+        return StandbyRecord(pid=self.process.pid, pid_started=self.process.started,
+                             ready=self.ready)
+
+    @staticmethod
+    def discard(record: StandbyRecord | None) -> None:
+        """A dead supervisor's standby: nobody can hand it a pod any more (it ends by itself at
+        the end of its input, once loaded; this ends it now)."""
+        if record is not None and same_process(record.pid, record.pid_started) is not None:
+            signal_group(record.pid, signal.SIGKILL)
+
+    def keep(self, env: dict[str, str], wanted: bool) -> None:
+        """Start one if none runs and `wanted`; note one that ended by itself."""
+        process = self.process
+        if process is not None and process.poll():
+            self.process = None
+            self.failures += 1
+            logger.warning("standby (pid %d) exited with code %s before it was needed%s",
+                           process.pid, process.exit_code,
+                           "; no more standbys for this job" if self.failures >= MAX_FAILURES
+                           else "")
+        if self.process is None and wanted and self.failures < MAX_FAILURES:
+            self._starts += 1
+            self.ready_file.parent.mkdir(parents=True, exist_ok=True)
+            for stale in self.ready_file.parent.glob(f"{NAME}.*"):  # one taken while loading
+                stale.unlink(missing_ok=True)
+            argv = commands.standby_argv(self.ready_file, python=sys.executable)
+            self.process = spawn(argv, self.job_dir.path, self.job_dir.log(NAME), env,
+                                 stdin=subprocess.PIPE)
+            logger.info("standby started (pid %d)", self.process.pid)
+
+    def take(self, env: dict[str, str], log: Path) -> Child | None:
+        """The standby, told to become the pod of `env` logging to `log`; None if there is no
+        live one (the caller spawns the pod)."""
+        process, self.process = self.process, None
+        if process is None or process.poll() or process.process.stdin is None:
+            return None
+        line = json.dumps({"environ": env, "log": str(log)}) + "\n"
+        try:
+            process.process.stdin.write(line.encode())
+            process.process.stdin.close()
+        except OSError:  # it died just now
+            signal_group(process.pid, signal.SIGKILL)
+            return None
+        logger.info("standby (pid %d, %s) becomes the next pod", process.pid,
+                    "loaded" if self.ready_file.exists() else "still loading")
+        self.ready_file.unlink(missing_ok=True)
+        return process
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is not None and not process.poll():
+            signal_group(process.pid, signal.SIGKILL)
+            process.wait(timeout=5.0)
+        self.ready_file.unlink(missing_ok=True)
+
