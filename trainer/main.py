@@ -61,7 +61,8 @@ def make_group(config: TrainConfig, pod: str, environ: Mapping[str, str]) -> Gro
 
         return LiveGroup(device, replica_id=pod, lighthouse=runtime.lighthouse,
                          address=runtime.pod_address, heal_secret=runtime.heal_secret,
-                         quorum_retries=runtime.quorum_retries)
+                         quorum_retries=runtime.quorum_retries,
+                         replica_file=runtime.replica_file)
     return Group(device, environ, address=runtime.pod_address)
 
 

@@ -79,13 +79,14 @@ def standby_argv(ready_file: Path, python: str = "python") -> list[str]:
 
 
 def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: str,
-            threads: int, incarnation: str = "",
-            ready_file: Path | None = None) -> dict[str, str]:
+            threads: int, incarnation: str = "", ready_file: Path | None = None,
+            replica_file: Path | None = None) -> dict[str, str]:
     """A trainer pod's environment, the job's secrets included (REPORT_TOKEN, HEAL_SECRET).
 
     `pod_address` is how peers reach this pod, and the only address its processes listen on;
     `incarnation` tells this process's reports apart (empty: the trainer makes one up);
-    `ready_file` is created once the pod takes part in a step.
+    `ready_file` is created once the pod takes part in a step; a live pod writes its
+    lighthouse replica id to `replica_file`.
     """
     live = launch.fault_tolerance == "live"
     runtime = Runtime(job_id=launch.job_id, pod_name=pod_name, incarnation=incarnation,
@@ -93,6 +94,7 @@ def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: s
                       report_token=launch.report_token, checkpoint_dir=launch.checkpoint_dir,
                       model_dir=launch.model_dir, inputs_dir=launch.inputs_dir,
                       cache_dir=launch.cache_dir, ready_file=ready_file,
+                      replica_file=replica_file if live else None,
                       **({"lighthouse": f"http://{coordinator}",
                           "heal_secret": launch.heal_secret} if live else {}))
     env = {SPEC_ENV: json.dumps(launch.spec), **runtime.to_env(),

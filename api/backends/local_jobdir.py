@@ -81,6 +81,10 @@ class JobDir:
         """Created by the pod's `incarnation` once it takes part in a committed step."""
         return self.ready_dir / f"{pod}.{incarnation}"
 
+    def replica(self, pod: str, incarnation: int) -> Path:
+        """Where the pod's live `incarnation` writes its lighthouse replica id."""
+        return self.ready_dir / f"{pod}.{incarnation}.replica"
+
     def log(self, process: str) -> Path:
         """The log of a pod (by its name) or of the coordinator (`lighthouse`, `store`)."""
         return self.logs / f"{process}.log"

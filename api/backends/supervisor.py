@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+import grpc
 import psutil
 
 from api.backends import commands
@@ -50,10 +51,13 @@ from api.backends.local_jobdir import (
 from api.backends.standby import SETTLE_SECONDS, Standby
 from api.backends.supervised import POLL_SECONDS, Adopted, Extra, Pod, Watched, spawn
 from trainer.contract.process import ExitCode, failure_reason
+from trainer.engine import lighthouse
 
 logger = logging.getLogger(__name__)
 
 STOP_GRACE_SECONDS = 10.0
+LIGHTHOUSE_TIMEOUT = 1.0
+"""Seconds a call to the lighthouse may take (it answers in milliseconds when it runs)."""
 LOCK_WAIT_SECONDS = 1.0
 
 SETTINGS_PREFIX = "MIGRATOR_"  # api.settings.Settings' env prefix
@@ -220,7 +224,8 @@ class Supervisor:
         """Start one process group of `pod` as its `incarnation`: the standby, if one runs."""
         ready = self.job_dir.ready(pod.name, incarnation)
         ready.unlink(missing_ok=True)
-        env = self.pod_env(pod.name, str(incarnation), ready)
+        env = self.pod_env(pod.name, str(incarnation), ready,
+                           self.job_dir.replica(pod.name, incarnation))
         log = self.job_dir.log(pod.name)
         if self.standby is not None and (process := self.standby.take(env, log)) is not None:
             return process
@@ -228,7 +233,8 @@ class Supervisor:
                                  python=sys.executable)
         return spawn(argv, self.job_dir.path, log, env)
 
-    def pod_env(self, name: str, incarnation: str, ready: Path | None) -> dict[str, str]:
+    def pod_env(self, name: str, incarnation: str, ready: Path | None,
+                replica: Path | None = None) -> dict[str, str]:
         """A pod's environment (the standby's: no name, incarnation or ready file)."""
         # The control plane's own settings (its admin token, database URL) stay out of the pods:
         # a pod holds only its job's report token.
@@ -236,7 +242,8 @@ class Supervisor:
         threads = (os.cpu_count() or 1) // max(self.replicas, 1)
         return {**inherited, **commands.pod_env(self.launch, name, self.coordinator_endpoint,
                                                 commands.LOOPBACK, threads,
-                                                incarnation=incarnation, ready_file=ready)}
+                                                incarnation=incarnation, ready_file=ready,
+                                                replica_file=replica)}
 
     def keep_standby(self) -> None:
         """Keep a standby warm while the job runs, started once the job is quiet: every pod
@@ -366,6 +373,7 @@ class Supervisor:
                     signal_group(extra.process.pid, signal.SIGKILL)
                     if extra is pod.surge:
                         pod.surge = None
+                        self.report_gone(pod, extra.incarnation)
                         logger.warning("migrate: the replacement of pod %s exited with code %s "
                                        "before it took part; the pod runs on as it was",
                                        pod.name, extra.process.exit_code)
@@ -423,9 +431,32 @@ class Supervisor:
                 pod.phase = "Pending"
                 continue
             pod.phase = "Succeeded" if self.done_training(pod) else "Failed"
+            if pod.phase == "Failed":
+                self.report_gone(pod, pod.incarnation)
             logger.info("pod %s exited with code %s: %s", pod.name,
                         "unknown" if pod.exit_code is None else pod.exit_code, pod.phase)
         self.drop_removed()
+
+    def report_gone(self, pod: Pod, incarnation: int) -> None:
+        """Tell a live job's lighthouse that this incarnation died, so its peers' next quorum
+        forms without waiting for its heartbeats to expire (a pod that leaves says so itself)."""
+        replica = self.job_dir.replica(pod.name, incarnation)
+        try:
+            replica_id = replica.read_text().strip()
+        except OSError:
+            return  # it died before it joined: the lighthouse never knew it
+        replica.unlink(missing_ok=True)
+        if not self.live or not replica_id:
+            return
+        try:
+            lighthouse.leave(f"http://{self.coordinator_endpoint}", replica_id,
+                             timeout=LIGHTHOUSE_TIMEOUT)
+        except grpc.RpcError as exc:  # its heartbeats expire all the same
+            logger.warning("could not tell the lighthouse that %s is gone: %s", replica_id,
+                           exc.code() if isinstance(exc, grpc.Call) else exc)
+            return
+        logger.info("told the lighthouse that %s (pod %s incarnation %d) is gone", replica_id,
+                    pod.name, incarnation)
 
     def drop_removed(self) -> None:
         """Pods scaled away are gone once none of their processes runs."""

@@ -80,6 +80,10 @@ class Runtime(BaseModel):
     """Created once this process has taken part in a committed step: a migration retires the
     pod's old incarnation when its replacement's file appears."""
 
+    replica_file: Path | None = Field(default=None, alias="REPLICA_FILE")
+    """Where a live pod writes its replica id once it joined the lighthouse: should the process
+    die, its supervisor tells the lighthouse at once instead of letting heartbeats expire."""
+
     @model_validator(mode="after")
     def _token_with_url(self) -> Runtime:
         if self.report_url and not self.report_token:

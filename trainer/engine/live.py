@@ -12,6 +12,7 @@ import logging
 import socket
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -51,7 +52,8 @@ class LiveGroup(Group):
     recovery = LiveRecovery
 
     def __init__(self, device: DeviceChoice, replica_id: str, lighthouse: str, address: str,
-                 heal_secret: str, quorum_retries: int) -> None:
+                 heal_secret: str, quorum_retries: int, replica_file: Path | None = None,
+                 ) -> None:
         from torchft.manager import Manager
 
         self.device = device
@@ -77,6 +79,16 @@ class LiveGroup(Group):
         self._quorum_rank: int | None = None
         self._connections_dropped = False
         logger.info("replica %s joined lighthouse %s", replica_id, lighthouse)
+        if replica_file is not None:
+            replica_file.parent.mkdir(parents=True, exist_ok=True)
+            replica_file.write_text(self.replica_id)
+
+    @property
+    def replica_id(self) -> str:
+        """The id the lighthouse knows this process by (torchft adds a uuid to the pod's)."""
+        from torchft.manager import REPLICA_ID_KEY
+
+        return str(self.manager._store.get(REPLICA_ID_KEY).decode())  # no public accessor
 
     @property
     def rank(self) -> int:
@@ -155,9 +167,7 @@ class LiveGroup(Group):
     def leave(self) -> None:
         # The lighthouse forms the next quorum without this replica as soon as it is told,
         # instead of when its heartbeats have been missing for the timeout.
-        from torchft.manager import REPLICA_ID_KEY
-
-        replica_id = self.manager._store.get(REPLICA_ID_KEY).decode()  # no public accessor
+        replica_id = self.replica_id
         leave(self._lighthouse, replica_id, timeout=CONNECT_TIMEOUT.total_seconds())
         logger.info("left the job: told the lighthouse that %s left", replica_id)
 

@@ -1,7 +1,8 @@
 """A supervisor run in the test's process, with stand-ins for what it starts.
 
 Each pod is a real process group: a Python sleeper that exits 0 on SIGTERM (as a trainer that
-leaves does) and says it is up with a file beside its ready file. A test creates a pod's ready
+leaves does), writes a replica id where a live trainer writes the one the lighthouse knows it
+by, and says it is up with a file beside its ready file. A test creates a pod's ready
 file where a trainer would once it took part. The standby stand-in speaks trainer.standby's
 protocol: it creates its ready file, reads its assignment on stdin, writes to the pod's log
 from then on and becomes a sleeper pod.
@@ -26,6 +27,9 @@ import os, pathlib, signal, sys, time
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 up = pathlib.Path(os.environ['READY_FILE'] + '.up')
 up.parent.mkdir(exist_ok=True)
+if os.environ.get('REPLICA_FILE'):
+    replica = os.environ['POD_NAME'] + ':incarnation-' + os.environ['POD_INCARNATION']
+    pathlib.Path(os.environ['REPLICA_FILE']).write_text(replica)
 up.touch()
 time.sleep(120)
 """
@@ -51,11 +55,13 @@ def standby_argv(ready_file: Path, python: str = "python") -> list[str]:
     return [sys.executable, "-c", STANDBY + POD, str(ready_file)]
 
 
-def start_supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                     standby: bool) -> Supervisor:
-    """A live job of 2 pods (max 4) with its stand-in lighthouse and pods started."""
+def start_supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, standby: bool,
+                     lighthouse: bool = False) -> Supervisor:
+    """A live job of 2 pods (max 4) with its lighthouse (a stand-in unless `lighthouse`) and
+    pods started."""
     monkeypatch.setattr(commands, "pod_argv", lambda *args, **kwargs: SLEEPER)
-    monkeypatch.setattr(commands, "lighthouse_argv", lambda *args, **kwargs: SLEEPER)
+    if not lighthouse:
+        monkeypatch.setattr(commands, "lighthouse_argv", lambda *args, **kwargs: SLEEPER)
     monkeypatch.setattr(commands, "standby_argv", standby_argv)
     job_dir = JobDir(tmp_path / "job-elastic")
     for sub in (job_dir.logs, job_dir.commands):

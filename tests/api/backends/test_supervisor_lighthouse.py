@@ -1,0 +1,40 @@
+"""The supervisor tells a live job's real lighthouse that a pod died, so the survivors' next
+quorum does not wait for its heartbeats to expire (stand-in pods: tests/api/backends/stand_ins.py)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from torchft._torchft import LighthouseClient
+
+from api.backends.local_jobdir import KillCommand, send_command
+from tests.api.backends.stand_ins import start_supervisor, ticks_until, up
+from tests.support import accepts, wait_for
+
+
+def test_a_pod_that_dies_is_reported_gone_to_the_lighthouse(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    supervisor = start_supervisor(tmp_path, monkeypatch, standby=False, lighthouse=True)
+    try:
+        endpoint = supervisor.coordinator_endpoint
+        wait_for(lambda: accepts(endpoint.port), what="the lighthouse to listen", timeout=30)
+        ticks_until(supervisor, lambda: up(supervisor), "the pods to be up")
+        pod = supervisor.pods[1]
+        dead = supervisor.job_dir.replica(pod.name, pod.incarnation).read_text()
+        client = LighthouseClient(f"http://{endpoint}", timedelta(seconds=10))
+        client.heartbeat(dead)  # the lighthouse knows it: it would wait for it
+
+        send_command(supervisor.job_dir, KillCommand(ordinal=1, grace_seconds=0))
+        ticks_until(supervisor, lambda: pod.phase == "Failed", "pod 1 to be seen dead")
+        assert not supervisor.job_dir.replica(pod.name, pod.incarnation).exists()
+        with pytest.raises(RuntimeError, match="has left"):
+            client.quorum(replica_id=dead, timeout=timedelta(seconds=5), address="x",
+                          store_address="s", step=1, world_size=1)
+        ticks_until(supervisor, lambda: pod.phase == "Running" and up(supervisor),
+                    "pod 1 to be recreated")
+        survivor = supervisor.pods[0]
+        assert supervisor.job_dir.replica(survivor.name, survivor.incarnation).exists()
+    finally:
+        supervisor.kill_leftovers()
