@@ -7,9 +7,10 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +152,13 @@ def add_exception_handlers(app: FastAPI) -> None:
         names = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
         return JSONResponse(_body(names.get(exc.status_code, "http_error"), exc.detail),
                             exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, _exc: ClientDisconnect) -> Response:
+        # A pod killed while it sent a report, say: nobody waits for an answer, nothing broke.
+        logger.info("%s %s: the client went away before its request was read", request.method,
+                    request.url.path)
+        return Response(status_code=400)
 
     @app.exception_handler(Exception)
     async def unexpected(_request: Request, exc: Exception) -> JSONResponse:

@@ -40,6 +40,8 @@ class PodView:
     message: str | None = None
     """The last ended run's termination message (its last log lines: FallbackToLogsOnError)."""
     deleting: bool = False
+    graceful: bool = False
+    """Being deleted with a grace period: its trainer got SIGTERM and may leave gracefully."""
 
 
 def ordinal_of(pod: dict[str, Any]) -> int | None:
@@ -94,12 +96,14 @@ def view(pod: dict[str, Any]) -> PodView | None:
                    started_at=_time(running.get("startedAt")) if running else None,
                    exit_code=exit_code, reason=reason,
                    message=ended.get("message") if ended else None,
-                   deleting=bool(metadata.get("deletionTimestamp")))
+                   deleting=bool(metadata.get("deletionTimestamp")),
+                   graceful=int(metadata.get("deletionGracePeriodSeconds") or 0) > 0)
 
 
 @dataclass
 class Incarnations:
-    """Restarts of one ordinal: each new pod (new uid) counts one, plus its container restarts.
+    """Restarts of one ordinal: each new pod (new uid) counts one, unless the one before left
+    gracefully (a SIGTERM it honoured with exit code 0), plus its container restarts.
 
     The StatefulSet recreates a deleted pod with a fresh restartCount; `base` keeps what the
     pods before it used, so the total never goes down.
@@ -108,21 +112,22 @@ class Incarnations:
     uid: str | None = None
     base: int = 0
     count: int = 0
+    left: bool = False
+    """The current uid left gracefully."""
 
     @property
     def total(self) -> int:
         return self.base + self.count
 
-    def observe(self, uid: str, container_restarts: int) -> bool:
+    def observe(self, uid: str, container_restarts: int, left: bool = False) -> bool:
         """Account for a pod incarnation seen; True when anything changed."""
         if uid == self.uid:
-            if container_restarts <= self.count:
-                return False
-            self.count = container_restarts
-            return True
+            changed = container_restarts > self.count or (left and not self.left)
+            self.count, self.left = max(self.count, container_restarts), self.left or left
+            return changed
         if self.uid is not None:
-            self.base += self.count + 1
-        self.uid, self.count = uid, container_restarts
+            self.base += self.count + (0 if self.left else 1)
+        self.uid, self.count, self.left = uid, container_restarts, left
         return True
 
 
@@ -131,7 +136,8 @@ def load_incarnations(annotation: str | None) -> dict[int, Incarnations]:
         return {}
     try:
         data = json.loads(annotation)
-        return {int(k): Incarnations(v["uid"], int(v["base"]), int(v["count"]))
+        return {int(k): Incarnations(v["uid"], int(v["base"]), int(v["count"]),
+                                     bool(v.get("left", False)))  # older tallies lack it
                 for k, v in data.items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         logger.warning("ignoring an unreadable incarnations annotation: %s", exc)

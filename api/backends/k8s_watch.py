@@ -4,8 +4,8 @@ The thread lists the pods once, then watches from the list's resourceVersion and
 renewed watch from the last resourceVersion it saw; when the server answers 410 Gone (that
 version was compacted away) it starts again from a fresh list, as client-go's reflector does.
 Besides the current pods it keeps, per pod name, every uid it saw since the last `take_uids`
-with that pod's highest container restart count, so a pod deleted and recreated between two
-looks is still counted.
+with that pod's highest container restart count and whether it left gracefully, so a pod deleted
+and recreated between two looks is still counted (or not, when it left).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client, watch
@@ -31,9 +32,29 @@ RETRY_SECONDS = 1.0
 Pod = dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Seen:
+    """What the watch saw of one pod uid."""
+
+    restarts: int
+    """Its highest container restart count."""
+    left: bool
+    """It was being deleted and its container ended with exit code 0: a trainer that left
+    gracefully on the deletion's SIGTERM. Counted as no restart."""
+
+
 def restart_count(pod: Pod) -> int:
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
     return max((int(s.get("restartCount", 0)) for s in statuses), default=0)
+
+
+def left_gracefully(pod: Pod) -> bool:
+    """Whether the pod is being deleted and every container of it ended with exit code 0."""
+    if not pod["metadata"].get("deletionTimestamp"):
+        return False
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    ended = [(s.get("state") or {}).get("terminated") for s in statuses]
+    return bool(ended) and all(e is not None and e.get("exitCode") == 0 for e in ended)
 
 
 class PodWatcher:
@@ -46,7 +67,7 @@ class PodWatcher:
         """Set while the cache reflects the server (after a list, until a watch error)."""
         self.relists = 0
         self._pods: dict[str, Pod] = {}
-        self._uids: dict[str, OrderedDict[str, int]] = {}
+        self._uids: dict[str, OrderedDict[str, Seen]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watch: watch.Watch | None = None
@@ -75,8 +96,8 @@ class PodWatcher:
             return [pod for pod in self._pods.values()
                     if (pod["metadata"].get("labels") or {}).get(label) == value]
 
-    def take_uids(self, name: str) -> list[tuple[str, int]]:
-        """Every (uid, highest restart count) seen for the pod `name` since the last call,
+    def take_uids(self, name: str) -> list[tuple[str, Seen]]:
+        """Every uid seen for the pod `name` since the last call, and what was seen of it,
         oldest first; each is handed out once."""
         with self._lock:
             return list(self._uids.pop(name, {}).items())
@@ -96,7 +117,9 @@ class PodWatcher:
     def _record(self, pod: Pod) -> None:
         name, uid = pod["metadata"]["name"], pod["metadata"].get("uid", "")
         seen = self._uids.setdefault(name, OrderedDict())
-        seen[uid] = max(seen.get(uid, 0), restart_count(pod))
+        before = seen.get(uid, Seen(0, False))
+        seen[uid] = Seen(max(before.restarts, restart_count(pod)),
+                         before.left or left_gracefully(pod))
         while len(seen) > HISTORY:
             seen.popitem(last=False)
 

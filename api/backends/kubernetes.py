@@ -235,7 +235,12 @@ class KubernetesBackend:
         name = f"{job_id}-{ordinal}"
         if seen is None:  # deleted, not recreated yet
             return PodStatus(ordinal, name, "Pending", restarts)
-        phase = "Failed" if seen.deleting and seen.phase == "Running" else seen.phase
+        phase = seen.phase
+        if seen.deleting and seen.graceful and phase in ("Running", "Succeeded"):
+            # SIGTERM: it commits its step and leaves (exit 0), then it is recreated.
+            phase = "Running" if phase == "Running" else "Pending"
+        elif seen.deleting and phase == "Running":
+            phase = "Failed"
         return PodStatus(ordinal=ordinal, name=name, phase=phase, restarts=restarts,
                          started_at=seen.started_at, exit_code=seen.exit_code,
                          reason="Terminating" if seen.deleting else seen.reason)
@@ -251,8 +256,8 @@ class KubernetesBackend:
             changed = False
             for ordinal in range(replicas):
                 counter = tally.setdefault(ordinal, Incarnations())
-                for uid, count in self.watcher.take_uids(f"{job_id}-{ordinal}"):
-                    changed |= counter.observe(uid, count)
+                for uid, seen in self.watcher.take_uids(f"{job_id}-{ordinal}"):
+                    changed |= counter.observe(uid, seen.restarts, seen.left)
             totals = {ordinal: tally[ordinal].total for ordinal in range(replicas)}
             document = dump_incarnations(tally) if changed else None
         if document is not None and document != annotation:

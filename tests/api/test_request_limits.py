@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Iterator
 
@@ -13,13 +14,19 @@ from api.settings import Settings
 from tests.api.conftest import AUTH
 from tests.api.fakes import FakeBackend
 from tests.api.live import serve
+from tests.support import wait_for
 
 MEGABYTE = 1024 * 1024
 
 
 @pytest.fixture
-def server(settings: Settings) -> Iterator[tuple[str, int]]:
-    app: FastAPI = create_app(settings, FakeBackend())
+def backend() -> FakeBackend:
+    return FakeBackend()
+
+
+@pytest.fixture
+def server(settings: Settings, backend: FakeBackend) -> Iterator[tuple[str, int]]:
+    app: FastAPI = create_app(settings, backend)
     with serve(app) as url:
         host, port = url.removeprefix("http://").split(":")
         yield host, int(port)
@@ -64,3 +71,24 @@ def test_bodies_are_capped(server: tuple[str, int]) -> None:
     report = httpx.post(f"{base}/api/v1/jobs/job-12345678/reports", content=big,
                         headers={"Authorization": "Bearer x"})
     assert report.status_code == 403
+
+
+def test_a_client_that_goes_away_mid_body_is_no_error(
+        server: tuple[str, int], backend: FakeBackend, caplog: pytest.LogCaptureFixture) -> None:
+    """A pod SIGKILLed while it posts a report leaves half a body: nothing to answer, nothing
+    to log as a failure."""
+    import httpx
+
+    caplog.set_level(logging.INFO)
+    base = f"http://{server[0]}:{server[1]}"
+    created = httpx.post(f"{base}/api/v1/jobs", json={"replicas": 1}, headers=AUTH)
+    assert created.status_code == 201, created.text
+    job_id, token = created.json()["id"], backend.launches[-1].report_token
+    with socket.create_connection(server, timeout=10) as sock:
+        sock.sendall(f"POST /api/v1/jobs/{job_id}/reports HTTP/1.1\r\nHost: test\r\n"
+                     f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: 1000\r\n\r\n{{\"pod\": ".encode())
+    wait_for(lambda: "the client went away" in caplog.text, timeout=10,
+             what="the server to see the client go")
+    assert "unhandled error" not in caplog.text and "Traceback" not in caplog.text
+    assert httpx.get(f"{base}/api/v1/jobs/{job_id}", headers=AUTH).status_code == 200

@@ -14,6 +14,7 @@ from api.backends.k8s_status import (
     load_incarnations,
     view,
 )
+from api.backends.k8s_watch import left_gracefully
 
 
 def pod(name: str = "job-1-0", phase: str = "Running", state: dict[str, Any] | None = None,
@@ -76,7 +77,18 @@ def test_ordinal_from_the_label_or_the_name() -> None:
 
 def test_deleting_pod_is_marked() -> None:
     seen = view(pod(deletionTimestamp="2026-11-23T10:00:01Z"))
-    assert seen is not None and seen.deleting
+    assert seen is not None and seen.deleting and not seen.graceful
+    seen = view(pod(deletionTimestamp="2026-11-23T10:00:01Z", deletionGracePeriodSeconds=30))
+    assert seen is not None and seen.deleting and seen.graceful
+
+
+def test_a_pod_that_left_on_its_deletions_sigterm_is_told_apart() -> None:
+    ended = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+    assert left_gracefully(pod(state=ended, deletionTimestamp="2026-11-23T10:00:01Z"))
+    assert not left_gracefully(pod(state=ended))  # finished training: not a deletion
+    killed = {"terminated": {"exitCode": 137, "reason": "Error"}}
+    assert not left_gracefully(pod(state=killed, deletionTimestamp="2026-11-23T10:00:01Z"))
+    assert not left_gracefully(pod(deletionTimestamp="2026-11-23T10:00:01Z"))  # still running
 
 
 def test_incarnations_count_new_pods_and_container_restarts_and_never_go_down() -> None:
@@ -89,8 +101,16 @@ def test_incarnations_count_new_pods_and_container_restarts_and_never_go_down() 
     assert counter.observe("c", 1) and counter.total == 5
 
 
+def test_a_pod_that_left_gracefully_is_recreated_without_a_restart() -> None:
+    counter = Incarnations()
+    assert counter.observe("a", 1) and counter.total == 1
+    assert counter.observe("a", 1, left=True) and not counter.observe("a", 1, left=True)
+    assert counter.observe("b", 0) and counter.total == 1  # its restart, but none for leaving
+    assert counter.observe("c", 0) and counter.total == 2  # b did not leave: it failed
+
+
 def test_incarnations_survive_the_annotation() -> None:
-    tally = {0: Incarnations("a", 1, 2), 1: Incarnations("b", 0, 0)}
+    tally = {0: Incarnations("a", 1, 2), 1: Incarnations("b", 0, 0, left=True)}
     assert load_incarnations(dump_incarnations(tally)) == tally
     assert load_incarnations(None) == {}
     assert load_incarnations("{not json") == {}

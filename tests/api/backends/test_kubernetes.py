@@ -169,9 +169,25 @@ def test_kill_with_grace_and_unknown_pods(backend: KubernetesBackend, settings: 
     launch = make_launch(settings, replicas=1)
     backend.launch(launch)
     running(backend, launch.job_id)
+    name = f"{launch.job_id}-0"
+    first = fake_k8s.cluster.pod(name)["metadata"]["uid"]
     backend.kill_pod(launch.job_id, 0, grace_seconds=2.5)
     delete = [r for r in fake_k8s.cluster.requests if r.method == "DELETE"][-1]
     assert delete.query["gracePeriodSeconds"] == "3"
+    # SIGTERM: the trainer leaves gracefully (exit 0) while the pod is deleted, so it is
+    # recreated with no restart counted, and it never shows as Failed.
+    phases: list[str] = []
+
+    def recreated(pod: Any) -> bool:
+        phases.append(pod.phase)
+        found = fake_k8s.cluster.store.find("pods", NS, name)
+        return pod.phase == "Running" and found is not None and found["metadata"]["uid"] != first
+
+    status = pod_status(backend, launch.job_id, 0, recreated, "pod 0 to be recreated")
+    assert status.pods[0].restarts == 0 and "Failed" not in phases
+    # One that ignores SIGTERM is killed at the end of its grace: that counts.
+    fake_k8s.cluster.sigterm_exit[name] = 137
+    backend.kill_pod(launch.job_id, 0, grace_seconds=1)
     pod_status(backend, launch.job_id, 0, lambda p: p.restarts == 1, "pod 0 to be recreated")
     with pytest.raises(WorkloadNotFound, match="has no pod 1"):
         backend.kill_pod(launch.job_id, 1, 0)

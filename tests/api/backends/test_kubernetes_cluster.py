@@ -75,6 +75,16 @@ def test_lifecycle_on_a_real_cluster(backend: KubernetesBackend, settings: Setti
             assert second.status(job_id).pods[1].restarts >= 1
         finally:
             second.close()
+        # Scale up, then down: the pod scaled away leaves on its SIGTERM, so no pod's restart
+        # count moves and the ordinal is gone.
+        restarts = [p.restarts for p in backend.status(job_id).pods]
+        backend.scale(job_id, 3)
+        all_running(backend, job_id)
+        backend.scale(job_id, 2)
+        scaled: WorkloadStatus = wait_for(
+            lambda: len((s := backend.status(job_id)).pods) == 2 and s, what="the scale-down",
+            timeout=STARTUP)
+        assert [p.restarts for p in scaled.pods] == restarts
     finally:
         backend.delete(job_id)
     wait_for(lambda: job_id not in backend.active_jobs(),

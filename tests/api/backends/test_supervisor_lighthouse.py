@@ -1,5 +1,5 @@
 """The supervisor tells a live job's real lighthouse that a pod died, so the survivors' next
-quorum does not wait for its heartbeats to expire (stand-in pods: tests/api/backends/stand_ins.py)."""
+quorum does not wait for its heartbeats to expire (stand-in pods: stand_ins.py)."""
 
 from __future__ import annotations
 

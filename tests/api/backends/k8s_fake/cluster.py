@@ -4,7 +4,9 @@
   reference, pod-index label, hostname/subdomain), recreates a deleted pod with a new uid unless
   its StatefulSet is being deleted, and keeps `status` counts.
 - The kubelet moves Pending pods to Running (an IP, a started trainer container) and removes a
-  pod deleted with a grace period once that grace (capped at `max_grace` for speed) is over.
+  pod deleted with a grace period once that grace (capped at `max_grace` for speed) is over,
+  its container first recorded as ended with the exit code its SIGTERM gave (0: the trainer
+  left gracefully; `sigterm_exit` sets another, 137 for one SIGKILLed at the end of the grace).
 - The garbage collector carries out propagationPolicy: Foreground (owner marked with the
   `foregroundDeletion` finalizer, dependents deleted first, then the owner), Background (owner
   gone at once, orphans collected) and Orphan (owner references removed). PVCs that no object
@@ -44,6 +46,8 @@ class FakeCluster:
         self.collect_garbage = True
         """False holds deletions in progress (tests that look at an object being deleted)."""
         self.requests: list[Request] = []
+        self.sigterm_exit: dict[str, int] = {}
+        """Exit code of a pod's container after a graceful deletion's SIGTERM (default 0)."""
         self.logs: dict[tuple[str, bool], str] = {}
         self._born: dict[str, float] = {}
         self._removal_due: dict[str, float] = {}
@@ -245,6 +249,7 @@ class FakeCluster:
                 continue
             if pod["metadata"].get("deletionTimestamp"):
                 if clock >= self._removal_due.get(name, 0):
+                    self._stop_container(pod)
                     self.store.remove("pods", namespace, name)
                 continue
             if (self.start_pods and pod["status"].get("phase") == "Pending"
@@ -261,6 +266,17 @@ class FakeCluster:
                         "started": True, "restartCount": 0, "lastState": {},
                         "state": {"running": {"startedAt": now()}}}]}
                 self.store.update("pods", pod)
+
+    def _stop_container(self, pod: Obj) -> None:
+        """The end of a graceful deletion: the container's exit is recorded (one MODIFIED
+        event) before the pod goes, as the kubelet reports it."""
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        if not statuses or "running" not in statuses[0].get("state", {}):
+            return
+        name = pod["metadata"]["name"]
+        code = self.sigterm_exit.get(name, 0)
+        self._container_ended(name, pod["metadata"]["namespace"], code,
+                              "Completed" if code == 0 else "Error", "")
 
     def _collect_garbage(self) -> None:
         live = {obj["metadata"]["uid"] for obj in self.store.objects.values()}
