@@ -112,10 +112,13 @@ def test_coordinator_killed_then_every_pod_during_a_checkpoint_write(
 
     finished = job.finish()
     # Every pod was recreated and training resumed from the newest complete checkpoint, never
-    # from the half-written one (later restarts may resume from newer checkpoints).
+    # from the half-written one (later restarts may resume from newer checkpoints). In a live
+    # job a pod back after the first ones (a warm standby is quicker than a new process) may
+    # fetch their state instead of loading the checkpoint.
     resumed = job.reports("resumed", killed_at)
     assert min(r["step"] for r in resumed) == complete.step
-    assert {r["pod"] for r in resumed} == {job.pod(o) for o in range(3)}
+    healed = {h["target"] for h in job.reports("healed", killed_at)} if mode == "live" else set()
+    assert {r["pod"] for r in resumed} | healed == {job.pod(o) for o in range(3)}
     assert all(p["restarts"] >= 1 for p in finished["pods"])
     assert not list(checkpoints.glob("*.tmp*"))
     assert_identical_replicas(job)
