@@ -36,6 +36,8 @@ class PodView:
     ready: bool = False
     """Its trainer took part in a step and reports (the readiness probe)."""
     node: str | None = None
+    unschedulable: bool = False
+    """The scheduler found no node for it (a migration to a node that cannot take it)."""
     gated: bool = False
     """Held off the scheduler (a restart-mode migration's replacement, until its turn)."""
     terminal: bool = False
@@ -107,6 +109,9 @@ def view(pod: dict[str, Any]) -> PodView | None:
                    replaces=_number(pod_labels, REPLACES_LABEL),
                    ready=bool(container.get("ready")), node=(pod.get("spec") or {}).get("nodeName"),
                    gated=bool((pod.get("spec") or {}).get("schedulingGates")),
+                   unschedulable=any(c.get("type") == "PodScheduled" and c.get("status") == "False"
+                                     and c.get("reason") == "Unschedulable"
+                                     for c in status.get("conditions") or []),
                    terminal=pod_phase in ("Succeeded", "Failed"),
                    created=_time(metadata.get("creationTimestamp")),
                    started_at=_time(running.get("startedAt")) if running else None,

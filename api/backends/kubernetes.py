@@ -279,7 +279,8 @@ class KubernetesBackend:
         - a live migration's replacement that is ready takes over: the pod it replaces is
           deleted with its grace; one not ready within MIGRATION_TIMEOUT is deleted instead;
         - a restart-mode migration's replacement is let onto the scheduler once the pod it
-          replaces is gone.
+          replaces is gone; one no node takes within MIGRATION_TIMEOUT is replaced by a pod
+          that may go anywhere.
         """
         live = owner["data"].get(manifests.MODE_KEY) == "live"
         now = time.time()
@@ -297,6 +298,10 @@ class KubernetesBackend:
                 self._create_pod(owner, ordinal, self._next_incarnation(owner))
             elif current is not None and current.gated and surge is None and not leaving:
                 self._lift_gate(current)
+            elif (current is not None and current.replaces is not None and current.unschedulable
+                  and now - (current.created or now) > MIGRATION_TIMEOUT):
+                # A restart-mode migration to a node that cannot take it: start over anywhere.
+                self._delete_pod(current, 0, f"not placed within {MIGRATION_TIMEOUT:.0f} s")
             elif surge is not None and current is not None:
                 if surge.ready:
                     self._delete_pod(current, manifests.TERMINATION_GRACE,

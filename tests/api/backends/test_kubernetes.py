@@ -246,7 +246,8 @@ def test_a_migration_goes_to_the_named_node_or_gives_up(
 
 
 def test_a_restart_mode_migration_starts_the_replacement_once_the_pod_is_gone(
-        backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer) -> None:
+        backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     launch = make_launch(settings, mode="restart")
     backend.launch(launch)
     running(backend, launch.job_id)
@@ -263,6 +264,14 @@ def test_a_restart_mode_migration_starts_the_replacement_once_the_pod_is_gone(
                         "the replacement to run")
     assert fake_k8s.cluster.store.find("pods", NS, old["metadata"]["name"]) is None
     assert status.pods[0].node != old["spec"]["nodeName"] and status.pods[0].restarts == 0
+
+    # To a node that cannot take it: once given up, a pod that may go anywhere replaces it.
+    monkeypatch.setattr("api.backends.kubernetes.MIGRATION_TIMEOUT", 0.5)
+    backend.migrate_pod(launch.job_id, 0, "node-nowhere")
+    status = pod_status(backend, launch.job_id, 0,
+                        lambda p: p.incarnation == "3" and p.phase == "Running",
+                        "a pod that may go anywhere to run")
+    assert "affinity" not in pod_of(fake_k8s, launch.job_id, 0)["spec"]
 
 
 def test_kill_with_grace_and_unknown_pods(backend: KubernetesBackend, settings: Settings,
