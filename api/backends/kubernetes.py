@@ -251,7 +251,11 @@ class KubernetesBackend:
                                 restarts, self.restart_budget)
         if reason is None:
             with self._lock:  # one pass at a time: two would both create a missing pod
-                self._control(owner, replicas, views)
+                try:
+                    self._control(owner, replicas, views)
+                except BackendError as exc:  # the next pass starts from what is there then
+                    logger.warning("job %s: pass of its pod controller broke off: %s", job_id,
+                                   exc)
         return WorkloadStatus(present=reason is None, finished=reason is not None,
                               reason=reason,
                               pods=self._pod_statuses(job_id, replicas, views, restarts))
@@ -367,9 +371,10 @@ class KubernetesBackend:
         if document is not None and document != annotation:
             patch = {"metadata": {"annotations": {manifests.INCARNATIONS_ANNOTATION: document}}}
             try:
-                call(f"patch configmap {self.namespace}/{job_id}",
-                     self.core.patch_namespaced_config_map, job_id, self.namespace, patch,
-                     _content_type=MERGE_PATCH, _preload_content=False)
+                updated = raw(f"patch configmap {self.namespace}/{job_id}",
+                              self.core.patch_namespaced_config_map, job_id, self.namespace,
+                              patch, _content_type=MERGE_PATCH)
+                owner["metadata"] = updated["metadata"]  # its new resourceVersion
             except BackendError as exc:  # counted in memory all the same; saved next time
                 logger.warning("job %s: restart tally not saved: %s", job_id, exc)
         return totals

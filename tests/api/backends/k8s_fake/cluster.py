@@ -81,6 +81,13 @@ class FakeCluster:
     def patch(self, plural: str, namespace: str, name: str, patch: Obj) -> Obj:
         with self.store.changed:
             obj = copy.deepcopy(self.store.get(plural, namespace, name))
+            wanted = (patch.get("metadata") or {}).get("resourceVersion")
+            if wanted is not None and wanted != obj["metadata"].get("resourceVersion"):
+                # A precondition, as a real server treats a resourceVersion in a patch.
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {plural} '
+                                                f'"{name}": the object has been modified; please '
+                                                "apply your changes to the latest version and "
+                                                "try again", name=name, kind=plural)
             merged = merge_patch(obj, patch)
             if merged["metadata"]["uid"] != obj["metadata"]["uid"] or \
                     merged["metadata"]["name"] != obj["metadata"]["name"]:
