@@ -130,7 +130,7 @@ class Reconciler:
                                        "every pod exited but no model was exported"))
         elif not status.present:
             events.append(self._finish(job, JobStatus.failed, "the workload vanished (its "
-                                       "supervisor or StatefulSet is gone)"))
+                                       "supervisor or Kubernetes objects are gone)"))
         elif job.status in (JobStatus.running, JobStatus.degraded):
             events += self._update_degraded(job, status)
         if not events:  # every change above comes with its event: nothing changed

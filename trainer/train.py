@@ -134,6 +134,8 @@ class Trainer:
         self.stop_reason = None
         self.checkpoints = checkpoint.CheckpointWriter()
         self.recovery = group.recovery(runtime.checkpoint_dir, runtime.model_dir)
+        if runtime.ready_file is not None:  # a container restarted in place keeps its /tmp
+            runtime.ready_file.unlink(missing_ok=True)
         self._stop_requested = False
         self._last_log = 0.0
         self._membership: tuple[int, int] | None = None

@@ -99,7 +99,7 @@ class Moving:
 @dataclass(frozen=True)
 class WorkloadStatus:
     present: bool
-    """The workload exists and its controller (supervisor / StatefulSet) is alive."""
+    """The workload exists and its controller (supervisor / anchor) is alive."""
     pods: list[PodStatus] = field(default_factory=list)
     finished: bool = False
     """The controller stopped on its own: every pod succeeded, or it gave up (see reason)."""

@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
 from api.backends.base import PodPhase
-from api.backends.manifests import POD_INDEX_LABEL, TRAINER
+from api.backends.manifests import INCARNATION_LABEL, ORDINAL_LABEL, REPLACES_LABEL, TRAINER
 from trainer.contract.process import ExitCode, failure_reason
 
 logger = logging.getLogger(__name__)
 
-ORDINAL_SUFFIX = re.compile(r"-(\d+)$")
 # Waiting reasons of a container that is merely on its way up: not worth an event.
 STARTING = frozenset({"ContainerCreating", "PodInitializing"})
 
@@ -32,6 +30,19 @@ class PodView:
     uid: str
     phase: PodPhase
     container_restarts: int
+    incarnation: int = 0
+    replaces: int | None = None
+    """A migration's replacement: the incarnation it takes over from once ready."""
+    ready: bool = False
+    """Its trainer took part in a step and reports (the readiness probe)."""
+    node: str | None = None
+    unschedulable: bool = False
+    """The scheduler found no node for it (a migration to a node that cannot take it)."""
+    gated: bool = False
+    """Held off the scheduler (a restart-mode migration's replacement, until its turn)."""
+    terminal: bool = False
+    """The pod ended for good (evicted, say): it is replaced, never restarted in place."""
+    created: float | None = None
     started_at: float | None = None
     exit_code: int | None = None
     """Exit code of the container's last run that ended, if any."""
@@ -44,13 +55,13 @@ class PodView:
     """Being deleted with a grace period: its trainer got SIGTERM and may leave gracefully."""
 
 
+def _number(labels: dict[str, str], key: str) -> int | None:
+    value = labels.get(key)
+    return int(value) if value is not None and str(value).isdigit() else None
+
+
 def ordinal_of(pod: dict[str, Any]) -> int | None:
-    metadata = pod.get("metadata") or {}
-    index = (metadata.get("labels") or {}).get(POD_INDEX_LABEL)
-    if index is not None and str(index).isdigit():
-        return int(index)
-    match = ORDINAL_SUFFIX.search(metadata.get("name", ""))
-    return int(match.group(1)) if match else None
+    return _number((pod.get("metadata") or {}).get("labels") or {}, ORDINAL_LABEL)
 
 
 def _time(value: str | None) -> float | None:
@@ -91,8 +102,18 @@ def view(pod: dict[str, Any]) -> PodView | None:
         phase = "Running"
     else:
         phase = "Pending"
+    pod_labels = metadata.get("labels") or {}
     return PodView(ordinal=ordinal, name=metadata["name"], uid=metadata.get("uid", ""),
                    phase=phase, container_restarts=int(container.get("restartCount", 0)),
+                   incarnation=_number(pod_labels, INCARNATION_LABEL) or 0,
+                   replaces=_number(pod_labels, REPLACES_LABEL),
+                   ready=bool(container.get("ready")), node=(pod.get("spec") or {}).get("nodeName"),
+                   gated=bool((pod.get("spec") or {}).get("schedulingGates")),
+                   unschedulable=any(c.get("type") == "PodScheduled" and c.get("status") == "False"
+                                     and c.get("reason") == "Unschedulable"
+                                     for c in status.get("conditions") or []),
+                   terminal=pod_phase in ("Succeeded", "Failed"),
+                   created=_time(metadata.get("creationTimestamp")),
                    started_at=_time(running.get("startedAt")) if running else None,
                    exit_code=exit_code, reason=reason,
                    message=ended.get("message") if ended else None,
@@ -102,33 +123,37 @@ def view(pod: dict[str, Any]) -> PodView | None:
 
 @dataclass
 class Incarnations:
-    """Restarts of one ordinal: each new pod (new uid) counts one, unless the one before left
-    gracefully (a SIGTERM it honoured with exit code 0), plus its container restarts.
+    """Restarts of one ordinal: its pods' container restarts, plus one for each of its pods
+    that ended other than by leaving gracefully (a SIGTERM it honoured with exit code 0: a
+    scale-down, a migration, a kill with a grace).
 
-    The StatefulSet recreates a deleted pod with a fresh restartCount; `base` keeps what the
-    pods before it used, so the total never goes down.
+    `base` holds what the pods that ended used; `pods` the pods that may still run, by uid:
+    [container restarts, left gracefully]. The total never goes down.
     """
 
-    uid: str | None = None
     base: int = 0
-    count: int = 0
-    left: bool = False
-    """The current uid left gracefully."""
+    pods: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
-        return self.base + self.count
+        return self.base + sum(int(count) for count, _ in self.pods.values())
 
     def observe(self, uid: str, container_restarts: int, left: bool = False) -> bool:
-        """Account for a pod incarnation seen; True when anything changed."""
-        if uid == self.uid:
-            changed = container_restarts > self.count or (left and not self.left)
-            self.count, self.left = max(self.count, container_restarts), self.left or left
-            return changed
-        if self.uid is not None:
-            self.base += self.count + (0 if self.left else 1)
-        self.uid, self.count, self.left = uid, container_restarts, left
+        """Account for what was seen of one pod; True when anything changed."""
+        count, was_left = self.pods.get(uid, [0, False])
+        now = [max(int(count), container_restarts), bool(was_left) or left]
+        if self.pods.get(uid) == now:
+            return False
+        self.pods[uid] = now
         return True
+
+    def settle(self, present: set[str]) -> bool:
+        """Close the account of the pods no longer there; True when anything changed."""
+        gone = [uid for uid in self.pods if uid not in present]
+        for uid in gone:
+            count, left = self.pods.pop(uid)
+            self.base += int(count) + (0 if left else 1)
+        return bool(gone)
 
 
 def load_incarnations(annotation: str | None) -> dict[int, Incarnations]:
@@ -136,8 +161,8 @@ def load_incarnations(annotation: str | None) -> dict[int, Incarnations]:
         return {}
     try:
         data = json.loads(annotation)
-        return {int(k): Incarnations(v["uid"], int(v["base"]), int(v["count"]),
-                                     bool(v.get("left", False)))  # older tallies lack it
+        return {int(k): Incarnations(int(v["base"]), {str(uid): [int(c), bool(left)]
+                                                      for uid, (c, left) in v["pods"].items()})
                 for k, v in data.items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         logger.warning("ignoring an unreadable incarnations annotation: %s", exc)
@@ -155,17 +180,22 @@ def last_line(message: str | None) -> str | None:
     return failure_reason((message or "").splitlines())
 
 
+def pod_label(pod: PodView) -> str:
+    """`<job>-<ordinal>` (the API's name of the pod), from `<job>-<ordinal>-<incarnation>`."""
+    return pod.name.rsplit("-", 1)[0]
+
+
 def give_up_reason(pods: list[PodView], restarts: dict[int, int], budget: int) -> str | None:
     """Why the job cannot go on, as the local supervisor decides it: a pod that exited with the
     trainer's bad-input code (no restart fixes a missing dataset), or one that used up the
-    restart budget. None while the StatefulSet should keep recreating."""
+    restart budget. None while its pods should keep being replaced."""
     for pod in pods:
         if pod.exit_code == ExitCode.BAD_INPUT:
             detail = last_line(pod.message) or f"exit code {pod.exit_code}"
-            return f"pod {pod.name} failed: bad input: {detail}"
+            return f"pod {pod_label(pod)} failed: bad input: {detail}"
     for pod in pods:
         used = restarts.get(pod.ordinal, 0)
         if used > budget:
-            return (f"restart budget spent: pod {pod.name} restarted {used} times, last exit "
+            return (f"restart budget spent: pod {pod_label(pod)} restarted {used} times, last exit "
                     f"code {pod.exit_code}" + (f" ({pod.reason})" if pod.reason else ""))
     return None

@@ -3,7 +3,8 @@
 The thread lists the pods once, then watches from the list's resourceVersion and resumes each
 renewed watch from the last resourceVersion it saw; when the server answers 410 Gone (that
 version was compacted away) it starts again from a fresh list, as client-go's reflector does.
-Besides the current pods it keeps, per pod name, every uid it saw since the last `take_uids`
+Besides the current pods it keeps, per key (the pod's name unless told otherwise: the backend's
+is the ordinal's `<job>-<n>`), every uid it saw since the last `take_uids`
 with that pod's highest container restart count and whether it left gracefully, so a pod deleted
 and recreated between two looks is still counted (or not, when it left).
 """
@@ -59,8 +60,10 @@ def left_gracefully(pod: Pod) -> bool:
 
 class PodWatcher:
     def __init__(self, core: client.CoreV1Api, namespace: str, label_selector: str,
-                 timeout_seconds: int, on_change: Callable[[], None] | None = None) -> None:
+                 timeout_seconds: int, on_change: Callable[[], None] | None = None,
+                 key: Callable[[Pod], str | None] | None = None) -> None:
         self.core, self.namespace, self.selector = core, namespace, label_selector
+        self.key = key or (lambda pod: str(pod["metadata"]["name"]))
         self.timeout_seconds = timeout_seconds
         self.on_change = on_change
         self.synced = threading.Event()
@@ -96,11 +99,11 @@ class PodWatcher:
             return [pod for pod in self._pods.values()
                     if (pod["metadata"].get("labels") or {}).get(label) == value]
 
-    def take_uids(self, name: str) -> list[tuple[str, Seen]]:
-        """Every uid seen for the pod `name` since the last call, and what was seen of it,
-        oldest first; each is handed out once."""
+    def take_uids(self, key: str) -> list[tuple[str, Seen]]:
+        """Every uid seen under `key` since the last call, and what was seen of it, oldest
+        first; each is handed out once."""
         with self._lock:
-            return list(self._uids.pop(name, {}).items())
+            return list(self._uids.pop(key, {}).items())
 
     def forget(self, job_id: str) -> None:
         """Drop the uids kept for a job's pods (its workload is gone)."""
@@ -115,8 +118,10 @@ class PodWatcher:
                 self._record(pod)
 
     def _record(self, pod: Pod) -> None:
-        name, uid = pod["metadata"]["name"], pod["metadata"].get("uid", "")
-        seen = self._uids.setdefault(name, OrderedDict())
+        key, uid = self.key(pod), pod["metadata"].get("uid", "")
+        if key is None:
+            return
+        seen = self._uids.setdefault(key, OrderedDict())
         before = seen.get(uid, Seen(0, False))
         seen[uid] = Seen(max(before.restarts, restart_count(pod)),
                          before.left or left_gracefully(pod))

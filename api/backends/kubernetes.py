@@ -1,11 +1,19 @@
-"""The Kubernetes backend: each job a StatefulSet (plus Secret, NetworkPolicy, Services and its
-coordinator).
+"""The Kubernetes backend: each job an anchor ConfigMap that owns its trainer pods, Secret,
+NetworkPolicy, Services and coordinator.
+
+The control plane is the trainer pods' controller: each status pass keeps the job's `replicas`
+pods, one per ordinal, as a StatefulSet would, but pod by pod. That is what a StatefulSet cannot
+do: a migration's replacement runs beside the pod it replaces (pods are
+`<job>-<ordinal>-<incarnation>`, known to peers and reports as `<job>-<ordinal>`) on the node it
+was sent to, and a pod that leaves is replaced at once instead of after its name is free.
+Crashed containers restart in place (restartPolicy Always); while no control plane runs, a
+deleted pod waits for the next one to replace it.
 
 Objects come from api/backends/manifests.py; pods are observed through one pod watch
-(k8s_watch.py) and mapped by k8s_status.py. The StatefulSet owns everything else of a job, so a
-foreground delete of it removes the pods first and nothing restarts; the shared checkpoints and
-models PVCs are not owned and stay. Kubernetes errors keep their meaning: 404 -> WorkloadNotFound,
-409 -> WorkloadConflict, anything else -> BackendError, each naming namespace/name.
+(k8s_watch.py) and mapped by k8s_status.py. A foreground delete of the anchor removes the pods
+first and nothing replaces them; the shared checkpoints and models PVCs are not owned and stay.
+Kubernetes errors keep their meaning: 404 -> WorkloadNotFound, 409 -> WorkloadConflict,
+anything else -> BackendError, each naming namespace/name.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import json
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,8 +38,8 @@ from api.backends.base import (
     BackendError,
     Launch,
     Moving,
+    PlacementError,
     PodStatus,
-    Unsupported,
     WorkloadConflict,
     WorkloadNotFound,
     WorkloadStatus,
@@ -54,6 +63,9 @@ REQUEST_TIMEOUT = 30.0
 SYNC_WAIT = 2.0
 """Seconds a status call waits for the pod watch's first list before listing pods itself."""
 MERGE_PATCH = "application/merge-patch+json"
+MIGRATION_TIMEOUT = 120.0
+"""Seconds a migration's replacement has to get ready (heal and take part) before it is
+deleted and the pod stays where it is (the API records `migration_failed` then)."""
 
 
 def api_client(settings: Settings) -> client.ApiClient:
@@ -125,7 +137,7 @@ class KubernetesBackend:
         self.core, self.apps = client.CoreV1Api(api), client.AppsV1Api(api)
         self.networking = client.NetworkingV1Api(api)
         self.watcher = PodWatcher(self.core, self.namespace, manifests.ALL_TRAINERS,
-                                  watch_timeout)
+                                  watch_timeout, key=ordinal_key)
         self._incarnations: dict[str, dict[int, Incarnations]] = {}
         self._lock = threading.Lock()
         self._started = False
@@ -155,18 +167,19 @@ class KubernetesBackend:
         self._ensure_watch()
         self._link_volumes(launch)
         ns, job = self.namespace, launch.job_id
-        body = manifests.statefulset(launch, self.cluster)
-        owner = raw(f"create statefulset {ns}/{job}", self.apps.create_namespaced_stateful_set,
-                    ns, body)
+        owner = raw(f"create configmap {ns}/{job}", self.core.create_namespaced_config_map, ns,
+                    manifests.anchor(launch, self.cluster))
         try:
             for manifest in manifests.dependents(launch, self.cluster):
                 self._create(manifests.owned_by(manifest, owner))
+            for ordinal in range(launch.replicas):
+                self._create_pod(owner, ordinal, 0)
         except BackendError:
             # One delete of the owner takes whatever was created with it.
-            self._delete_statefulset(job)
+            self._delete_anchor(job)
             raise
-        logger.info("job %s: StatefulSet %s/%s created with %d pods (%s)", job, ns, job,
-                    launch.replicas, launch.fault_tolerance)
+        logger.info("job %s: %d pods created under %s/%s (%s)", job, launch.replicas, ns, job,
+                    launch.fault_tolerance)
 
     def _create(self, manifest: Manifest) -> None:
         kind, name = manifest["kind"], manifest["metadata"]["name"]
@@ -174,9 +187,30 @@ class KubernetesBackend:
             "Secret": self.core.create_namespaced_secret,
             "NetworkPolicy": self.networking.create_namespaced_network_policy,
             "Service": self.core.create_namespaced_service,
-            "Deployment": self.apps.create_namespaced_deployment}
+            "Deployment": self.apps.create_namespaced_deployment,
+            "Pod": self.core.create_namespaced_pod}
         raw(f"create {kind.lower()} {self.namespace}/{name}", creators[kind], self.namespace,
             manifest)
+
+    def _create_pod(self, owner: Manifest, ordinal: int, incarnation: int,
+                    node: str | None = None, avoid: str | None = None,
+                    replaces: int | None = None, gated: bool = False) -> None:
+        template = json.loads(owner["data"][manifests.TEMPLATE_KEY])
+        self._create(manifests.trainer_pod(template, owner, ordinal, incarnation, node=node,
+                                           avoid=avoid, replaces=replaces, gated=gated))
+
+    def _next_incarnation(self, owner: Manifest) -> int:
+        """The next incarnation number of the job, recorded on its anchor first (a conflict
+        with another writer fails the call: the next pass tries again)."""
+        metadata = owner["metadata"]
+        issued = int((metadata.get("annotations") or {}).get(manifests.ISSUED_ANNOTATION, 0))
+        patch = {"metadata": {"resourceVersion": metadata["resourceVersion"], "annotations": {
+            manifests.ISSUED_ANNOTATION: str(issued + 1)}}}
+        updated = raw(f"patch configmap {self.namespace}/{metadata['name']}",
+                      self.core.patch_namespaced_config_map, metadata["name"], self.namespace,
+                      patch, _content_type=MERGE_PATCH)
+        owner["metadata"] = updated["metadata"]
+        return issued + 1
 
     def _link_volumes(self, launch: Launch) -> None:
         """Create the job's PVC sub-directories (so the pods' subPath mounts find them, owned by
@@ -195,29 +229,40 @@ class KubernetesBackend:
         except OSError as exc:
             raise BackendError(f"cannot prepare the volumes of {launch.job_id}: {exc}") from None
 
-    # --- observe -----------------------------------------------------------------------
+    # --- observe and control ------------------------------------------------------------
 
     def status(self, job_id: str) -> WorkloadStatus:
+        """The job's pods as the protocol sees them, after one pass of its controller: the
+        control plane keeps `replicas` pods, as a StatefulSet would (`_control`)."""
         self._ensure_watch()
-        ns = self.namespace
         try:
-            owner = raw(f"get statefulset {ns}/{job_id}",
-                        self.apps.read_namespaced_stateful_set, job_id, ns)
+            owner = self._anchor(job_id)
         except WorkloadNotFound:
             return WorkloadStatus(present=False)
-        replicas = int(owner["spec"].get("replicas") or 0)
-        views = {v.ordinal: v for v in map(view, self._pods(job_id)) if v is not None}
-        restarts = self._count_restarts(owner, job_id, replicas)
-        pods = [self._pod_status(job_id, ordinal, views.get(ordinal), restarts[ordinal])
-                for ordinal in range(replicas)]
+        replicas = int(owner["data"][manifests.REPLICAS_KEY])
+        views = [v for v in map(view, self._pods(job_id)) if v is not None]
+        restarts = self._count_restarts(owner, job_id, replicas, views)
         if owner["metadata"].get("deletionTimestamp"):
             # Being deleted (by a cancel or a completion that decided already): it is still
             # there, and calling it gone now would race that decision. Gone once deleted.
-            return WorkloadStatus(present=True, pods=pods)
-        reason = give_up_reason([v for v in views.values() if v.ordinal < replicas],
+            return WorkloadStatus(present=True, pods=self._pod_statuses(job_id, replicas, views,
+                                                                        restarts))
+        reason = give_up_reason([v for v in views if v.ordinal < replicas and not v.deleting],
                                 restarts, self.restart_budget)
-        return WorkloadStatus(present=reason is None, pods=pods, finished=reason is not None,
-                              reason=reason)
+        if reason is None:
+            with self._lock:  # one pass at a time: two would both create a missing pod
+                try:
+                    self._control(owner, replicas, views)
+                except BackendError as exc:  # the next pass starts from what is there then
+                    logger.warning("job %s: pass of its pod controller broke off: %s", job_id,
+                                   exc)
+        return WorkloadStatus(present=reason is None, finished=reason is not None,
+                              reason=reason,
+                              pods=self._pod_statuses(job_id, replicas, views, restarts))
+
+    def _anchor(self, job_id: str) -> Manifest:
+        return raw(f"get configmap {self.namespace}/{job_id}",
+                   self.core.read_namespaced_config_map, job_id, self.namespace)
 
     def _pods(self, job_id: str) -> list[dict[str, Any]]:
         if self.watcher.synced.wait(SYNC_WAIT):
@@ -229,8 +274,67 @@ class KubernetesBackend:
         self.watcher.remember(pods)
         return pods
 
+    def _control(self, owner: Manifest, replicas: int, views: list[PodView]) -> None:
+        """One pass of the job's controller over what the watch shows:
+        - an ordinal at or above `replicas` is deleted with its grace (it leaves gracefully);
+        - a pod that ended for good (evicted) is deleted, and an ordinal with no pod gets one:
+          at once in a live job (it heals from a peer while the old one leaves), once the old
+          one is gone in a restart job (two pods of one ordinal would both rendezvous);
+        - a live migration's replacement that is ready takes over: the pod it replaces is
+          deleted with its grace; one not ready within MIGRATION_TIMEOUT is deleted instead;
+        - a restart-mode migration's replacement is let onto the scheduler once the pod it
+          replaces is gone; one no node takes within MIGRATION_TIMEOUT is replaced by a pod
+          that may go anywhere.
+        """
+        live = owner["data"].get(manifests.MODE_KEY) == "live"
+        now = time.time()
+        for pod in views:
+            if pod.deleting:
+                continue
+            if pod.ordinal >= replicas:
+                self._delete_pod(pod, manifests.TERMINATION_GRACE, "scaled away")
+            elif pod.terminal:
+                self._delete_pod(pod, 0, f"ended for good ({pod.reason or pod.phase})")
+        for ordinal in range(replicas):
+            current, surge = placed(views, ordinal)
+            leaving = any(v.ordinal == ordinal and v.deleting for v in views)
+            if current is None and surge is None and (live or not leaving):
+                self._create_pod(owner, ordinal, self._next_incarnation(owner))
+            elif current is not None and current.gated and surge is None and not leaving:
+                self._lift_gate(current)
+            elif (current is not None and current.replaces is not None and current.unschedulable
+                  and now - (current.created or now) > MIGRATION_TIMEOUT):
+                # A restart-mode migration to a node that cannot take it: start over anywhere.
+                self._delete_pod(current, 0, f"not placed within {MIGRATION_TIMEOUT:.0f} s")
+            elif surge is not None and current is not None:
+                if surge.ready:
+                    self._delete_pod(current, manifests.TERMINATION_GRACE,
+                                     f"replaced by {surge.name}")
+                elif now - (surge.created or now) > MIGRATION_TIMEOUT:
+                    self._delete_pod(surge, 0, f"not ready within {MIGRATION_TIMEOUT:.0f} s")
+
+    def _lift_gate(self, pod: PodView) -> None:
+        call(f"patch pod {self.namespace}/{pod.name}", self.core.patch_namespaced_pod,
+             pod.name, self.namespace, {"spec": {"schedulingGates": None}},
+             _content_type=MERGE_PATCH, _preload_content=False)
+        logger.info("pod %s: the pod it replaces is gone; it may be scheduled", pod.name)
+
+    def _delete_pod(self, pod: PodView, grace: int, why: str) -> None:
+        try:
+            call(f"delete pod {self.namespace}/{pod.name}", self.core.delete_namespaced_pod,
+                 pod.name, self.namespace, grace_period_seconds=grace, _preload_content=False)
+        except WorkloadNotFound:
+            return
+        logger.info("pod %s deleted (grace %d s): %s", pod.name, grace, why)
+
+    def _pod_statuses(self, job_id: str, replicas: int, views: list[PodView],
+                      restarts: dict[int, int]) -> list[PodStatus]:
+        return [self._pod_status(job_id, ordinal, shown(views, ordinal),
+                                 placed(views, ordinal)[1], restarts[ordinal])
+                for ordinal in range(replicas)]
+
     @staticmethod
-    def _pod_status(job_id: str, ordinal: int, seen: PodView | None,
+    def _pod_status(job_id: str, ordinal: int, seen: PodView | None, surge: PodView | None,
                     restarts: int) -> PodStatus:
         name = f"{job_id}-{ordinal}"
         if seen is None:  # deleted, not recreated yet
@@ -243,113 +347,175 @@ class KubernetesBackend:
             phase = "Failed"
         return PodStatus(ordinal=ordinal, name=name, phase=phase, restarts=restarts,
                          started_at=seen.started_at, exit_code=seen.exit_code,
-                         reason="Terminating" if seen.deleting else seen.reason)
+                         reason="Terminating" if seen.deleting else seen.reason,
+                         incarnation=str(seen.incarnation), migrating=surge is not None,
+                         node=seen.node)
 
-    def _count_restarts(self, owner: dict[str, Any], job_id: str,
-                        replicas: int) -> dict[int, int]:
-        """Restarts per ordinal: pods recreated (new uids) plus container restarts; the tally
-        lives on the StatefulSet too, so a restarted control plane goes on from it."""
+    def _count_restarts(self, owner: Manifest, job_id: str, replicas: int,
+                        views: list[PodView]) -> dict[int, int]:
+        """Restarts per ordinal (Incarnations); the tally lives on the anchor too, so a
+        restarted control plane goes on from it."""
         annotation = (owner["metadata"].get("annotations") or {}).get(
             manifests.INCARNATIONS_ANNOTATION)
+        present = {pod.uid for pod in views}
         with self._lock:
             tally = self._incarnations.setdefault(job_id, load_incarnations(annotation))
             changed = False
-            for ordinal in range(replicas):
+            for ordinal in sorted(set(range(replicas)) | set(tally)):
                 counter = tally.setdefault(ordinal, Incarnations())
                 for uid, seen in self.watcher.take_uids(f"{job_id}-{ordinal}"):
                     changed |= counter.observe(uid, seen.restarts, seen.left)
+                changed |= counter.settle(present)
             totals = {ordinal: tally[ordinal].total for ordinal in range(replicas)}
             document = dump_incarnations(tally) if changed else None
         if document is not None and document != annotation:
             patch = {"metadata": {"annotations": {manifests.INCARNATIONS_ANNOTATION: document}}}
             try:
-                call(f"patch statefulset {self.namespace}/{job_id}",
-                     self.apps.patch_namespaced_stateful_set, job_id, self.namespace, patch,
-                     _content_type=MERGE_PATCH)
+                updated = raw(f"patch configmap {self.namespace}/{job_id}",
+                              self.core.patch_namespaced_config_map, job_id, self.namespace,
+                              patch, _content_type=MERGE_PATCH)
+                owner["metadata"] = updated["metadata"]  # its new resourceVersion
             except BackendError as exc:  # counted in memory all the same; saved next time
                 logger.warning("job %s: restart tally not saved: %s", job_id, exc)
         return totals
 
     # --- act ---------------------------------------------------------------------------
 
-    def kill_pod(self, job_id: str, ordinal: int, grace_seconds: float) -> None:
-        ns, name = self.namespace, f"{job_id}-{ordinal}"
-        owner = raw(f"get statefulset {ns}/{job_id}", self.apps.read_namespaced_stateful_set,
-                    job_id, ns)
-        replicas = int(owner["spec"].get("replicas") or 0)
+    def _running_anchor(self, job_id: str) -> Manifest:
+        owner = self._anchor(job_id)
         if owner["metadata"].get("deletionTimestamp"):
-            raise WorkloadNotFound(f"statefulset {ns}/{job_id} is being deleted")
+            raise WorkloadNotFound(f"job {self.namespace}/{job_id} is being deleted")
+        return owner
+
+    def _current(self, job_id: str, ordinal: int) -> tuple[Manifest, PodView, PodView | None]:
+        """The job's anchor, the pod that is `ordinal` now and its replacement if migrating."""
+        owner = self._running_anchor(job_id)
+        replicas = int(owner["data"][manifests.REPLICAS_KEY])
         if not 0 <= ordinal < replicas:
-            raise WorkloadNotFound(f"statefulset {ns}/{job_id} has no pod {ordinal} "
+            raise WorkloadNotFound(f"job {self.namespace}/{job_id} has no pod {ordinal} "
                                    f"(replicas: {replicas})")
+        views = [v for v in map(view, self._pods(job_id)) if v is not None]
+        current, surge = placed(views, ordinal)
+        if current is None:
+            raise WorkloadConflict(f"pod {job_id}-{ordinal} is being replaced")
+        return owner, current, surge
+
+    def kill_pod(self, job_id: str, ordinal: int, grace_seconds: float) -> None:
+        _, pod, _ = self._current(job_id, ordinal)
         grace = max(0, math.ceil(grace_seconds))
-        pod = raw(f"delete pod {ns}/{name}", self.core.delete_namespaced_pod, name, ns,
-                  grace_period_seconds=grace)
-        logger.info("job %s: pod %s deleted (grace %d s); its StatefulSet recreates it", job_id,
-                    name, grace)
+        ns = self.namespace
+        deleted = raw(f"delete pod {ns}/{pod.name}", self.core.delete_namespaced_pod, pod.name,
+                      ns, grace_period_seconds=grace)
+        logger.info("job %s: pod %s deleted (grace %d s); it is replaced", job_id, pod.name,
+                    grace)
         now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         try:
-            raw(f"create event {ns}/{name}", self.core.create_namespaced_event, ns,
-                manifests.kill_event(job_id, pod, grace, ns, now))
+            raw(f"create event {ns}/{pod.name}", self.core.create_namespaced_event, ns,
+                manifests.kill_event(job_id, deleted, grace, ns, now))
         except BackendError as exc:  # the kill happened; the event is for `kubectl describe`
             logger.warning("job %s: kill event not recorded: %s", job_id, exc)
 
     def scale(self, job_id: str, replicas: int) -> None:
-        """Patch the StatefulSet: its controller adds ordinals, or deletes the highest ones
-        with their grace period (SIGTERM: each leaves gracefully)."""
-        ns = self.namespace
-        owner = raw(f"get statefulset {ns}/{job_id}", self.apps.read_namespaced_stateful_set,
-                    job_id, ns)
-        if owner["metadata"].get("deletionTimestamp"):
-            raise WorkloadNotFound(f"statefulset {ns}/{job_id} is being deleted")
-        call(f"scale statefulset {ns}/{job_id}", self.apps.patch_namespaced_stateful_set,
-             job_id, ns, {"spec": {"replicas": replicas}}, _content_type=MERGE_PATCH)
-        logger.info("job %s: statefulset scaled to %d", job_id, replicas)
+        """Record the pods asked for on the anchor; the next pass adds ordinals, or deletes
+        the highest ones with their grace period (SIGTERM: each leaves gracefully)."""
+        self._running_anchor(job_id)
+        call(f"patch configmap {self.namespace}/{job_id}",
+             self.core.patch_namespaced_config_map, job_id, self.namespace,
+             {"data": {manifests.REPLICAS_KEY: str(replicas)}}, _content_type=MERGE_PATCH,
+             _preload_content=False)
+        logger.info("job %s: scaled to %d pods", job_id, replicas)
 
     def migrate_pod(self, job_id: str, ordinal: int, node: str | None) -> Moving:
-        raise Unsupported("moving a pod between nodes is not available on the kubernetes "
-                          "backend yet: a StatefulSet cannot place one ordinal on a chosen "
-                          "node; kill the pod with a grace instead (it leaves gracefully and "
-                          "is recreated wherever the scheduler puts it)")
+        """Start the pod's replacement on `node` (else on any node but the pod's). Live: it
+        heals from a peer beside the pod, and once ready (it took part in a step) the pod is
+        deleted with its grace and leaves gracefully. Restart mode: the pod is deleted with
+        its grace now (an emergency checkpoint) and its replacement, created held off the
+        scheduler, is let on once the pod is gone, to start from that checkpoint."""
+        owner, current, surge = self._current(job_id, ordinal)
+        if surge is not None or current.gated:
+            raise WorkloadConflict(f"pod {job_id}-{ordinal} is already migrating")
+        if node is not None and node == current.node:
+            raise PlacementError(f"pod {job_id}-{ordinal} already runs on node {node}")
+        live = owner["data"].get(manifests.MODE_KEY) == "live"
+        incarnation = self._next_incarnation(owner)
+        self._create_pod(owner, ordinal, incarnation, node=node,
+                         avoid=current.node if node is None else None,
+                         replaces=current.incarnation, gated=not live)
+        if not live:
+            self._delete_pod(current, manifests.TERMINATION_GRACE, "migrating")
+        logger.info("job %s: pod %s-%d migrates from node %s to %s (incarnation %d)", job_id,
+                    job_id, ordinal, current.node, node or "any other", incarnation)
+        return Moving(incarnation=str(current.incarnation), node=current.node)
 
     def delete(self, job_id: str) -> None:
-        if self._delete_statefulset(job_id):
+        if self._delete_anchor(job_id):
             logger.info("job %s: workload deleted (foreground)", job_id)
         with self._lock:
             self._incarnations.pop(job_id, None)
         self.watcher.forget(job_id)
 
-    def _delete_statefulset(self, job_id: str) -> bool:
+    def _delete_anchor(self, job_id: str) -> bool:
         try:
-            call(f"delete statefulset {self.namespace}/{job_id}",
-                 self.apps.delete_namespaced_stateful_set, job_id, self.namespace,
+            call(f"delete configmap {self.namespace}/{job_id}",
+                 self.core.delete_namespaced_config_map, job_id, self.namespace,
                  propagation_policy="Foreground", _preload_content=False)
         except WorkloadNotFound:
             return False
         return True
 
     def tail_logs(self, job_id: str, ordinal: int, lines: int) -> list[str]:
-        ns, name = self.namespace, f"{job_id}-{ordinal}"
+        ns = self.namespace
+        pod = shown([v for v in map(view, self._pods(job_id)) if v is not None], ordinal)
+        if pod is None:
+            return []
         text = ""
         for previous in (False, True):  # a crashed container's lines are in its previous run
             try:
                 text = self.core.read_namespaced_pod_log(
-                    name, ns, container=manifests.TRAINER, tail_lines=lines, previous=previous,
-                    _request_timeout=REQUEST_TIMEOUT)
+                    pod.name, ns, container=manifests.TRAINER, tail_lines=lines,
+                    previous=previous, _request_timeout=REQUEST_TIMEOUT)
             except ApiException as exc:
                 if exc.status not in (400, 404):  # 400: no such run (yet); 404: no such pod
-                    raise BackendError(f"logs of pod {ns}/{name}: {describe(exc)}") from None
+                    raise BackendError(f"logs of pod {ns}/{pod.name}: {describe(exc)}") from None
                 text = ""
             except (HTTPError, OSError) as exc:
-                raise BackendError(f"logs of pod {ns}/{name}: Kubernetes API unreachable "
+                raise BackendError(f"logs of pod {ns}/{pod.name}: Kubernetes API unreachable "
                                    f"({exc})") from None
             if text.strip():
                 break
         return text.splitlines()[-lines:]
 
     def active_jobs(self) -> list[str]:
-        listing = raw(f"list statefulsets {self.namespace}",
-                      self.apps.list_namespaced_stateful_set, self.namespace,
+        listing = raw(f"list configmaps {self.namespace}",
+                      self.core.list_namespaced_config_map, self.namespace,
                       label_selector=manifests.ALL_TRAINERS)
         return sorted(item["metadata"]["name"] for item in listing.get("items") or []
                       if not item["metadata"].get("deletionTimestamp"))
+
+
+def ordinal_key(pod: dict[str, Any]) -> str | None:
+    """`<job>-<ordinal>`: what the watch keeps a trainer pod's uids under (restarts are counted
+    per ordinal, over all its pods)."""
+    pod_labels = pod["metadata"].get("labels") or {}
+    job, ordinal = pod_labels.get(manifests.JOB_LABEL), pod_labels.get(manifests.ORDINAL_LABEL)
+    return f"{job}-{ordinal}" if job and ordinal else None
+
+
+def placed(views: list[PodView], ordinal: int) -> tuple[PodView | None, PodView | None]:
+    """The pod that is `ordinal` now (its newest that is neither being deleted nor ended for
+    good) and a migration's replacement running beside it (one whose `replaces` names that
+    pod), if any."""
+    alive = [v for v in views if v.ordinal == ordinal and not v.deleting and not v.terminal]
+    incarnations = {v.incarnation for v in alive}
+    surges = [v for v in alive if v.replaces is not None and v.replaces in incarnations]
+    current = max((v for v in alive if v not in surges), key=lambda v: v.incarnation,
+                  default=None)
+    return current, (surges[0] if surges else None)
+
+
+def shown(views: list[PodView], ordinal: int) -> PodView | None:
+    """The pod that stands for `ordinal` in its status: the current one, else the newest that
+    is on its way out (a pod leaving before its replacement exists)."""
+    current, _ = placed(views, ordinal)
+    going = [v for v in views if v.ordinal == ordinal]
+    return current or max(going, key=lambda v: v.incarnation, default=None)

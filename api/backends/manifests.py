@@ -17,6 +17,7 @@ dir and links the job's directories there (see `volume_dirs`), so it reads what 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,12 +46,28 @@ PART_OF_LABEL = "app.kubernetes.io/part-of"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "live-migrator-api"
 JOB_LABEL = "live-migrator.io/job"
-POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
-"""Set by the StatefulSet controller on each pod (Kubernetes 1.28+): the pod's ordinal."""
+ORDINAL_LABEL = "live-migrator.io/ordinal"
+"""A trainer pod's ordinal: its identity in the job (`<job>-<ordinal>`), kept by its
+replacements."""
+INCARNATION_LABEL = "live-migrator.io/incarnation"
+"""Which life of its ordinal a trainer pod is: unique in the job, higher for later pods."""
+REPLACES_LABEL = "live-migrator.io/replaces"
+"""On a migration's replacement: the incarnation it replaces once it takes part."""
 TRAINER, LIGHTHOUSE, STORE = "trainer", "lighthouse", "store"
 INCARNATIONS_ANNOTATION = "live-migrator.io/incarnations"
-"""On the StatefulSet: per ordinal, the pod uid last seen and the restarts counted so far, so a
+"""On the job's anchor: per ordinal, the pod uid last seen and the restarts counted so far, so a
 restarted control plane goes on counting where the last one stopped."""
+ISSUED_ANNOTATION = "live-migrator.io/issued"
+"""On the job's anchor: the highest incarnation number given to a pod."""
+REPLICAS_KEY = "replicas"
+MODE_KEY = "fault-tolerance"
+TEMPLATE_KEY = "pod-template"
+"""The anchor's data: the pods asked for, and the pod every one of them is made from."""
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+PLACEMENT_GATE = "live-migrator.io/replaced-first"
+"""Holds a restart-mode migration's replacement off the scheduler until the pod it replaces
+is gone (two pods of one ordinal cannot share a restart-mode job)."""
+READY_FILE = "/tmp/trainer-ready"
 
 REPORT_TOKEN_KEY = "report-token"
 HEAL_SECRET_KEY = "heal-secret"
@@ -69,7 +86,7 @@ HEARTBEAT_MAX_AGE = 60
 TERMINATION_GRACE = 30
 """Seconds a deleted trainer pod gets to write its emergency checkpoint (the trainer's SIGTERM)."""
 
-# A StatefulSet's pods must restart (restartPolicy Always), but a trainer that finished must not
+# A trainer pod must restart (restartPolicy Always), but a trainer that finished must not
 # run again: it would retrain from an older checkpoint and overwrite the export the control plane
 # is registering. So the container's first process runs the trainer as a child, forwards
 # SIGTERM/SIGINT to it (its emergency checkpoint), passes any failure or a stop on, and after a
@@ -89,7 +106,8 @@ echo "trainer finished: holding the pod until the control plane deletes the work
 trap 'kill "$sleeper" 2>/dev/null; exit 0' TERM INT
 while :; do sleep 3600 & sleeper=$!; wait "$sleeper"; done
 """
-HEARTBEAT_CHECK = ("import os, sys, time; sys.exit(time.time() - os.stat(os.environ["
+HEARTBEAT_CHECK = ("import os, sys, time; os.stat(os.environ['READY_FILE']); "
+                   "sys.exit(time.time() - os.stat(os.environ["
                    "'HEARTBEAT_FILE']).st_mtime > float(os.environ['HEARTBEAT_MAX_AGE']))")
 
 
@@ -125,7 +143,7 @@ def selector(values: dict[str, str]) -> str:
 
 
 ALL_TRAINERS = selector({MANAGED_BY_LABEL: MANAGED_BY, COMPONENT_LABEL: TRAINER})
-"""Every job's trainer pods (the pod watch) and StatefulSets (re-adoption)."""
+"""Every job's trainer pods (the pod watch) and anchors (re-adoption)."""
 
 
 def secret_name(job_id: str) -> str:
@@ -201,21 +219,22 @@ def pod_ip_env() -> Manifest:
     return {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
 
 
+IDENTITY = (POD_NAME, "POD_ORDINAL", Runtime.env_name("incarnation"))
+"""The variables that make a pod of the template one pod (`identity_env`)."""
+
+
 def trainer_env(launch: Launch, config: ClusterConfig) -> list[Manifest]:
-    """pod_env() with the pod's name, IP and ordinal from the downward API and the job's secrets
-    (report token, heal secret) from its Secret, never as literals in the manifest."""
+    """pod_env() with the pod's IP from the downward API and the job's secrets (report token,
+    heal secret) from its Secret, never as literals in the manifest; each pod adds its identity
+    (`identity_env`)."""
     cpu = trainer_resources(launch, config)["limits"]["cpu"]
     values = pod_env(pod_launch(launch), pod_name="", coordinator=coordinator_endpoint(launch),
-                     pod_address="$(POD_IP)", threads=cpu_count(cpu))
-    env: list[Manifest] = [
-        pod_ip_env(),
-        {"name": POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "POD_ORDINAL", "valueFrom": {"fieldRef": {
-            "fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}}},
-    ]
+                     pod_address="$(POD_IP)", threads=cpu_count(cpu),
+                     ready_file=Path(READY_FILE))
+    env: list[Manifest] = [pod_ip_env()]
     for name, value in values.items():
-        if name == POD_NAME:
-            continue  # the downward API's, above
+        if name in IDENTITY:
+            continue  # each pod's own
         if name in SECRET_KEYS:
             env.append({"name": name, "valueFrom": {"secretKeyRef": {
                 "name": secret_name(launch.job_id), "key": SECRET_KEYS[name]}}})
@@ -244,7 +263,8 @@ def trainer_container(launch: Launch, config: ClusterConfig) -> Manifest:
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "shm", "mountPath": "/dev/shm"},
         ],
-        # Ready = training: the trainer touches the heartbeat file with every report record.
+        # Ready = training: it took part in a step (READY_FILE), and it touches the heartbeat
+        # file with every report record. A migration's replacement is promoted once ready.
         "readinessProbe": {"exec": {"command": ["python", "-c", HEARTBEAT_CHECK]},
                            "initialDelaySeconds": 10, "periodSeconds": 10, "timeoutSeconds": 5,
                            "failureThreshold": 3},
@@ -254,37 +274,88 @@ def trainer_container(launch: Launch, config: ClusterConfig) -> Manifest:
     }
 
 
-def statefulset(launch: Launch, config: ClusterConfig) -> Manifest:
+def pod_template(launch: Launch, config: ClusterConfig) -> Manifest:
+    """What every trainer pod of the job is made from (`trainer_pod`), kept on its anchor."""
     job = launch.job_id
     return {
-        "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": _metadata(job, job, TRAINER, config.namespace),
+        "metadata": {"labels": labels(job, TRAINER)},
         "spec": {
-            "serviceName": job, "replicas": launch.replicas, "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": match_labels(job, TRAINER)},
-            "template": {
-                "metadata": {"labels": labels(job, TRAINER)},
-                "spec": {
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
-                    "terminationGracePeriodSeconds": TERMINATION_GRACE,
-                    "securityContext": _pod_security(),
-                    "containers": [trainer_container(launch, config)],
-                    "volumes": [
-                        {"name": "inputs", "persistentVolumeClaim": {
-                            "claimName": config.data_claim, "readOnly": True}},
-                        {"name": "checkpoints", "persistentVolumeClaim": {
-                            "claimName": config.checkpoints_claim}},
-                        {"name": "models", "persistentVolumeClaim": {
-                            "claimName": config.models_claim}},
-                        {"name": "cache", "emptyDir": {"sizeLimit": config.cache_size}},
-                        {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
-                        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
-                    ],
-                },
-            },
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": TERMINATION_GRACE,
+            "securityContext": _pod_security(),
+            "subdomain": job,
+            "containers": [trainer_container(launch, config)],
+            "volumes": [
+                {"name": "inputs", "persistentVolumeClaim": {
+                    "claimName": config.data_claim, "readOnly": True}},
+                {"name": "checkpoints", "persistentVolumeClaim": {
+                    "claimName": config.checkpoints_claim}},
+                {"name": "models", "persistentVolumeClaim": {
+                    "claimName": config.models_claim}},
+                {"name": "cache", "emptyDir": {"sizeLimit": config.cache_size}},
+                {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+                {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+            ],
         },
     }
+
+
+def anchor(launch: Launch, config: ClusterConfig) -> Manifest:
+    """The job's record in the cluster, which owns every other object of it: the pods asked
+    for and the pod template (data), the restart tally and the incarnations given out
+    (annotations). The control plane makes and replaces the pods from it, as a StatefulSet
+    would, but one pod at a time: a migration's replacement runs beside the pod it replaces,
+    on the node it was sent to."""
+    job = launch.job_id
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {**_metadata(job, job, TRAINER, config.namespace),
+                         "annotations": {ISSUED_ANNOTATION: "0"}},
+            "data": {REPLICAS_KEY: str(launch.replicas), MODE_KEY: launch.fault_tolerance,
+                     TEMPLATE_KEY: json.dumps(pod_template(launch, config),
+                                              separators=(",", ":"))}}
+
+
+def pod_name(job_id: str, ordinal: int, incarnation: int) -> str:
+    return f"{job_id}-{ordinal}-{incarnation}"
+
+
+def identity_env(job_id: str, ordinal: int, incarnation: int) -> list[Manifest]:
+    return [{"name": POD_NAME, "value": f"{job_id}-{ordinal}"},
+            {"name": "POD_ORDINAL", "value": str(ordinal)},
+            {"name": Runtime.env_name("incarnation"), "value": str(incarnation)}]
+
+
+def trainer_pod(template: Manifest, owner: Manifest, ordinal: int, incarnation: int,
+                node: str | None = None, avoid: str | None = None,
+                replaces: int | None = None, gated: bool = False) -> Manifest:
+    """One trainer pod of the job `owner` anchors: `<job>-<ordinal>-<incarnation>`, known to
+    its peers and in its reports as `<job>-<ordinal>` (DNS `<job>-<ordinal>.<job>` too).
+    `node` places it there, `avoid` anywhere but there; `replaces`: a migration's; `gated`: it
+    is not scheduled until the control plane lifts its gate (PLACEMENT_GATE)."""
+    job, namespace = owner["metadata"]["name"], owner["metadata"]["namespace"]
+    spec = json.loads(json.dumps(template["spec"]))  # a deep copy
+    spec["hostname"] = f"{job}-{ordinal}"
+    container = spec["containers"][0]
+    container["env"] = [container["env"][0], *identity_env(job, ordinal, incarnation),
+                        *container["env"][1:]]  # after POD_IP, which later values expand
+    if node is not None or avoid is not None:
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{
+                "key": HOSTNAME_LABEL, "operator": "In" if node is not None else "NotIn",
+                "values": [node if node is not None else avoid]}]}]}}}
+    if gated:
+        spec["schedulingGates"] = [{"name": PLACEMENT_GATE}]
+    pod_labels = {**template["metadata"]["labels"], ORDINAL_LABEL: str(ordinal),
+                  INCARNATION_LABEL: str(incarnation)}
+    if replaces is not None:
+        pod_labels[REPLACES_LABEL] = str(replaces)
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod_name(job, ordinal, incarnation), "namespace": namespace,
+                         "labels": pod_labels,
+                         "ownerReferences": [{**owner_reference(owner), "controller": True}]},
+            "spec": spec}
 
 
 def secret(launch: Launch, config: ClusterConfig) -> Manifest:
@@ -314,7 +385,7 @@ def network_policy(launch: Launch, config: ClusterConfig) -> Manifest:
 
 
 def headless_service(launch: Launch, config: ClusterConfig) -> Manifest:
-    """The StatefulSet's governing Service: stable DNS names `<pod>.<job>` for the pods."""
+    """The pods' subdomain: stable DNS names `<job>-<ordinal>.<job>` for the pods."""
     job = launch.job_id
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": _metadata(job, job, TRAINER, config.namespace),
@@ -368,7 +439,7 @@ def coordinator_service(launch: Launch, config: ClusterConfig) -> Manifest:
 
 
 def dependents(launch: Launch, config: ClusterConfig) -> list[Manifest]:
-    """Everything the StatefulSet owns besides its pods, in creation order (the pods' Secret and
+    """Everything the anchor owns besides the pods, in creation order (the pods' Secret and
     NetworkPolicy first: the pods wait for the one and cannot reach each other without the
     other)."""
     return [secret(launch, config), network_policy(launch, config),

@@ -1,4 +1,4 @@
-"""A job's detached supervisor: kubelet + StatefulSet controller of the local backend.
+"""A job's detached supervisor: kubelet + pod controller of the local backend.
 
 Run as `python -m api.backends.supervisor <job_dir>`. It starts the job's coordinator (the
 torchft lighthouse of a live job, the rendezvous store of a restart job) and one process group
@@ -426,7 +426,7 @@ class Supervisor:
                 self.start_pod(pod)
                 continue
             if self.left(pod):
-                # Nothing failed: check_group recreates it at once, as a StatefulSet replaces a
+                # Nothing failed: check_group recreates it at once, as Kubernetes replaces a
                 # pod deleted gracefully, and no restart is counted.
                 logger.info("pod %s left gracefully", pod.name)
                 pod.phase = "Pending"

@@ -15,17 +15,21 @@ from api.backends.k8s_status import (
     view,
 )
 from api.backends.k8s_watch import left_gracefully
+from api.backends.manifests import INCARNATION_LABEL, ORDINAL_LABEL, REPLACES_LABEL
 
 
-def pod(name: str = "job-1-0", phase: str = "Running", state: dict[str, Any] | None = None,
+def pod(name: str = "job-1-0-3", phase: str = "Running", state: dict[str, Any] | None = None,
         last: dict[str, Any] | None = None, restarts: int = 0, **metadata: Any) -> dict[str, Any]:
+    """A trainer pod `<job>-<ordinal>-<incarnation>` with the labels the backend gives it."""
     container = {"name": "trainer", "restartCount": restarts,
                  "state": state if state is not None else {
                      "running": {"startedAt": "2026-11-23T10:00:00Z"}},
                  "lastState": last or {}}
+    ordinal, incarnation = name.split("-")[-2:]
     return {"metadata": {"name": name, "uid": "uid-a",
-                         "labels": {"apps.kubernetes.io/pod-index": name.rsplit("-", 1)[1]},
+                         "labels": {ORDINAL_LABEL: ordinal, INCARNATION_LABEL: incarnation},
                          **metadata},
+            "spec": {"nodeName": "node-a"},
             "status": {"phase": phase, "containerStatuses": [container]}}
 
 
@@ -38,7 +42,7 @@ def test_running_pod() -> None:
 
 
 @pytest.mark.parametrize(("body", "phase", "exit_code", "reason"), [
-    ({"status": {"phase": "Pending"}}, "Pending", None, None),
+    (pod(phase="Pending") | {"status": {"phase": "Pending"}}, "Pending", None, None),
     (pod(phase="Pending", state={"waiting": {"reason": "ContainerCreating"}}), "Pending", None,
      None),
     (pod(phase="Pending", state={"waiting": {"reason": "ImagePullBackOff"}}), "Pending", None,
@@ -67,11 +71,16 @@ def test_phases_and_reasons(body: dict[str, Any], phase: str, exit_code: int | N
     assert (seen.phase, seen.exit_code, seen.reason) == (phase, exit_code, reason)
 
 
-def test_ordinal_from_the_label_or_the_name() -> None:
-    assert view(pod("job-1-7")).ordinal == 7  # type: ignore[union-attr]
-    unlabelled = pod("job-1-4")
+def test_identity_from_the_labels() -> None:
+    seen = view(pod("job-1-7-12"))
+    assert seen is not None and (seen.ordinal, seen.incarnation, seen.node) == (7, 12, "node-a")
+    assert seen.replaces is None and not seen.gated
+    surge = pod("job-1-7-13")
+    surge["metadata"]["labels"][REPLACES_LABEL] = "12"
+    assert view(surge).replaces == 12  # type: ignore[union-attr]
+    unlabelled = pod("job-1-4-0")
     del unlabelled["metadata"]["labels"]
-    assert view(unlabelled).ordinal == 4  # type: ignore[union-attr]
+    assert view(unlabelled) is None  # not one of ours
     assert view({"metadata": {"name": "job-1-lighthouse-5d8f9-x2x"}}) is None
 
 
@@ -91,30 +100,33 @@ def test_a_pod_that_left_on_its_deletions_sigterm_is_told_apart() -> None:
     assert not left_gracefully(pod(deletionTimestamp="2026-11-23T10:00:01Z"))  # still running
 
 
-def test_incarnations_count_new_pods_and_container_restarts_and_never_go_down() -> None:
+def test_incarnations_count_pods_that_ended_and_container_restarts_and_never_go_down() -> None:
     counter = Incarnations()
     assert counter.observe("a", 0) and counter.total == 0
-    assert not counter.observe("a", 0)
+    assert not counter.observe("a", 0) and not counter.settle({"a"})
     assert counter.observe("a", 2) and counter.total == 2  # two container restarts
-    assert counter.observe("b", 0) and counter.total == 3  # recreated: the old pod's 2 + 1
+    assert counter.observe("b", 0) and counter.total == 2  # its replacement, beside it
+    assert counter.settle({"b"}) and counter.total == 3  # a is gone: its 2 + 1
     assert not counter.observe("b", 0)
-    assert counter.observe("c", 1) and counter.total == 5
+    assert counter.observe("c", 1) and counter.settle({"c"}) and counter.total == 5
+    assert counter.observe("c", 0) is False and counter.total == 5  # never down
 
 
-def test_a_pod_that_left_gracefully_is_recreated_without_a_restart() -> None:
+def test_a_pod_that_left_gracefully_is_replaced_without_a_restart() -> None:
     counter = Incarnations()
     assert counter.observe("a", 1) and counter.total == 1
+    assert counter.observe("b", 0)  # a migration's replacement, or a recreated pod
     assert counter.observe("a", 1, left=True) and not counter.observe("a", 1, left=True)
-    assert counter.observe("b", 0) and counter.total == 1  # its restart, but none for leaving
-    assert counter.observe("c", 0) and counter.total == 2  # b did not leave: it failed
+    assert counter.settle({"b"}) and counter.total == 1  # its restart, but none for leaving
+    assert counter.settle(set()) and counter.total == 2  # b did not leave: it failed
 
 
 def test_incarnations_survive_the_annotation() -> None:
-    tally = {0: Incarnations("a", 1, 2), 1: Incarnations("b", 0, 0, left=True)}
+    tally = {0: Incarnations(1, {"a": [2, False]}), 1: Incarnations(0, {"b": [0, True]})}
     assert load_incarnations(dump_incarnations(tally)) == tally
     assert load_incarnations(None) == {}
     assert load_incarnations("{not json") == {}
-    assert load_incarnations('{"0": {"uid": "a"}}') == {}
+    assert load_incarnations('{"0": {"uid": "a", "base": 1, "count": 0}}') == {}  # the old
 
 
 def test_bad_input_is_final() -> None:

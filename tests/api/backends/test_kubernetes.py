@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from api.backends import manifests
 from api.backends.base import (
     BackendError,
     Launch,
-    Unsupported,
+    PlacementError,
     WorkloadConflict,
     WorkloadNotFound,
     WorkloadStatus,
@@ -82,6 +83,14 @@ def pod_status(backend: KubernetesBackend, job_id: str, ordinal: int,
     return result
 
 
+def pod_of(fake_k8s: FakeApiServer, job_id: str, ordinal: int) -> dict[str, Any]:
+    return fake_k8s.cluster.trainer(job_id, ordinal)
+
+
+def name_of(fake_k8s: FakeApiServer, job_id: str, ordinal: int) -> str:
+    return str(fake_k8s.cluster.trainer(job_id, ordinal)["metadata"]["name"])
+
+
 def test_launch_creates_exactly_the_expected_objects(
         backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer) -> None:
     launch = make_launch(settings)
@@ -89,10 +98,11 @@ def test_launch_creates_exactly_the_expected_objects(
     cluster = cluster_config(settings)
     posts = [r for r in fake_k8s.cluster.requests if r.method == "POST"
              and "persistentvolumeclaims" not in r.path]
-    owner = fake_k8s.cluster.get("statefulsets", NS, launch.job_id)
-    # The exact bodies sent: the pure manifests, the dependents owned by the created StatefulSet.
+    owner = fake_k8s.cluster.get("configmaps", NS, launch.job_id)
+    template = json.loads(owner["data"][manifests.TEMPLATE_KEY])
+    # The exact bodies sent: the pure manifests, everything owned by the created anchor.
     assert [(r.path, r.body) for r in posts] == [
-        (f"/apis/apps/v1/namespaces/{NS}/statefulsets", manifests.statefulset(launch, cluster)),
+        (f"/api/v1/namespaces/{NS}/configmaps", manifests.anchor(launch, cluster)),
         (f"/api/v1/namespaces/{NS}/secrets",
          manifests.owned_by(manifests.secret(launch, cluster), owner)),
         (f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies",
@@ -102,7 +112,9 @@ def test_launch_creates_exactly_the_expected_objects(
         (f"/apis/apps/v1/namespaces/{NS}/deployments",
          manifests.owned_by(manifests.coordinator_deployment(launch, cluster), owner)),
         (f"/api/v1/namespaces/{NS}/services",
-         manifests.owned_by(manifests.coordinator_service(launch, cluster), owner))]
+         manifests.owned_by(manifests.coordinator_service(launch, cluster), owner)),
+        *[(f"/api/v1/namespaces/{NS}/pods", manifests.trainer_pod(template, owner, ordinal, 0))
+          for ordinal in range(2)]]
     assert posts[1].body["stringData"] == {"report-token": "token-job-0a1b2c3d",
                                            "heal-secret": "heal-job-0a1b2c3d"}
     status = running(backend, launch.job_id)
@@ -117,29 +129,32 @@ def test_launch_creates_exactly_the_expected_objects(
     assert (volumes / "checkpoints" / launch.job_id).is_dir()
 
 
-def test_kill_deletes_the_pod_and_the_statefulset_recreates_it(
+def test_kill_deletes_the_pod_and_the_control_plane_replaces_it(
         backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer) -> None:
     launch = make_launch(settings)
     backend.launch(launch)
     running(backend, launch.job_id)
-    old_uid = fake_k8s.cluster.pod("job-0a1b2c3d-1")["metadata"]["uid"]
+    old = pod_of(fake_k8s, launch.job_id, 1)["metadata"]
     backend.kill_pod(launch.job_id, 1, grace_seconds=0)
     delete = next(r for r in fake_k8s.cluster.requests if r.method == "DELETE")
     assert (delete.path, delete.query.get("gracePeriodSeconds")) == (
-        f"/api/v1/namespaces/{NS}/pods/job-0a1b2c3d-1", "0")
+        f"/api/v1/namespaces/{NS}/pods/{old['name']}", "0")
     status = pod_status(backend, launch.job_id, 1,
                         lambda p: p.restarts == 1 and p.phase == "Running", "pod 1 to rerun")
     assert status.pods[0].restarts == 0
-    assert fake_k8s.cluster.pod("job-0a1b2c3d-1")["metadata"]["uid"] != old_uid
+    assert status.pods[1].name == "job-0a1b2c3d-1"  # its identity stays
+    assert status.pods[1].incarnation == "1"  # the job's next incarnation
+    assert name_of(fake_k8s, launch.job_id, 1) == "job-0a1b2c3d-1-1"
     event = next(r.body for r in fake_k8s.cluster.requests if r.path.endswith("/events"))
-    assert (event["reason"], event["involvedObject"]["uid"]) == ("FailureInjected", old_uid)
-    # The tally is saved on the StatefulSet for a restarted control plane.
-    annotations = fake_k8s.cluster.get("statefulsets", NS, launch.job_id)["metadata"][
+    assert (event["reason"], event["involvedObject"]["uid"]) == ("FailureInjected", old["uid"])
+    # The tally is saved on the anchor for a restarted control plane.
+    annotations = fake_k8s.cluster.get("configmaps", NS, launch.job_id)["metadata"][
         "annotations"]
     assert '"base":1' in annotations[manifests.INCARNATIONS_ANNOTATION]
+    assert annotations[manifests.ISSUED_ANNOTATION] == "1"
 
 
-def test_scale_patches_the_statefulset_and_its_controller_follows(
+def test_scale_patches_the_anchor_and_the_control_plane_follows(
         backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer) -> None:
     launch = make_launch(settings, replicas=2)
     backend.launch(launch)
@@ -147,21 +162,116 @@ def test_scale_patches_the_statefulset_and_its_controller_follows(
     backend.scale(launch.job_id, 3)
     patch = [r for r in fake_k8s.cluster.requests if r.method == "PATCH"][-1]
     assert (patch.path, patch.body) == (
-        f"/apis/apps/v1/namespaces/{NS}/statefulsets/{launch.job_id}", {"spec": {"replicas": 3}})
+        f"/api/v1/namespaces/{NS}/configmaps/{launch.job_id}",
+        {"data": {manifests.REPLICAS_KEY: "3"}})
     pod_status(backend, launch.job_id, 2, lambda p: p.phase == "Running", "pod 2 to run")
 
     backend.scale(launch.job_id, 1)
+    leaving = [pod_of(fake_k8s, launch.job_id, o)["metadata"]["name"] for o in (1, 2)]
+    backend.status(launch.job_id)  # the pass that deletes them
     # The pods scaled away get their grace period (SIGTERM: they leave gracefully).
-    deleting = fake_k8s.cluster.pod(f"{launch.job_id}-2")["metadata"]
+    deleting = fake_k8s.cluster.pod(leaving[1])["metadata"]
     assert deleting["deletionGracePeriodSeconds"] == manifests.TERMINATION_GRACE
-    wait_for(lambda: not fake_k8s.cluster.store.find("pods", NS, f"{launch.job_id}-1"),
-             timeout=10, what="pod 1 to be gone")
+    wait_for(lambda: not any(fake_k8s.cluster.store.find("pods", NS, n) for n in leaving),
+             timeout=10, what="pods 1 and 2 to be gone")
     status = backend.status(launch.job_id)
     assert [(p.ordinal, p.restarts) for p in status.pods] == [(0, 0)] and status.present
     with pytest.raises(WorkloadNotFound, match="job-ffffffff"):
         backend.scale("job-ffffffff", 2)
-    with pytest.raises(Unsupported, match="not available on the kubernetes backend"):
-        backend.migrate_pod(launch.job_id, 0, None)
+
+
+def test_a_live_migration_makes_the_replacement_before_it_breaks_the_pod(
+        backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer) -> None:
+    fake_k8s.cluster.ready_on_start = False  # ready once told: a trainer that took part
+    launch = make_launch(settings)
+    backend.launch(launch)
+    running(backend, launch.job_id)
+    old = pod_of(fake_k8s, launch.job_id, 1)
+    moving = backend.migrate_pod(launch.job_id, 1, None)
+    assert (moving.incarnation, moving.node) == ("0", old["spec"]["nodeName"])
+    surge = pod_of(fake_k8s, launch.job_id, 1)
+    assert surge["metadata"]["labels"][manifests.REPLACES_LABEL] == "0"
+    assert surge["spec"]["hostname"] == old["spec"]["hostname"] == "job-0a1b2c3d-1"
+    status = pod_status(backend, launch.job_id, 1, lambda p: p.migrating, "the migration")
+    assert status.pods[1].incarnation == "0"  # the old one is the pod until the new takes part
+    with pytest.raises(WorkloadConflict, match="already migrating"):
+        backend.migrate_pod(launch.job_id, 1, None)
+    wait_for(lambda: fake_k8s.cluster.pod(surge["metadata"]["name"])["status"].get("podIP"),
+             what="the replacement to run", timeout=10)
+    for _ in range(3):  # not ready: both run on
+        assert fake_k8s.cluster.store.find("pods", NS, old["metadata"]["name"]) is not None
+        assert backend.status(launch.job_id).pods[1].migrating
+
+    fake_k8s.cluster.set_ready(surge["metadata"]["name"])
+    status = pod_status(backend, launch.job_id, 1,
+                        lambda p: not p.migrating and p.incarnation == "1" and
+                        fake_k8s.cluster.store.find("pods", NS, old["metadata"]["name"]) is None,
+                        "the old pod to leave")
+    moved = status.pods[1]
+    assert moved.node is not None and moved.node != old["spec"]["nodeName"]  # another node
+    assert (moved.phase, moved.restarts) == ("Running", 0)  # it left gracefully: no restart
+    deleted = [r for r in fake_k8s.cluster.requests if r.method == "DELETE"]
+    assert [(r.path.rsplit("/", 1)[1], r.query.get("gracePeriodSeconds")) for r in deleted] == [
+        (old["metadata"]["name"], str(manifests.TERMINATION_GRACE))]
+
+
+def test_a_migration_goes_to_the_named_node_or_gives_up(
+        backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    launch = make_launch(settings, replicas=1)
+    backend.launch(launch)
+    running(backend, launch.job_id)
+    here = pod_of(fake_k8s, launch.job_id, 0)["spec"]["nodeName"]
+    with pytest.raises(PlacementError, match=f"already runs on node {here}"):
+        backend.migrate_pod(launch.job_id, 0, here)
+    there = next(node for node in fake_k8s.cluster.nodes if node != here)
+    backend.migrate_pod(launch.job_id, 0, there)
+    status = pod_status(backend, launch.job_id, 0, lambda p: p.node == there and p.incarnation
+                        == "1" and not p.migrating, "the pod to move to the named node")
+    assert status.pods[0].restarts == 0
+
+    # A node no pod can go to: the replacement stays unschedulable, and is given up.
+    monkeypatch.setattr("api.backends.kubernetes.MIGRATION_TIMEOUT", 0.5)
+    backend.migrate_pod(launch.job_id, 0, "node-nowhere")
+    stuck = pod_of(fake_k8s, launch.job_id, 0)
+    assert stuck["metadata"]["labels"][manifests.REPLACES_LABEL] == "1"
+    wait_for(lambda: fake_k8s.cluster.pod(stuck["metadata"]["name"])["status"].get(
+        "conditions", [{}])[0].get("reason") == "Unschedulable", what="the scheduler to refuse",
+        timeout=10)
+    status = pod_status(backend, launch.job_id, 0, lambda p: not p.migrating,
+                        "the stuck replacement to be deleted")
+    assert (status.pods[0].incarnation, status.pods[0].node) == ("1", there)
+    with pytest.raises(WorkloadNotFound, match="has no pod 3"):
+        backend.migrate_pod(launch.job_id, 3, None)
+
+
+def test_a_restart_mode_migration_starts_the_replacement_once_the_pod_is_gone(
+        backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    launch = make_launch(settings, mode="restart")
+    backend.launch(launch)
+    running(backend, launch.job_id)
+    fake_k8s.cluster.max_grace = 1.0  # the emergency checkpoint takes a moment
+    old = pod_of(fake_k8s, launch.job_id, 0)
+    backend.migrate_pod(launch.job_id, 0, None)
+    held = pod_of(fake_k8s, launch.job_id, 0)
+    assert held["spec"]["schedulingGates"] == [{"name": manifests.PLACEMENT_GATE}]
+    assert fake_k8s.cluster.pod(old["metadata"]["name"])["metadata"]["deletionTimestamp"]
+    assert backend.status(launch.job_id).pods[0].phase != "Failed"
+    assert not held["spec"].get("nodeName")  # no two pods of one ordinal at once
+    status = pod_status(backend, launch.job_id, 0,
+                        lambda p: p.incarnation == "1" and p.phase == "Running",
+                        "the replacement to run")
+    assert fake_k8s.cluster.store.find("pods", NS, old["metadata"]["name"]) is None
+    assert status.pods[0].node != old["spec"]["nodeName"] and status.pods[0].restarts == 0
+
+    # To a node that cannot take it: once given up, a pod that may go anywhere replaces it.
+    monkeypatch.setattr("api.backends.kubernetes.MIGRATION_TIMEOUT", 0.5)
+    backend.migrate_pod(launch.job_id, 0, "node-nowhere")
+    status = pod_status(backend, launch.job_id, 0,
+                        lambda p: p.incarnation == "3" and p.phase == "Running",
+                        "a pod that may go anywhere to run")
+    assert "affinity" not in pod_of(fake_k8s, launch.job_id, 0)["spec"]
 
 
 def test_kill_with_grace_and_unknown_pods(backend: KubernetesBackend, settings: Settings,
@@ -169,29 +279,28 @@ def test_kill_with_grace_and_unknown_pods(backend: KubernetesBackend, settings: 
     launch = make_launch(settings, replicas=1)
     backend.launch(launch)
     running(backend, launch.job_id)
-    name = f"{launch.job_id}-0"
-    first = fake_k8s.cluster.pod(name)["metadata"]["uid"]
+    first = name_of(fake_k8s, launch.job_id, 0)
     backend.kill_pod(launch.job_id, 0, grace_seconds=2.5)
     delete = [r for r in fake_k8s.cluster.requests if r.method == "DELETE"][-1]
     assert delete.query["gracePeriodSeconds"] == "3"
-    # SIGTERM: the trainer leaves gracefully (exit 0) while the pod is deleted, so it is
-    # recreated with no restart counted, and it never shows as Failed.
+    # SIGTERM: the trainer leaves gracefully (exit 0) while the pod is deleted; a live job's
+    # replacement starts at once, beside it. No restart is counted, nothing shows as Failed.
     phases: list[str] = []
 
-    def recreated(pod: Any) -> bool:
+    def replaced(pod: Any) -> bool:
         phases.append(pod.phase)
-        found = fake_k8s.cluster.store.find("pods", NS, name)
-        return pod.phase == "Running" and found is not None and found["metadata"]["uid"] != first
+        return (pod.phase == "Running" and pod.incarnation == "1"
+                and fake_k8s.cluster.store.find("pods", NS, first) is None)
 
-    status = pod_status(backend, launch.job_id, 0, recreated, "pod 0 to be recreated")
+    status = pod_status(backend, launch.job_id, 0, replaced, "pod 0 to be replaced")
     assert status.pods[0].restarts == 0 and "Failed" not in phases
     # One that ignores SIGTERM is killed at the end of its grace: that counts.
-    fake_k8s.cluster.sigterm_exit[name] = 137
+    fake_k8s.cluster.sigterm_exit[name_of(fake_k8s, launch.job_id, 0)] = 137
     backend.kill_pod(launch.job_id, 0, grace_seconds=1)
     pod_status(backend, launch.job_id, 0, lambda p: p.restarts == 1, "pod 0 to be recreated")
     with pytest.raises(WorkloadNotFound, match="has no pod 1"):
         backend.kill_pod(launch.job_id, 1, 0)
-    with pytest.raises(WorkloadNotFound, match=f"statefulset {NS}/job-ffffffff: 404"):
+    with pytest.raises(WorkloadNotFound, match=f"configmap {NS}/job-ffffffff: 404"):
         backend.kill_pod("job-ffffffff", 0, 0)
 
 
@@ -199,7 +308,7 @@ def test_errors_keep_their_meaning(backend: KubernetesBackend, settings: Setting
                                    fake_k8s: FakeApiServer) -> None:
     launch = make_launch(settings)
     backend.launch(launch)
-    with pytest.raises(WorkloadConflict, match=f"create statefulset {NS}/job-0a1b2c3d: 409"):
+    with pytest.raises(WorkloadConflict, match=f"create configmap {NS}/job-0a1b2c3d: 409"):
         backend.launch(launch)
     # A name the API server refuses (422, from its schema check) is a plain backend error.
     with pytest.raises(BackendError, match="422") as invalid:
@@ -215,7 +324,7 @@ def test_a_failed_launch_leaves_nothing_behind(backend: KubernetesBackend, setti
                                             "metadata": {"name": "job-0000beef-report"}})
     with pytest.raises(WorkloadConflict, match=f"secret {NS}/job-0000beef-report"):
         backend.launch(launch)
-    wait_for(lambda: not any(k[0] in ("statefulsets", "pods", "services", "deployments")
+    wait_for(lambda: not any(k[0] in ("configmaps", "pods", "services", "deployments")
                              for k in fake_k8s.cluster.store.objects),
              what="the half-made workload to be deleted", timeout=10)
 
@@ -229,7 +338,7 @@ def test_delete_is_foreground_keeps_volumes_and_is_idempotent(
     backend.delete(launch.job_id)
     delete = [r for r in fake_k8s.cluster.requests if r.method == "DELETE"][-1]
     assert (delete.path, delete.query["propagationPolicy"]) == (
-        f"/apis/apps/v1/namespaces/{NS}/statefulsets/{launch.job_id}", "Foreground")
+        f"/api/v1/namespaces/{NS}/configmaps/{launch.job_id}", "Foreground")
     with pytest.raises(WorkloadNotFound, match="being deleted"):
         backend.kill_pod(launch.job_id, 0, 0)
     # Still there while being deleted (the control plane decided already: no verdict).
@@ -249,11 +358,12 @@ def test_oom_and_the_restart_budget(backend: KubernetesBackend, settings: Settin
     launch = make_launch(settings)
     backend.launch(launch)
     running(backend, launch.job_id)
-    fake_k8s.cluster.oom_kill("job-0a1b2c3d-0")
+    name = name_of(fake_k8s, launch.job_id, 0)
+    fake_k8s.cluster.oom_kill(name)
     status = pod_status(backend, launch.job_id, 0, lambda p: p.restarts == 1, "the OOM restart")
     assert (status.pods[0].exit_code, status.pods[0].reason) == (137, "OOMKilled")
     for _ in range(BUDGET):
-        fake_k8s.cluster.crash("job-0a1b2c3d-0", exit_code=1)
+        fake_k8s.cluster.crash(name, exit_code=1)
     status = wait_for(lambda: (s := backend.status(launch.job_id)).finished and s,
                       what="the budget to run out", timeout=20)
     assert status.reason == ("restart budget spent: pod job-0a1b2c3d-0 restarted 4 times, last "
@@ -266,7 +376,7 @@ def test_bad_input_ends_the_job_instead_of_crash_looping(
     launch = make_launch(settings, replicas=1)
     backend.launch(launch)
     running(backend, launch.job_id)
-    fake_k8s.cluster.crash_loop("job-0a1b2c3d-0", 2, message=(
+    fake_k8s.cluster.crash_loop(name_of(fake_k8s, launch.job_id, 0), 2, message=(
         "2026-11-23 10:00:01,456 ERROR job=job-0a1b2c3d pod=job-0a1b2c3d-0 trainer: "
         "dataset 'missing.csv': not found under the inputs dir\n"))
     status = wait_for(lambda: (s := backend.status(launch.job_id)).finished and s,
@@ -280,13 +390,14 @@ def test_logs(backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiS
     launch = make_launch(settings, replicas=1)
     backend.launch(launch)
     running(backend, launch.job_id)
-    fake_k8s.cluster.set_log("job-0a1b2c3d-0", "".join(f"line {i}\n" for i in range(10)))
+    name = name_of(fake_k8s, launch.job_id, 0)
+    fake_k8s.cluster.set_log(name, "".join(f"line {i}\n" for i in range(10)))
     assert backend.tail_logs(launch.job_id, 0, 3) == ["line 7", "line 8", "line 9"]
     log = [r for r in fake_k8s.cluster.requests if r.path.endswith("/log")][-1]
     assert log.query == {"container": "trainer", "tailLines": "3", "previous": "false"}
-    fake_k8s.cluster.set_log("job-0a1b2c3d-0", "")
-    fake_k8s.cluster.set_log("job-0a1b2c3d-0", "Traceback\nRuntimeError: boom\n", previous=True)
-    fake_k8s.cluster.crash("job-0a1b2c3d-0")
+    fake_k8s.cluster.set_log(name, "")
+    fake_k8s.cluster.set_log(name, "Traceback\nRuntimeError: boom\n", previous=True)
+    fake_k8s.cluster.crash(name)
     assert backend.tail_logs(launch.job_id, 0, 5) == ["Traceback", "RuntimeError: boom"]
     assert backend.tail_logs(launch.job_id, 7, 5) == []
 
@@ -302,9 +413,10 @@ def test_a_restarted_control_plane_re_adopts_and_goes_on_counting(
     pod_status(first, launch.job_id, 0, lambda p: p.restarts == 1 and p.phase == "Running",
                "pod 0 to rerun")
     first.close()
-    # While no control plane runs, pod 0 is recreated again and pod 1 restarts its container.
-    fake_k8s.cluster.delete("pods", NS, "job-0a1b2c3d-0", 0, None)
-    fake_k8s.cluster.crash("job-0a1b2c3d-1")
+    # While no control plane runs, pod 0 is deleted again and pod 1 restarts its container;
+    # the next control plane replaces pod 0.
+    fake_k8s.cluster.delete("pods", NS, name_of(fake_k8s, launch.job_id, 0), 0, None)
+    fake_k8s.cluster.crash(name_of(fake_k8s, launch.job_id, 1))
     second = backends()
     assert second.active_jobs() == [launch.job_id]
     status = pod_status(second, launch.job_id, 0, lambda p: p.phase == "Running",
@@ -357,8 +469,12 @@ def test_the_role_grants_exactly_the_verbs_the_backend_uses(
         first.launch(make_launch(settings, job_id=job_id, mode=mode))
         running(first, job_id)
     first.kill_pod("job-0000000a", 0, 0)
-    pod_status(first, "job-0000000a", 0, lambda p: p.restarts == 1, "the recreated pod")
-    fake_k8s.cluster.set_log("job-0000000a-0", "hello\n")
+    pod_status(first, "job-0000000a", 0, lambda p: p.restarts == 1 and p.phase == "Running",
+               "the recreated pod")
+    first.migrate_pod("job-0000000b", 1, None)  # restart mode: its replacement's gate
+    pod_status(first, "job-0000000b", 1, lambda p: p.incarnation == "1" and p.phase == "Running",
+               "the migrated pod")
+    fake_k8s.cluster.set_log(name_of(fake_k8s, "job-0000000a", 0), "hello\n")
     assert first.tail_logs("job-0000000a", 0, 5) == ["hello"]
     assert first.active_jobs() == ["job-0000000a", "job-0000000b"]
     first.delete("job-0000000b")
@@ -371,5 +487,6 @@ def test_the_role_grants_exactly_the_verbs_the_backend_uses(
                for verb in rule["verbs"]}
     # Owner references with blockOwnerDeletion are authorized as an update of the owner's
     # finalizers (where that admission plugin runs); no request of ours names it.
-    implicit = {("apps", "statefulsets/finalizers", "update")}
+    implicit = {("", "configmaps/finalizers", "update")}
     assert used == granted - implicit
+

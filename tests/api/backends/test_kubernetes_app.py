@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from tests.api.backends.k8s_fake import FakeApiServer
 from tests.api.conftest import ADMIN_TOKEN, AUTH, metric
 from tests.factories import completed, record
 from tests.support import wait_for
+from trainer.contract.records import Joined
 
 NS = "live-migrator"
 SPEC = {"model": "tiny", "dataset": "reviews.csv", "replicas": 2,
@@ -77,10 +79,10 @@ def report_token(fake: FakeApiServer, job_id: str) -> str:
 
 
 def post_report(client: TestClient, fake: FakeApiServer, job_id: str, ordinal: int,
-                records: list[dict[str, Any]]) -> None:
+                records: list[dict[str, Any]], incarnation: str = "0") -> None:
     response = client.post(f"/api/v1/jobs/{job_id}/reports",
                            headers={"Authorization": f"Bearer {report_token(fake, job_id)}"},
-                           json={"pod": f"{job_id}-{ordinal}", "incarnation": "i1",
+                           json={"pod": f"{job_id}-{ordinal}", "incarnation": incarnation,
                                  "records": records})
     assert response.status_code == 200, response.text
 
@@ -109,10 +111,9 @@ def lifecycle(client: TestClient, settings: Settings, fake_k8s: FakeApiServer) -
     # The objects exist, built from the job: its spec, as stored, for the trainer.
     cluster = fake_k8s.cluster
     assert {(k[0], k[2]) for k in cluster.store.objects if k[0] != "persistentvolumeclaims"} \
-        >= {("statefulsets", job_id), ("secrets", f"{job_id}-report"), ("services", job_id),
+        >= {("configmaps", job_id), ("secrets", f"{job_id}-report"), ("services", job_id),
             ("deployments", f"{job_id}-lighthouse"), ("services", f"{job_id}-lighthouse")}
-    trainer = cluster.get("statefulsets", NS, job_id)["spec"]["template"]["spec"][
-        "containers"][0]
+    trainer = cluster.trainer(job_id, 1)["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in trainer["env"]}
     stored = job_state(client, job_id)["spec"]
     assert json.loads(env["TRAINER_CONFIG"]) == stored
@@ -121,21 +122,21 @@ def lifecycle(client: TestClient, settings: Settings, fake_k8s: FakeApiServer) -
     assert env["TORCHFT_LIGHTHOUSE"] == f"http://{job_id}-lighthouse:{commands.LIGHTHOUSE_PORT}"
     assert trainer["resources"]["limits"] == {"cpu": "1", "memory": "2Gi"}
 
-    # Kill: the pod is deleted, the StatefulSet recreates it, the event is recorded.
-    old_uid = cluster.pod(f"{job_id}-1")["metadata"]["uid"]
+    # Kill: the pod is deleted, the control plane replaces it, the event is recorded.
+    old_uid = cluster.trainer(job_id, 1)["metadata"]["uid"]
     killed = client.post(f"/api/v1/jobs/{job_id}/pods/1/kill", json={"grace_seconds": 0},
                          headers=AUTH)
     assert killed.status_code == 202, killed.text
     state = wait_job(client, job_id, lambda s: s["pods"][1]["restarts"] == 1
                      and s["pods"][1]["phase"] == "Running", "pod 1 to be recreated")
-    assert cluster.pod(f"{job_id}-1")["metadata"]["uid"] != old_uid
+    assert cluster.trainer(job_id, 1)["metadata"]["uid"] != old_uid
     assert state["pods"][0]["restarts"] == 0
     events = pod_events(client, job_id)
     assert any(e.get("action") == "kill" and e["ordinal"] == 1 for e in events)
     assert any(e.get("name") == f"{job_id}-1" and e.get("restarts") == 1 for e in events)
 
     # An OOM kill restarts the container: a pod event names it.
-    cluster.oom_kill(f"{job_id}-0")
+    cluster.oom_kill(cluster.trainer(job_id, 0)["metadata"]["name"])
     wait_job(client, job_id, lambda s: s["pods"][0]["restarts"] == 1, "the OOM restart")
     oom = [e for e in pod_events(client, job_id) if e.get("reason") == "OOMKilled"]
     assert oom and oom[-1]["exit_code"] == 137 and "OOMKilled" in oom[-1]["message"]
@@ -155,7 +156,7 @@ def lifecycle(client: TestClient, settings: Settings, fake_k8s: FakeApiServer) -
     assert model["metrics"] == {"test": {"accuracy": 0.8}}
     delete = [r for r in cluster.requests if r.method == "DELETE"][-1]
     assert (delete.path, delete.query["propagationPolicy"]) == (
-        f"/apis/apps/v1/namespaces/{NS}/statefulsets/{job_id}", "Foreground")
+        f"/api/v1/namespaces/{NS}/configmaps/{job_id}", "Foreground")
     wait_for(lambda: not workload_objects(fake_k8s, job_id),
              what="the workload to be gone", timeout=10)
     assert (export / "config.json").is_file()  # the model stays on its volume
@@ -208,7 +209,8 @@ def test_bad_input_fails_the_job_and_deletes_the_workload(
         settings: Settings, fake_k8s: FakeApiServer) -> None:
     with start(settings) as client:
         job_id = start_training(client, fake_k8s)
-        fake_k8s.cluster.crash_loop(f"{job_id}-1", 2, message=(
+        pod = fake_k8s.cluster.trainer(job_id, 1)["metadata"]["name"]
+        fake_k8s.cluster.crash_loop(pod, 2, message=(
             f"2026-11-23 10:00:01,456 ERROR job={job_id} pod={job_id}-1 trainer: model "
             "'tiny': no config.json\n"))
         state = wait_job(client, job_id, lambda s: s["status"] == "failed", "the job to fail")
@@ -217,3 +219,46 @@ def test_bad_input_fails_the_job_and_deletes_the_workload(
         assert crash and crash[-1]["phase"] == "Failed"
         wait_for(lambda: not workload_objects(fake_k8s, job_id),
                  what="the workload to be gone", timeout=10)
+
+
+def test_a_pod_migrates_to_the_node_named_through_the_api(
+        settings: Settings, fake_k8s: FakeApiServer) -> None:
+    cluster = fake_k8s.cluster
+    cluster.ready_on_start = False  # ready once told: a trainer that took part in a step
+    with start(settings) as client:
+        job_id = start_training(client, fake_k8s)
+        old = cluster.trainer(job_id, 0)
+        there = next(node for node in cluster.nodes if node != old["spec"]["nodeName"])
+        path = f"/api/v1/jobs/{job_id}/pods/0/migrate"
+        same = client.post(path, json={"node": old["spec"]["nodeName"]}, headers=AUTH)
+        assert same.status_code == 422 and "node" in str(same.json()["detail"])
+        moved = client.post(path, json={"node": there}, headers=AUTH)
+        assert moved.status_code == 202, moved.text
+        again = client.post(path, json={}, headers=AUTH)
+        assert again.status_code == 409 and "already migrating" in again.json()["detail"]
+
+        replacement = cluster.trainer(job_id, 0)
+        incarnation = replacement["metadata"]["labels"][manifests.INCARNATION_LABEL]
+        assert replacement["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                   "values": [there]}]}]
+        wait_for(lambda: cluster.pod(replacement["metadata"]["name"])["status"].get("podIP"),
+                 what="the replacement to run", timeout=10)
+        # It takes part in a step: ready, and its first report says so.
+        cluster.set_ready(replacement["metadata"]["name"])
+        post_report(client, fake_k8s, job_id, 0, [record(1, Joined(
+            message="joined", pod=f"{job_id}-0", step=2, epoch=1, participants=3),
+            time=time.time())], incarnation=incarnation)
+        migrated = wait_for(lambda: [e["data"] for e in client.get(
+            f"/api/v1/jobs/{job_id}/events?type=job&limit=500", headers=AUTH).json()["data"]
+            if e["data"].get("type") == "migrated"], what="the migrated event", timeout=10)
+        assert (migrated[0]["old_incarnation"], migrated[0]["new_incarnation"],
+                migrated[0]["node_to"]) == ("0", incarnation, there)
+        wait_for(lambda: cluster.store.find("pods", NS, old["metadata"]["name"]) is None,
+                 what="the old pod to leave", timeout=10)
+        assert cluster.trainer(job_id, 0)["spec"]["nodeName"] == there
+        state = wait_job(client, job_id, lambda s: s["pods"][0]["phase"] == "Running",
+                         "pod 0 to run")
+        assert state["pods"][0]["restarts"] == 0  # it left gracefully
+        assert not [e for e in pod_events(client, job_id) if e.get("phase") == "Failed"]

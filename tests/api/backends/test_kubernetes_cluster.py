@@ -85,6 +85,14 @@ def test_lifecycle_on_a_real_cluster(backend: KubernetesBackend, settings: Setti
             lambda: len((s := backend.status(job_id)).pods) == 2 and s, what="the scale-down",
             timeout=STARTUP)
         assert [p.restarts for p in scaled.pods] == restarts
+        # Migrate pod 0 off its node (restart mode: it checkpoints and its replacement starts
+        # elsewhere once it is gone); a one-node cluster has nowhere to send it.
+        before = backend.status(job_id).pods[0]
+        backend.migrate_pod(job_id, 0, None)
+        moved: WorkloadStatus = wait_for(
+            lambda: (s := backend.status(job_id)).pods[0].incarnation != before.incarnation
+            and s.pods[0].phase == "Running" and s, what="pod 0 to migrate", timeout=STARTUP)
+        assert moved.pods[0].restarts == before.restarts
     finally:
         backend.delete(job_id)
     wait_for(lambda: job_id not in backend.active_jobs(),

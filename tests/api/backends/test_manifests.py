@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -35,12 +36,26 @@ def make_launch(mode: str = "live", replicas: int = 3, resources: Resources | No
                   cache_dir=Path("/data/cache"), resources=resources)
 
 
+def created(launch: Launch) -> dict[str, Any]:
+    """The job's anchor as the API server returns it (with a uid)."""
+    owner = manifests.anchor(launch, CLUSTER)
+    owner["metadata"] = {**owner["metadata"], "uid": "0b7e0c1e-1111-2222-3333-444455556666"}
+    return owner
+
+
+def trainer_pod(launch: Launch, ordinal: int = 1, incarnation: int = 4,
+                **placement: Any) -> dict[str, Any]:
+    owner = created(launch)
+    template = json.loads(owner["data"][manifests.TEMPLATE_KEY])
+    return manifests.trainer_pod(template, owner, ordinal, incarnation, **placement)
+
+
 def objects(launch: Launch) -> list[dict[str, Any]]:
-    return [manifests.statefulset(launch, CLUSTER), *manifests.dependents(launch, CLUSTER)]
+    return [manifests.anchor(launch, CLUSTER), *manifests.dependents(launch, CLUSTER)]
 
 
 def container(launch: Launch) -> dict[str, Any]:
-    spec = manifests.statefulset(launch, CLUSTER)["spec"]["template"]["spec"]
+    spec = trainer_pod(launch)["spec"]
     assert [c["name"] for c in spec["containers"]] == ["trainer"]
     return spec["containers"][0]  # type: ignore[no-any-return]
 
@@ -48,18 +63,21 @@ def container(launch: Launch) -> dict[str, Any]:
 @pytest.mark.parametrize("mode", ["live", "restart"])
 def test_every_object_validates_strictly(mode: str) -> None:
     launch = make_launch(mode, resources=Resources(cpu="500m", memory="3Gi", gpus=1))
-    owner = {**manifests.statefulset(launch, CLUSTER)}
-    owner["metadata"] = {**owner["metadata"], "uid": "0b7e0c1e-1111-2222-3333-444455556666"}
+    owner = created(launch)
     kinds = []
     for obj in objects(launch):
         for candidate in (obj, manifests.owned_by(obj, owner)):
             assert kubernetes_validate.validate(candidate, SCHEMA_VERSION, strict=True)
         kinds.append((obj["kind"], obj["metadata"]["name"]))
     coordinator = "lighthouse" if mode == "live" else "store"
-    assert kinds == [("StatefulSet", "job-1a2b3c4d"), ("Secret", "job-1a2b3c4d-report"),
+    assert kinds == [("ConfigMap", "job-1a2b3c4d"), ("Secret", "job-1a2b3c4d-report"),
                      ("NetworkPolicy", "job-1a2b3c4d"), ("Service", "job-1a2b3c4d"),
                      ("Deployment", f"job-1a2b3c4d-{coordinator}"),
                      ("Service", f"job-1a2b3c4d-{coordinator}")]
+    for placement in ({}, {"node": "node-b"}, {"avoid": "node-a", "replaces": 3},
+                      {"node": "node-c", "gated": True}):
+        pod = trainer_pod(launch, **placement)
+        assert kubernetes_validate.validate(pod, SCHEMA_VERSION, strict=True)
     event = manifests.kill_event("job-1a2b3c4d", {"metadata": {"name": "job-1a2b3c4d-0",
                                                               "uid": "u-1"}},
                                  0, "live-migrator", "2026-11-23T10:00:00Z")
@@ -67,27 +85,39 @@ def test_every_object_validates_strictly(mode: str) -> None:
 
 
 def test_strict_validation_refuses_a_misspelt_field() -> None:
-    """The schema check the tests rely on does catch mistakes in a pod template."""
-    sts = manifests.statefulset(make_launch(), CLUSTER)
-    sts["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
+    """The schema check the tests rely on does catch mistakes in a pod."""
+    pod = trainer_pod(make_launch())
+    pod["spec"]["containers"][0]["readinesProbe"] = {}
     with pytest.raises(kubernetes_validate.ValidationError, match="readinesProbe"):
-        kubernetes_validate.validate(sts, SCHEMA_VERSION, strict=True)
+        kubernetes_validate.validate(pod, SCHEMA_VERSION, strict=True)
 
 
-def test_statefulset_shape_labels_and_security() -> None:
+def test_anchor_and_pod_shape_labels_and_security() -> None:
     launch = make_launch(replicas=3)
-    sts = manifests.statefulset(launch, CLUSTER)
-    spec, pod = sts["spec"], sts["spec"]["template"]["spec"]
-    assert (spec["serviceName"], spec["replicas"], spec["podManagementPolicy"]) == (
-        "job-1a2b3c4d", 3, "Parallel")
-    assert spec["selector"]["matchLabels"] == {"live-migrator.io/job": "job-1a2b3c4d",
-                                               "app.kubernetes.io/component": "trainer"}
-    labels = sts["spec"]["template"]["metadata"]["labels"]
-    assert labels == sts["metadata"]["labels"] == {
+    owner = created(launch)
+    assert owner["data"][manifests.REPLICAS_KEY] == "3"
+    assert owner["metadata"]["annotations"] == {manifests.ISSUED_ANNOTATION: "0"}
+    trainer = trainer_pod(launch, ordinal=1, incarnation=4)
+    pod = trainer["spec"]
+    assert trainer["metadata"]["name"] == "job-1a2b3c4d-1-4"
+    assert (pod["hostname"], pod["subdomain"], pod["restartPolicy"]) == (
+        "job-1a2b3c4d-1", "job-1a2b3c4d", "Always")
+    assert trainer["metadata"]["ownerReferences"] == [{
+        "apiVersion": "v1", "kind": "ConfigMap", "name": "job-1a2b3c4d",
+        "uid": owner["metadata"]["uid"], "blockOwnerDeletion": True, "controller": True}]
+    common = {
         "app.kubernetes.io/name": "live-migrator", "app.kubernetes.io/instance": "job-1a2b3c4d",
         "app.kubernetes.io/component": "trainer", "app.kubernetes.io/part-of": "live-migrator",
         "app.kubernetes.io/managed-by": "live-migrator-api",
         "live-migrator.io/job": "job-1a2b3c4d"}
+    assert owner["metadata"]["labels"] == common
+    assert trainer["metadata"]["labels"] == {**common, manifests.ORDINAL_LABEL: "1",
+                                             manifests.INCARNATION_LABEL: "4"}
+    env = container(launch)["env"]
+    assert env[0]["name"] == "POD_IP"  # first: later values expand $(POD_IP)
+    assert {e["name"]: e.get("value") for e in env[1:4]} == {
+        "POD_NAME": "job-1a2b3c4d-1", "POD_ORDINAL": "1", "POD_INCARNATION": "4"}
+    assert "affinity" not in pod and "schedulingGates" not in pod
     assert pod["automountServiceAccountToken"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True
     security = container(launch)["securityContext"]
@@ -136,18 +166,17 @@ def test_trainer_runs_the_shared_pod_command_and_environment(mode: str) -> None:
     assert trainer["image"] == "registry.example/trainer:1.2.3"
     assert trainer["command"] == ["sh", "-c", manifests.HOLD_SCRIPT, "trainer",
                                   *commands.pod_argv(pod_view, coordinator, "$(POD_IP)")]
-    expected = commands.pod_env(pod_view, "unused", coordinator, "$(POD_IP)", threads=2)
+    expected = commands.pod_env(pod_view, "job-1a2b3c4d-1", coordinator, "$(POD_IP)",
+                                threads=2, incarnation="4",
+                                ready_file=Path(manifests.READY_FILE))
     env = trainer["env"]
     names = [e["name"] for e in env]
-    assert names[:3] == ["POD_IP", "POD_NAME", "POD_ORDINAL"]  # $(POD_IP) expands after it
-    assert env[1]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
-    assert env[2]["valueFrom"] == {"fieldRef": {
-        "fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}
+    assert names[:4] == ["POD_IP", "POD_NAME", "POD_ORDINAL", "POD_INCARNATION"]
     literal = {e["name"]: e["value"] for e in env if "value" in e}
     secrets = {"REPORT_TOKEN": "report-token"} | (
         {"HEAL_SECRET": "heal-secret"} if mode == "live" else {})
-    assert {k: v for k, v in expected.items() if k != "POD_NAME" and k not in secrets} == {
-        k: literal[k] for k in expected if k != "POD_NAME" and k not in secrets}
+    assert {k: v for k, v in expected.items() if k not in secrets} == {
+        k: literal[k] for k in expected if k not in secrets}
     # The job's secrets come from its Secret, never as literals.
     assert [e for e in env if e["name"] in secrets] == [
         {"name": name, "valueFrom": {"secretKeyRef": {"name": "job-1a2b3c4d-report",
@@ -215,7 +244,7 @@ def test_only_the_jobs_own_trainers_reach_its_pods(mode: str) -> None:
                 "live-migrator.io/job": "job-1a2b3c4d",
                 "app.kubernetes.io/component": "trainer"}}}]}]}}
     selected = policy["spec"]["podSelector"]["matchLabels"].items()
-    pods = [manifests.statefulset(make_launch(mode), CLUSTER)["spec"]["template"],
+    pods = [trainer_pod(make_launch(mode)),
             manifests.coordinator_deployment(make_launch(mode), CLUSTER)["spec"]["template"]]
     assert all(selected <= pod["metadata"]["labels"].items() for pod in pods)
 
@@ -231,12 +260,12 @@ def test_resources_come_from_the_spec_or_the_defaults() -> None:
     assert [manifests.cpu_count(q) for q in ("500m", "2", "2.5", "1500m")] == [1, 2, 3, 2]
 
 
-def test_owned_objects_point_at_the_created_statefulset() -> None:
-    owner = {"apiVersion": "apps/v1", "kind": "StatefulSet",
+def test_owned_objects_point_at_the_created_anchor() -> None:
+    owner = {"apiVersion": "v1", "kind": "ConfigMap",
              "metadata": {"name": "job-1a2b3c4d", "uid": "uid-1"}}
     owned = manifests.owned_by(manifests.secret(make_launch(), CLUSTER), owner)
     assert owned["metadata"]["ownerReferences"] == [{
-        "apiVersion": "apps/v1", "kind": "StatefulSet", "name": "job-1a2b3c4d", "uid": "uid-1",
+        "apiVersion": "v1", "kind": "ConfigMap", "name": "job-1a2b3c4d", "uid": "uid-1",
         "blockOwnerDeletion": True}]
 
 
@@ -281,7 +310,7 @@ def test_hold_keeps_the_pod_after_success_until_sigterm(
     wait_for(lambda: (tmp_path / "done").exists(),
              what="the stand-in trainer to finish", timeout=30)
     with pytest.raises(subprocess.TimeoutExpired):
-        process.wait(timeout=0.5)  # held: a StatefulSet would otherwise restart the trainer
+        process.wait(timeout=0.5)  # held: the kubelet would otherwise restart the trainer
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=10) == 0
     assert b"holding the pod" in (tmp_path / "stderr").read_bytes()
@@ -304,12 +333,15 @@ def test_hold_forwards_sigterm_to_the_trainer(
     assert (tmp_path / "checkpointed").exists()
 
 
-def test_readiness_probe_reads_the_heartbeat_age(tmp_path: Path) -> None:
-    heartbeat = tmp_path / "heartbeat"
-    env = {**os.environ, "HEARTBEAT_FILE": str(heartbeat), "HEARTBEAT_MAX_AGE": "60"}
+def test_readiness_probe_reads_the_ready_file_and_the_heartbeat_age(tmp_path: Path) -> None:
+    heartbeat, ready = tmp_path / "heartbeat", tmp_path / "ready"
+    env = {**os.environ, "HEARTBEAT_FILE": str(heartbeat), "HEARTBEAT_MAX_AGE": "60",
+           "READY_FILE": str(ready)}
     probe = [sys.executable, "-c", manifests.HEARTBEAT_CHECK]
     assert subprocess.run(probe, env=env, capture_output=True).returncode != 0  # no file yet
-    heartbeat.touch()
+    heartbeat.touch()  # reporting, but healing: not ready until it took part in a step
+    assert subprocess.run(probe, env=env, capture_output=True).returncode != 0
+    ready.touch()
     assert subprocess.run(probe, env=env).returncode == 0
     stale = time.time() - 120
     os.utime(heartbeat, (stale, stale))

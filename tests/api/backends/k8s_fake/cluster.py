@@ -1,9 +1,9 @@
-"""The fake cluster's behaviour: API verbs, the StatefulSet controller, a kubelet, the GC.
+"""The fake cluster's behaviour: API verbs, a scheduler over its nodes, a kubelet, the GC.
 
-- The StatefulSet controller creates `<name>-<ordinal>` from the template (labels, owner
-  reference, pod-index label, hostname/subdomain), recreates a deleted pod with a new uid unless
-  its StatefulSet is being deleted, and keeps `status` counts.
-- The kubelet moves Pending pods to Running (an IP, a started trainer container) and removes a
+- The scheduler binds each Pending pod without a node and without scheduling gates to a node
+  (`nodes`) that its required node affinity on `kubernetes.io/hostname` admits, the one with
+  the fewest pods; with none it marks the pod Unschedulable (PodScheduled False).
+- The kubelet moves bound Pending pods to Running (an IP, a started trainer container) and removes a
   pod deleted with a grace period once that grace (capped at `max_grace` for speed) is over,
   its container first recorded as ended with the exit code its SIGTERM gave (0: the trainer
   left gracefully; `sigterm_exit` sets another, 137 for one SIGKILLed at the end of the grace).
@@ -25,7 +25,6 @@ from typing import Any
 
 from tests.api.backends.k8s_fake.store import ApiError, Obj, Store, now
 
-POD_INDEX = "apps.kubernetes.io/pod-index"
 TICK = 0.02
 
 
@@ -38,11 +37,16 @@ class Request:
 
 
 class FakeCluster:
-    def __init__(self, start_delay: float = 0.05, max_grace: float = 0.3) -> None:
+    def __init__(self, start_delay: float = 0.05, max_grace: float = 0.3,
+                 nodes: tuple[str, ...] = ("node-a", "node-b", "node-c")) -> None:
         self.store = Store()
+        self.nodes = list(nodes)
         self.start_delay, self.max_grace = start_delay, max_grace
         self.start_pods = True
         """False keeps new pods Pending (tests that look at a pod before it runs)."""
+        self.ready_on_start = True
+        """False: a started pod's container is not ready (its readiness probe fails: a trainer
+        that has not taken part in a step yet) until `set_ready`."""
         self.collect_garbage = True
         """False holds deletions in progress (tests that look at an object being deleted)."""
         self.requests: list[Request] = []
@@ -77,6 +81,13 @@ class FakeCluster:
     def patch(self, plural: str, namespace: str, name: str, patch: Obj) -> Obj:
         with self.store.changed:
             obj = copy.deepcopy(self.store.get(plural, namespace, name))
+            wanted = (patch.get("metadata") or {}).get("resourceVersion")
+            if wanted is not None and wanted != obj["metadata"].get("resourceVersion"):
+                # A precondition, as a real server treats a resourceVersion in a patch.
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {plural} '
+                                                f'"{name}": the object has been modified; please '
+                                                "apply your changes to the latest version and "
+                                                "try again", name=name, kind=plural)
             merged = merge_patch(obj, patch)
             if merged["metadata"]["uid"] != obj["metadata"]["uid"] or \
                     merged["metadata"]["name"] != obj["metadata"]["name"]:
@@ -136,6 +147,18 @@ class FakeCluster:
     def pod(self, name: str, namespace: str = "live-migrator") -> Obj:
         return self.get("pods", namespace, name)
 
+    def trainer(self, job_id: str, ordinal: int, namespace: str = "live-migrator") -> Obj:
+        """The trainer pod that is `ordinal` of the job now: its newest not being deleted."""
+        with self.store.changed:
+            pods = [p for p in self.store.items("pods", namespace)
+                    if (p["metadata"].get("labels") or {}).get("live-migrator.io/job") == job_id
+                    and p["metadata"]["labels"].get("live-migrator.io/ordinal") == str(ordinal)
+                    and not p["metadata"].get("deletionTimestamp")]
+            if not pods:
+                raise ApiError(404, "NotFound", f"no pod {ordinal} of {job_id}")
+            return copy.deepcopy(max(pods, key=lambda p: int(
+                p["metadata"]["labels"]["live-migrator.io/incarnation"])))
+
     def set_log(self, name: str, text: str, previous: bool = False) -> None:
         self.logs[(name, previous)] = text
 
@@ -148,6 +171,13 @@ class FakeCluster:
             status.update(restartCount=status["restartCount"] + 1, started=True,
                           lastState={"terminated": status["state"]["terminated"]},
                           state={"running": {"startedAt": now()}})
+            self.store.update("pods", pod)
+
+    def set_ready(self, name: str, namespace: str = "live-migrator") -> None:
+        """The pod's readiness probe passes (its trainer took part in a step)."""
+        with self.store.changed:
+            pod = copy.deepcopy(self.store.get("pods", namespace, name))
+            pod["status"]["containerStatuses"][0]["ready"] = True
             self.store.update("pods", pod)
 
     def oom_kill(self, name: str, namespace: str = "live-migrator") -> None:
@@ -198,49 +228,38 @@ class FakeCluster:
                 self.store.changed.wait(TICK)
 
     def _reconcile(self) -> None:
-        """The StatefulSet controller: one pod per ordinal, recreated after deletion; scaled
-        down, the pods of the ordinals above `replicas` are deleted with their grace period."""
-        for (plural, namespace, _), sts in list(self.store.objects.items()):
-            if plural != "statefulsets" or sts["metadata"].get("deletionTimestamp"):
+        """The scheduler: bind each schedulable Pending pod to a node, or say why not."""
+        for (plural, namespace, name), pod in list(self.store.objects.items()):
+            spec = pod.get("spec") or {}
+            if (plural != "pods" or spec.get("nodeName")
+                    or pod["metadata"].get("deletionTimestamp")):
                 continue
-            name, spec = sts["metadata"]["name"], sts["spec"]
-            for ordinal in range(int(spec.get("replicas", 1))):
-                if self.store.find("pods", namespace, f"{name}-{ordinal}") is None:
-                    self._create_pod(sts, ordinal)
-            for pod in self.store.items("pods", namespace):
-                labels = pod["metadata"].get("labels", {})
-                owners = pod["metadata"].get("ownerReferences") or [{}]
-                if (owners[0].get("uid") == sts["metadata"]["uid"]
-                        and int(labels.get(POD_INDEX, -1)) >= int(spec.get("replicas", 1))
-                        and not pod["metadata"].get("deletionTimestamp")):
-                    self.delete("pods", namespace, pod["metadata"]["name"], None, None)
-            pods = [self.store.find("pods", namespace, f"{name}-{o}")
-                    for o in range(int(spec.get("replicas", 1)))]
-            ready = sum(1 for p in pods if p and p["status"].get("phase") == "Running")
-            status = {"observedGeneration": sts["metadata"]["generation"],
-                      "replicas": len([p for p in pods if p]), "readyReplicas": ready,
-                      "currentReplicas": len([p for p in pods if p])}
-            if sts.get("status") != status:
-                sts = copy.deepcopy(sts)
-                sts["status"] = status
-                self.store.update("statefulsets", sts)
-
-    def _create_pod(self, sts: Obj, ordinal: int) -> None:
-        name = f"{sts['metadata']['name']}-{ordinal}"
-        template = copy.deepcopy(sts["spec"]["template"])
-        labels = {**template["metadata"].get("labels", {}), POD_INDEX: str(ordinal),
-                  "statefulset.kubernetes.io/pod-name": name,
-                  "controller-revision-hash": f"{sts['metadata']['name']}-5d8f9c7b6"}
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": name, "labels": labels, "ownerReferences": [{
-                   "apiVersion": "apps/v1", "kind": "StatefulSet",
-                   "name": sts["metadata"]["name"], "uid": sts["metadata"]["uid"],
-                   "controller": True, "blockOwnerDeletion": True}]},
-               "spec": {**template["spec"], "hostname": name,
-                        "subdomain": sts["spec"]["serviceName"]},
-               "status": {"phase": "Pending"}}
-        self.store.create("pods", sts["metadata"]["namespace"], pod)
-        self._born[name] = time.monotonic()
+            if spec.get("schedulingGates"):
+                gated = {"phase": "Pending", "conditions": [
+                    {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]}
+                if pod.get("status") != gated:
+                    self.store.update("pods", {**copy.deepcopy(pod), "status": gated})
+                continue
+            fits = [node for node in self.nodes if admits(spec, node)]
+            pod = copy.deepcopy(pod)
+            if not fits:
+                condition = {"type": "PodScheduled", "status": "False",
+                             "reason": "Unschedulable",
+                             "message": f"0/{len(self.nodes)} nodes are available: "
+                                        "didn't match Pod's node affinity/selector."}
+                if pod.get("status", {}).get("conditions") != [condition]:
+                    pod["status"] = {"phase": "Pending", "conditions": [condition]}
+                    self.store.update("pods", pod)
+                continue
+            load = {node: 0 for node in fits}
+            for other in self.store.items("pods", namespace):
+                if other["spec"].get("nodeName") in load:
+                    load[other["spec"]["nodeName"]] += 1
+            pod["spec"]["nodeName"] = min(fits, key=lambda node: (load[node], node))
+            pod["status"] = {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "True"}]}
+            self.store.update("pods", pod)
+            self._born[name] = time.monotonic()
 
     def _kubelet(self) -> None:
         clock = time.monotonic()
@@ -252,8 +271,9 @@ class FakeCluster:
                     self._stop_container(pod)
                     self.store.remove("pods", namespace, name)
                 continue
-            if (self.start_pods and pod["status"].get("phase") == "Pending"
-                    and clock >= self._born.get(name, 0) + self.start_delay):
+            if (self.start_pods and pod.get("status", {}).get("phase") == "Pending"
+                    and pod["spec"].get("nodeName")
+                    and clock >= self._born.get(name, float("inf")) + self.start_delay):
                 pod = copy.deepcopy(pod)
                 container = pod["spec"]["containers"][0]
                 pod["status"] = {
@@ -262,7 +282,8 @@ class FakeCluster:
                     "conditions": [{"type": "Ready", "status": "True"}],
                     "containerStatuses": [{
                         "name": container["name"], "image": container["image"],
-                        "imageID": "", "containerID": f"containerd://{name}", "ready": True,
+                        "imageID": "", "containerID": f"containerd://{name}",
+                        "ready": self.ready_on_start,
                         "started": True, "restartCount": 0, "lastState": {},
                         "state": {"running": {"startedAt": now()}}}]}
                 self.store.update("pods", pod)
@@ -301,6 +322,7 @@ class FakeCluster:
     def _plural(obj: Obj) -> str:
         return {"Pod": "pods", "Service": "services", "Secret": "secrets", "Event": "events",
                 "StatefulSet": "statefulsets", "Deployment": "deployments",
+                "ConfigMap": "configmaps",
                 "PersistentVolumeClaim": "persistentvolumeclaims",
                 "NetworkPolicy": "networkpolicies"}[obj["kind"]]
 
@@ -316,3 +338,27 @@ def merge_patch(target: Any, patch: Any) -> Any:
         else:
             result[key] = merge_patch(result.get(key), value)
     return result
+
+
+def admits(spec: Obj, node: str) -> bool:
+    """Whether the pod's required node affinity on the node's hostname label lets it there
+    (each term's expressions all hold; any term will do)."""
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms") or []
+    if not terms:
+        return True
+    for term in terms:
+        holds = True
+        for expression in term.get("matchExpressions") or []:
+            if expression["key"] != "kubernetes.io/hostname":
+                holds = False  # no other node label exists here
+            elif expression["operator"] == "In":
+                holds &= node in expression.get("values", [])
+            elif expression["operator"] == "NotIn":
+                holds &= node not in expression.get("values", [])
+            else:
+                holds = False
+        if holds:
+            return True
+    return False

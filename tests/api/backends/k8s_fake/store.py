@@ -39,6 +39,7 @@ class Kind:
 KINDS = {k.plural: k for k in [
     Kind("", "pods", "Pod"), Kind("", "services", "Service"), Kind("", "secrets", "Secret"),
     Kind("", "events", "Event"), Kind("", "persistentvolumeclaims", "PersistentVolumeClaim"),
+    Kind("", "configmaps", "ConfigMap"),
     Kind("apps", "statefulsets", "StatefulSet"), Kind("apps", "deployments", "Deployment"),
     Kind("networking.k8s.io", "networkpolicies", "NetworkPolicy")]}
 
