@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ logger = logging.getLogger(__name__)
 HISTORY = 32
 """Uids remembered per pod name (far more than can happen between two status calls)."""
 RETRY_SECONDS = 1.0
+STOP_POLL_SECONDS = 0.05
 
 Pod = dict[str, Any]
 
@@ -81,17 +83,20 @@ class PodWatcher:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
-        current = self._watch
-        if current is not None:
-            current.stop()
-            # Watch.stop() shuts the connection's socket, which http.client has already handed
-            # to the response when the server said `Connection: close`; urllib3 (2.3+) can shut
-            # the response's own socket, so the blocked read returns now.
-            response = getattr(current, "_resp", None)
-            with contextlib.suppress(AttributeError, ValueError, RuntimeError, OSError):
-                response.shutdown()  # type: ignore[union-attr]
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        # Until the thread ends: a watch stopped while its request was still on its way opens
+        # its response afterwards, and that response must be shut too.
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            current = self._watch
+            if current is not None:
+                current.stop()
+                # Watch.stop() shuts the connection's socket, which http.client has already
+                # handed to the response when the server said `Connection: close`; urllib3
+                # (2.3+) can shut the response's own socket, so the blocked read returns now.
+                response = getattr(current, "_resp", None)
+                with contextlib.suppress(AttributeError, ValueError, RuntimeError, OSError):
+                    response.shutdown()  # type: ignore[union-attr]
+            self._thread.join(STOP_POLL_SECONDS)
 
     def pods(self, label: str, value: str) -> list[Pod]:
         """Current pods whose label `label` is `value`."""
