@@ -60,8 +60,9 @@ class Standby:
         if record is not None and same_process(record.pid, record.pid_started) is not None:
             signal_group(record.pid, signal.SIGKILL)
 
-    def keep(self, env: dict[str, str], wanted: bool) -> None:
-        """Start one if none runs and `wanted`; note one that ended by itself."""
+    def may_start(self) -> bool:
+        """Whether none runs and the job has not given up on standbys; notes a standby that
+        ended by itself."""
         process = self.process
         if process is not None and process.poll():
             self.process = None
@@ -70,15 +71,17 @@ class Standby:
                            process.pid, process.exit_code,
                            "; no more standbys for this job" if self.failures >= MAX_FAILURES
                            else "")
-        if self.process is None and wanted and self.failures < MAX_FAILURES:
-            self._starts += 1
-            self.ready_file.parent.mkdir(parents=True, exist_ok=True)
-            for stale in self.ready_file.parent.glob(f"{NAME}.*"):  # one taken while loading
-                stale.unlink(missing_ok=True)
-            argv = commands.standby_argv(self.ready_file, python=sys.executable)
-            self.process = spawn(argv, self.job_dir.path, self.job_dir.log(NAME), env,
-                                 stdin=subprocess.PIPE)
-            logger.info("standby started (pid %d)", self.process.pid)
+        return self.process is None and self.failures < MAX_FAILURES
+
+    def start(self, env: dict[str, str]) -> None:
+        self._starts += 1
+        self.ready_file.parent.mkdir(parents=True, exist_ok=True)
+        for stale in self.ready_file.parent.glob(f"{NAME}.*"):  # one taken while loading
+            stale.unlink(missing_ok=True)
+        argv = commands.standby_argv(self.ready_file, python=sys.executable)
+        self.process = spawn(argv, self.job_dir.path, self.job_dir.log(NAME), env,
+                             stdin=subprocess.PIPE)
+        logger.info("standby started (pid %d)", self.process.pid)
 
     def take(self, env: dict[str, str], log: Path) -> Child | None:
         """The standby, told to become the pod of `env` logging to `log`; None if there is no

@@ -254,7 +254,8 @@ class Supervisor:
         if self.mode != "running":
             self.standby.stop()
             return
-        self.standby.keep(self.pod_env("", "", None), wanted=self.quiet(time.time()))
+        if self.standby.may_start() and self.quiet(time.time()):
+            self.standby.start(self.pod_env("", "", None))
 
     def quiet(self, now: float) -> bool:
         for pod in self.pods:
