@@ -63,6 +63,8 @@ REQUEST_TIMEOUT = 30.0
 SYNC_WAIT = 2.0
 """Seconds a status call waits for the pod watch's first list before listing pods itself."""
 MERGE_PATCH = "application/merge-patch+json"
+EXPECT_SECONDS = 30.0
+"""How long a created pod may take to show in the watch before it counts as not created."""
 MIGRATION_TIMEOUT = 120.0
 """Seconds a migration's replacement has to get ready (heal and take part) before it is
 deleted and the pod stays where it is (the API records `migration_failed` then)."""
@@ -139,6 +141,9 @@ class KubernetesBackend:
         self.watcher = PodWatcher(self.core, self.namespace, manifests.ALL_TRAINERS,
                                   watch_timeout, key=ordinal_key)
         self._incarnations: dict[str, dict[int, Incarnations]] = {}
+        self._creating: dict[str, dict[str, tuple[int, float]]] = {}
+        """Per job, the pods created and not seen through the watch yet: (ordinal, monotonic
+        deadline). A pass must not create a pod again because the watch lags behind."""
         self._lock = threading.Lock()
         self._started = False
 
@@ -172,8 +177,9 @@ class KubernetesBackend:
         try:
             for manifest in manifests.dependents(launch, self.cluster):
                 self._create(manifests.owned_by(manifest, owner))
-            for ordinal in range(launch.replicas):
-                self._create_pod(owner, ordinal, 0)
+            with self._lock:
+                for ordinal in range(launch.replicas):
+                    self._create_pod(owner, ordinal, 0)
         except BackendError:
             # One delete of the owner takes whatever was created with it.
             self._delete_anchor(job)
@@ -196,8 +202,19 @@ class KubernetesBackend:
                     node: str | None = None, avoid: str | None = None,
                     replaces: int | None = None, gated: bool = False) -> None:
         template = json.loads(owner["data"][manifests.TEMPLATE_KEY])
-        self._create(manifests.trainer_pod(template, owner, ordinal, incarnation, node=node,
-                                           avoid=avoid, replaces=replaces, gated=gated))
+        pod = manifests.trainer_pod(template, owner, ordinal, incarnation, node=node,
+                                    avoid=avoid, replaces=replaces, gated=gated)
+        self._create(pod)
+        self._creating.setdefault(owner["metadata"]["name"], {})[pod["metadata"]["name"]] = (
+            ordinal, time.monotonic() + EXPECT_SECONDS)
+
+    def _unseen(self, job_id: str, views: list[PodView]) -> set[int]:
+        """The ordinals with a pod created that the watch has not shown yet."""
+        seen, now = {v.name for v in views}, time.monotonic()
+        creating = self._creating.get(job_id, {})
+        for name in [n for n, (_, due) in creating.items() if n in seen or now > due]:
+            del creating[name]
+        return {ordinal for ordinal, _ in creating.values()}
 
     def _next_incarnation(self, owner: Manifest) -> int:
         """The next incarnation number of the job, recorded on its anchor first (a conflict
@@ -287,6 +304,7 @@ class KubernetesBackend:
           that may go anywhere.
         """
         live = owner["data"].get(manifests.MODE_KEY) == "live"
+        unseen = self._unseen(owner["metadata"]["name"], views)
         now = time.time()
         for pod in views:
             if pod.deleting:
@@ -296,6 +314,8 @@ class KubernetesBackend:
             elif pod.terminal:
                 self._delete_pod(pod, 0, f"ended for good ({pod.reason or pod.phase})")
         for ordinal in range(replicas):
+            if ordinal in unseen:
+                continue  # what the watch shows of it is older than the pod just created
             current, surge = placed(views, ordinal)
             leaving = any(v.ordinal == ordinal and v.deleting for v in views)
             if current is None and surge is None and (live or not leaving):
@@ -396,8 +416,12 @@ class KubernetesBackend:
                                    f"(replicas: {replicas})")
         views = [v for v in map(view, self._pods(job_id)) if v is not None]
         current, surge = placed(views, ordinal)
+        with self._lock:
+            unseen = ordinal in self._unseen(job_id, views)
         if current is None:
             raise WorkloadConflict(f"pod {job_id}-{ordinal} is being replaced")
+        if unseen:  # a replacement just created beside it: a migration's
+            raise WorkloadConflict(f"pod {job_id}-{ordinal} is already migrating")
         return owner, current, surge
 
     def kill_pod(self, job_id: str, ordinal: int, grace_seconds: float) -> None:
@@ -437,10 +461,11 @@ class KubernetesBackend:
         if node is not None and node == current.node:
             raise PlacementError(f"pod {job_id}-{ordinal} already runs on node {node}")
         live = owner["data"].get(manifests.MODE_KEY) == "live"
-        incarnation = self._next_incarnation(owner)
-        self._create_pod(owner, ordinal, incarnation, node=node,
-                         avoid=current.node if node is None else None,
-                         replaces=current.incarnation, gated=not live)
+        with self._lock:  # not beside a controller pass
+            incarnation = self._next_incarnation(owner)
+            self._create_pod(owner, ordinal, incarnation, node=node,
+                             avoid=current.node if node is None else None,
+                             replaces=current.incarnation, gated=not live)
         if not live:
             self._delete_pod(current, manifests.TERMINATION_GRACE, "migrating")
         logger.info("job %s: pod %s-%d migrates from node %s to %s (incarnation %d)", job_id,
@@ -452,6 +477,7 @@ class KubernetesBackend:
             logger.info("job %s: workload deleted (foreground)", job_id)
         with self._lock:
             self._incarnations.pop(job_id, None)
+            self._creating.pop(job_id, None)
         self.watcher.forget(job_id)
 
     def _delete_anchor(self, job_id: str) -> bool:

@@ -154,6 +154,31 @@ def test_kill_deletes_the_pod_and_the_control_plane_replaces_it(
     assert annotations[manifests.ISSUED_ANNOTATION] == "1"
 
 
+def test_a_pass_never_creates_a_pod_twice_while_the_watch_lags(
+        backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    launch = make_launch(settings)
+    backend.launch(launch)
+    running(backend, launch.job_id)
+    killed = name_of(fake_k8s, launch.job_id, 1)
+    backend.kill_pod(launch.job_id, 1, grace_seconds=0)
+    wait_for(lambda: killed not in {p["metadata"]["name"] for p in backend.watcher.pods(
+        manifests.JOB_LABEL, launch.job_id)}, what="the watch to show the kill", timeout=10)
+    stale = backend.watcher.pods(manifests.JOB_LABEL, launch.job_id)
+    # The watch lags: it shows none of what the passes below do.
+    monkeypatch.setattr(backend.watcher, "pods", lambda label, value: stale)
+    for _ in range(3):
+        backend.status(launch.job_id)
+    ordinal_1 = [p for p in fake_k8s.cluster.store.items("pods", NS)
+                 if p["metadata"]["labels"].get(manifests.ORDINAL_LABEL) == "1"]
+    assert [p["metadata"]["name"] for p in ordinal_1] == [f"{launch.job_id}-1-1"]
+    with pytest.raises(WorkloadConflict, match="being replaced"):
+        backend.migrate_pod(launch.job_id, 1, None)
+    monkeypatch.undo()
+    pod_status(backend, launch.job_id, 1, lambda p: p.phase == "Running" and p.incarnation == "1",
+               "the one replacement to run")
+
+
 def test_scale_patches_the_anchor_and_the_control_plane_follows(
         backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer) -> None:
     launch = make_launch(settings, replicas=2)
