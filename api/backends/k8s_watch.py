@@ -4,7 +4,7 @@ The thread lists the pods once, then watches from the list's resourceVersion and
 renewed watch from the last resourceVersion it saw; when the server answers 410 Gone (that
 version was compacted away) it starts again from a fresh list, as client-go's reflector does.
 Besides the current pods it keeps, per key (the pod's name unless told otherwise: the backend's
-is the ordinal's `<job>-<n>`), every uid it saw since the last `take_uids`
+is the ordinal's `<job>-<n>`), every uid it saw since the last `take`
 with that pod's highest container restart count and whether it left gracefully, so a pod deleted
 and recreated between two looks is still counted (or not, when it left).
 """
@@ -104,11 +104,16 @@ class PodWatcher:
             return [pod for pod in self._pods.values()
                     if (pod["metadata"].get("labels") or {}).get(label) == value]
 
-    def take_uids(self, key: str) -> list[tuple[str, Seen]]:
-        """Every uid seen under `key` since the last call, and what was seen of it, oldest
-        first; each is handed out once."""
+    def take(self, keys: list[str], label: str, value: str,
+             ) -> tuple[dict[str, list[tuple[str, Seen]]], set[str]]:
+        """Every uid seen under each key since the last call and what was seen of it (oldest
+        first, each handed out once), and the uids of the current pods whose label `label` is
+        `value`, at one instant: a uid handed out is current or its pod was deleted."""
         with self._lock:
-            return list(self._uids.pop(key, {}).items())
+            taken = {key: list(self._uids.pop(key, {}).items()) for key in keys}
+            present = {pod["metadata"].get("uid", "") for pod in self._pods.values()
+                       if (pod["metadata"].get("labels") or {}).get(label) == value}
+        return taken, present
 
     def forget(self, job_id: str) -> None:
         """Drop the uids kept for a job's pods (its workload is gone)."""

@@ -377,13 +377,18 @@ class KubernetesBackend:
         restarted control plane goes on from it."""
         annotation = (owner["metadata"].get("annotations") or {}).get(
             manifests.INCARNATIONS_ANNOTATION)
-        present = {pod.uid for pod in views}
         with self._lock:
             tally = self._incarnations.setdefault(job_id, load_incarnations(annotation))
+            ordinals = sorted(set(range(replicas)) | set(tally))
+            taken, cached = self.watcher.take([f"{job_id}-{o}" for o in ordinals],
+                                              manifests.JOB_LABEL, job_id)
+            # Pods that are gone: not in the watch's cache as it was when the uids were taken
+            # (a pod created since `views` is not gone), or, without a watch, not listed.
+            present = cached if self.watcher.synced.is_set() else {pod.uid for pod in views}
             changed = False
-            for ordinal in sorted(set(range(replicas)) | set(tally)):
+            for ordinal in ordinals:
                 counter = tally.setdefault(ordinal, Incarnations())
-                for uid, seen in self.watcher.take_uids(f"{job_id}-{ordinal}"):
+                for uid, seen in taken[f"{job_id}-{ordinal}"]:
                     changed |= counter.observe(uid, seen.restarts, seen.left)
                 changed |= counter.settle(present)
             totals = {ordinal: tally[ordinal].total for ordinal in range(replicas)}

@@ -179,6 +179,26 @@ def test_a_pass_never_creates_a_pod_twice_while_the_watch_lags(
                "the one replacement to run")
 
 
+def test_a_pod_newer_than_a_passs_view_is_not_counted_as_gone(
+        backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_k8s.cluster.ready_on_start = False  # the replacement stays beside the pod
+    launch = make_launch(settings)
+    backend.launch(launch)
+    running(backend, launch.job_id)
+    before = backend.watcher.pods(manifests.JOB_LABEL, launch.job_id)
+    backend.migrate_pod(launch.job_id, 0, None)
+    surge = name_of(fake_k8s, launch.job_id, 0)
+    wait_for(lambda: surge in {p["metadata"]["name"] for p in backend.watcher.pods(
+        manifests.JOB_LABEL, launch.job_id)}, what="the watch to show the replacement",
+        timeout=10)
+    # A pass whose view of the pods was taken just before the replacement showed up.
+    monkeypatch.setattr(backend.watcher, "pods", lambda label, value: before)
+    assert backend.status(launch.job_id).pods[0].restarts == 0
+    monkeypatch.undo()
+    assert backend.status(launch.job_id).pods[0].restarts == 0
+
+
 def test_scale_patches_the_anchor_and_the_control_plane_follows(
         backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer) -> None:
     launch = make_launch(settings, replicas=2)
