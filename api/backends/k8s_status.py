@@ -128,20 +128,20 @@ class Incarnations:
     scale-down, a migration, a kill with a grace).
 
     `base` holds what the pods that ended used; `pods` the pods that may still run, by uid:
-    [container restarts, left gracefully]. The total never goes down.
+    (container restarts, left gracefully). The total never goes down.
     """
 
     base: int = 0
-    pods: dict[str, list[Any]] = field(default_factory=dict)
+    pods: dict[str, tuple[int, bool]] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
-        return self.base + sum(int(count) for count, _ in self.pods.values())
+        return self.base + sum(count for count, _ in self.pods.values())
 
     def observe(self, uid: str, container_restarts: int, left: bool = False) -> bool:
         """Account for what was seen of one pod; True when anything changed."""
-        count, was_left = self.pods.get(uid, [0, False])
-        now = [max(int(count), container_restarts), bool(was_left) or left]
+        count, was_left = self.pods.get(uid, (0, False))
+        now = (max(count, container_restarts), was_left or left)
         if self.pods.get(uid) == now:
             return False
         self.pods[uid] = now
@@ -152,7 +152,7 @@ class Incarnations:
         gone = [uid for uid in self.pods if uid not in present]
         for uid in gone:
             count, left = self.pods.pop(uid)
-            self.base += int(count) + (0 if left else 1)
+            self.base += count + (0 if left else 1)
         return bool(gone)
 
 
@@ -161,7 +161,7 @@ def load_incarnations(annotation: str | None) -> dict[int, Incarnations]:
         return {}
     try:
         data = json.loads(annotation)
-        return {int(k): Incarnations(int(v["base"]), {str(uid): [int(c), bool(left)]
+        return {int(k): Incarnations(int(v["base"]), {str(uid): (int(c), bool(left))
                                                       for uid, (c, left) in v["pods"].items()})
                 for k, v in data.items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:

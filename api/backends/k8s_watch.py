@@ -3,8 +3,8 @@
 The thread lists the pods once, then watches from the list's resourceVersion and resumes each
 renewed watch from the last resourceVersion it saw; when the server answers 410 Gone (that
 version was compacted away) it starts again from a fresh list, as client-go's reflector does.
-Besides the current pods it keeps, per key (the pod's name unless told otherwise: the backend's
-is the ordinal's `<job>-<n>`), every uid it saw since the last `take`
+Besides the current pods it keeps, per key (the backend's is the ordinal's `<job>-<n>`), every
+uid it saw since the last `take`
 with that pod's highest container restart count and whether it left gracefully, so a pod deleted
 and recreated between two looks is still counted (or not, when it left).
 """
@@ -62,10 +62,11 @@ def left_gracefully(pod: Pod) -> bool:
 
 class PodWatcher:
     def __init__(self, core: client.CoreV1Api, namespace: str, label_selector: str,
-                 timeout_seconds: int, on_change: Callable[[], None] | None = None,
-                 key: Callable[[Pod], str | None] | None = None) -> None:
+                 timeout_seconds: int, key: Callable[[Pod], str | None],
+                 on_change: Callable[[], None] | None = None) -> None:
         self.core, self.namespace, self.selector = core, namespace, label_selector
-        self.key = key or (lambda pod: str(pod["metadata"]["name"]))
+        self.key = key
+        """What a pod's uids are kept under (None: not kept)."""
         self.timeout_seconds = timeout_seconds
         self.on_change = on_change
         self.synced = threading.Event()

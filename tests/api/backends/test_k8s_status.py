@@ -122,7 +122,7 @@ def test_a_pod_that_left_gracefully_is_replaced_without_a_restart() -> None:
 
 
 def test_incarnations_survive_the_annotation() -> None:
-    tally = {0: Incarnations(1, {"a": [2, False]}), 1: Incarnations(0, {"b": [0, True]})}
+    tally = {0: Incarnations(1, {"a": (2, False)}), 1: Incarnations(0, {"b": (0, True)})}
     assert load_incarnations(dump_incarnations(tally)) == tally
     assert load_incarnations(None) == {}
     assert load_incarnations("{not json") == {}
