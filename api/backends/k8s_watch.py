@@ -4,9 +4,9 @@ The thread lists the pods once, then watches from the list's resourceVersion and
 renewed watch from the last resourceVersion it saw; when the server answers 410 Gone (that
 version was compacted away) it starts again from a fresh list, as client-go's reflector does.
 Besides the current pods it keeps, per key (the backend's is the ordinal's `<job>-<n>`), every
-uid it saw since the last `take`
-with that pod's highest container restart count and whether it left gracefully, so a pod deleted
-and recreated between two looks is still counted (or not, when it left).
+uid it saw since the last `take` with that pod's highest container restart count and whether it
+left gracefully, so a pod deleted and recreated between two looks is still counted (or not,
+when it left).
 """
 
 from __future__ import annotations
