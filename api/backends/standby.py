@@ -41,7 +41,7 @@ class Standby:
 
     @property
     def ready_file(self) -> Path:
-        return self.job_dir.ready_dir / f"{NAME}.{self._starts}"
+        return self.job_dir.ready(NAME, self._starts)
 
     @property
     def ready(self) -> bool:

@@ -447,8 +447,8 @@ class Supervisor:
             replica_id = replica.read_text().strip()
         except OSError:
             return  # it died before it joined: the lighthouse never knew it
-        replica.unlink(missing_ok=True)
-        if not self.live or not replica_id:
+        replica.unlink(missing_ok=True)  # written by live pods only
+        if not replica_id:
             return
         try:
             lighthouse.leave(f"http://{self.coordinator_endpoint}", replica_id,
