@@ -15,6 +15,11 @@ new pod's first committed step (its `joined` event). Goals, live mode: gap / med
 0 steps lost for every planned operation, the new pod taking part within 5 s (SIGTERM) or 8 s
 (migration, scale-up).
 
+The gap is also divided by pod 0's median step interval with as many trainer processes at work
+as the operation had at most (3 for a migration's overlap and a scale-up, measured before the
+scale-down): on a machine with fewer cores than processes, three pods step slower than two for
+want of CPU, not for a pause, and this ratio tells the two apart.
+
     PYTHONPATH=. .venv/bin/python -m bench.elastic [--modes live,restart]
 """
 
@@ -46,6 +51,8 @@ SPEC = {"model": "minilm", "dataset": "rotten_tomatoes", "replicas": 3, "max_rep
 class Result:
     operation: str
     gap_ratio: float
+    contended_ratio: float
+    """The gap over the median step with as many trainer processes as the operation had."""
     lost: int
     joined: float | None
     """Seconds from the API call to the new pod's first committed step; None: no new pod."""
@@ -59,6 +66,8 @@ class Run:
         created = http.post("/api/v1/jobs", json={**SPEC, "fault_tolerance": mode})
         created.raise_for_status()
         self.id: str = created.json()["id"]
+        self.medians: dict[int, float] = {}
+        """Pod 0's median step interval by the number of trainer processes at work."""
 
     def pod(self, ordinal: int) -> str:
         return f"{self.id}-{ordinal}"
@@ -93,10 +102,12 @@ class Run:
         return float(found[0]["time"])
 
     def measure(self, operation: str, act: Callable[[], None], done: Callable[[float], float],
-                new_pod: bool, participants: int) -> Result:
-        """Run `act`, wait for `done(called_at)` (when the operation was over), then settle."""
+                new_pod: bool, participants: int, processes: int) -> Result:
+        """Run `act`, wait for `done(called_at)` (when the operation was over), then settle.
+        `processes`: the most trainer processes at work during it."""
         before = self.survivor_steps()[-21:]
         median = statistics.median(b[0] - a[0] for a, b in itertools.pairwise(before))
+        self.medians.setdefault(before[-1][2], median)
         called = time.time()
         act()
         finished = done(called)
@@ -109,9 +120,12 @@ class Run:
         window = [s for s in after if s[0] <= settled[AFTER_STEPS - 1][0]]
         gap = max(b[0] - a[0] for a, b in itertools.pairwise(window))
         lost = sum(a[1] - b[1] + 1 for a, b in itertools.pairwise(after) if b[1] <= a[1])
-        result = Result(operation, gap / median, lost, finished - called if new_pod else None)
+        contended = self.medians[processes]
+        result = Result(operation, gap / median, gap / contended, lost,
+                        finished - called if new_pod else None)
         print(f"  {self.mode}: {operation}: gap/median {result.gap_ratio:.2f} (gap "
-              f"{gap:.2f} s, median {median:.3f} s), lost {lost}"
+              f"{gap:.2f} s, median {median:.3f} s; {result.contended_ratio:.2f} of the "
+              f"median {contended:.3f} s with {processes} processes), lost {lost}"
               + (f", new pod taking part after {result.joined:.2f} s" if new_pod else ""),
               flush=True)
         return result
@@ -140,19 +154,19 @@ def run_mode(http: httpx.Client, data_dir: Path, mode: str) -> list[Result]:
         run.settle(3)
         return [
             run.measure("scale 3 -> 2 (graceful leave)", lambda: run.patch(2),
-                        lambda called: run.left(2, called), False, 2),
+                        lambda called: run.left(2, called), False, 2, 3),
             run.measure("SIGTERM to a pod",
                         lambda: run.post("pods/1/kill", {"grace_seconds": 30}),
-                        lambda called: run.joined(1, called), True, 2),
+                        lambda called: run.joined(1, called), True, 2, 2),
             run.measure("migrate pod 1", lambda: run.post("pods/1/migrate"),
                         lambda called: called + wait(
                             lambda: run.reports("migrated", called), 300, "the migration",
-                        )[0]["seconds"], True, 2),
+                        )[0]["seconds"], True, 2, 3),
             run.measure("scale 2 -> 3", lambda: run.patch(3),
-                        lambda called: run.joined(2, called), True, 3),
+                        lambda called: run.joined(2, called), True, 3, 3),
             run.measure("SIGKILL (the unplanned baseline)",
                         lambda: run.post("pods/1/kill", {"grace_seconds": 0}),
-                        lambda called: run.joined(1, called), True, 3),
+                        lambda called: run.joined(1, called), True, 3, 3),
         ]
     finally:  # its pods outlive the API: they must not train on into the next measurement
         http.post(f"/api/v1/jobs/{run.id}/cancel")
@@ -160,12 +174,12 @@ def run_mode(http: httpx.Client, data_dir: Path, mode: str) -> list[Result]:
 
 def report(results: dict[str, list[Result]]) -> None:
     modes = list(results)
-    header = " | ".join(f"{mode}: gap / median step | {mode}: lost | {mode}: new pod taking part"
-                        for mode in modes)
+    header = " | ".join(f"{mode}: gap / median step | {mode}: gap / median, as many processes "
+                        f"| {mode}: lost | {mode}: new pod taking part" for mode in modes)
     print(f"\n| operation | {header} |")
-    print("|---|" + "---|" * (3 * len(modes)))
+    print("|---|" + "---|" * (4 * len(modes)))
     for row in zip(*(results[mode] for mode in modes), strict=True):
-        cells = " | ".join(f"{r.gap_ratio:.2f} | {r.lost} | "
+        cells = " | ".join(f"{r.gap_ratio:.2f} | {r.contended_ratio:.2f} | {r.lost} | "
                            + (f"{r.joined:.2f} s" if r.joined is not None else "-") for r in row)
         print(f"| {row[0].operation} | {cells} |")
 

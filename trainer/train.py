@@ -141,7 +141,7 @@ class Trainer:
         self._membership: tuple[int, int] | None = None
         self._first_step = True
         self._was_primary = False
-        self._joined = False
+        self._joined = self._ready = False
         self._heal: dict[str, Any] = {}
         self.resumed_from: checkpoint.CheckpointInfo | None = None
         latest = self.recovery.resume_before_training()
@@ -223,6 +223,8 @@ class Trainer:
         indices, weight = assignment.indices, 1.0
         idle = self.group.healing or newest is not None
         used = np.empty(0, dtype=np.int64) if idle else assignment.indices
+        if not idle and not self._ready:
+            self._mark_ready()
         if len(indices) == 0 or idle:
             # Nothing to train on (fewer samples left than participants, or this pod is still
             # fetching the live state or may resume): join the collective with a zero weight.
@@ -379,9 +381,19 @@ class Trainer:
                                                  window=window.tolist()))
         self._log_progress(assignment, result, throughput)
 
+    def _mark_ready(self) -> None:
+        """This process participates in a step for the first time (it holds the live state and
+        its step's group is formed): create the ready file. A migration then retires the pod's
+        old incarnation, which is in this step's group too: it commits this step beside its
+        replacement and leaves after it (make before break)."""
+        self._ready = True
+        ready = self.config.runtime.ready_file
+        if ready is not None:
+            ready.parent.mkdir(parents=True, exist_ok=True)
+            ready.touch()
+
     def _join(self, first: Assignment) -> None:
-        """This process took part in a committed step for the first time: say so, and create
-        the ready file a migration waits for before it retires the pod's old incarnation."""
+        """This process took part in a committed step for the first time: say so."""
         self._joined = True
         self.reporter.emit(records.Joined(
             message=f"{self.reporter.pod} takes part from step {self.step}",
@@ -389,10 +401,6 @@ class Trainer:
             participants=self.group.participants,
             heal_bytes=int(self._heal.get("bytes", 0)),
             heal_seconds=float(self._heal.get("seconds", 0.0))))
-        ready = self.config.runtime.ready_file
-        if ready is not None:
-            ready.parent.mkdir(parents=True, exist_ok=True)
-            ready.touch()
 
     def _leave(self, last: Assignment) -> None:
         """Leave gracefully after the step just committed: the peers hold the same state and go

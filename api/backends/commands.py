@@ -85,8 +85,8 @@ def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: s
 
     `pod_address` is how peers reach this pod, and the only address its processes listen on;
     `incarnation` tells this process's reports apart (empty: the trainer makes one up);
-    `ready_file` is created once the pod takes part in a step; a live pod writes its
-    lighthouse replica id to `replica_file`.
+    `ready_file` is created once the pod participates in a step (it holds the live state);
+    a live pod writes its lighthouse replica id to `replica_file`.
     """
     live = launch.fault_tolerance == "live"
     runtime = Runtime(job_id=launch.job_id, pod_name=pod_name, incarnation=incarnation,

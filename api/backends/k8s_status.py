@@ -34,7 +34,7 @@ class PodView:
     replaces: int | None = None
     """A migration's replacement: the incarnation it takes over from once ready."""
     ready: bool = False
-    """Its trainer took part in a step and reports (the readiness probe)."""
+    """Its trainer participates in steps and reports (the readiness probe)."""
     node: str | None = None
     unschedulable: bool = False
     """The scheduler found no node for it (a migration to a node that cannot take it)."""

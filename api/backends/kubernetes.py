@@ -456,7 +456,7 @@ class KubernetesBackend:
 
     def migrate_pod(self, job_id: str, ordinal: int, node: str | None) -> Moving:
         """Start the pod's replacement on `node` (else on any node but the pod's). Live: it
-        heals from a peer beside the pod, and once ready (it took part in a step) the pod is
+        heals from a peer beside the pod, and once ready (it participates in a step) the pod is
         deleted with its grace and leaves gracefully. Restart mode: the pod is deleted with
         its grace now (an emergency checkpoint) and its replacement, created held off the
         scheduler, is let on once the pod is gone, to start from that checkpoint."""

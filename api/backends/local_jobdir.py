@@ -78,7 +78,8 @@ class JobDir:
         return self.path / "ready"
 
     def ready(self, pod: str, incarnation: int) -> Path:
-        """Created by the pod's `incarnation` once it takes part in a committed step."""
+        """Created by the pod's `incarnation` once it participates in a step (it holds the
+        live state)."""
         return self.ready_dir / f"{pod}.{incarnation}"
 
     def replica(self, pod: str, incarnation: int) -> Path:

@@ -263,7 +263,7 @@ def trainer_container(launch: Launch, config: ClusterConfig) -> Manifest:
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "shm", "mountPath": "/dev/shm"},
         ],
-        # Ready = training: it took part in a step (READY_FILE), and it touches the heartbeat
+        # Ready = training: it participates in steps (READY_FILE), and it touches the heartbeat
         # file with every report record. A migration's replacement is promoted once ready.
         "readinessProbe": {"exec": {"command": ["python", "-c", HEARTBEAT_CHECK]},
                            "initialDelaySeconds": 10, "periodSeconds": 10, "timeoutSeconds": 5,

@@ -248,7 +248,7 @@ class Supervisor:
 
     def keep_standby(self) -> None:
         """Keep a standby warm while the job runs, started once the job is quiet: every pod
-        has taken part (its ready file exists), the last one SETTLE_SECONDS ago or more."""
+        participates (its ready file exists), the last one SETTLE_SECONDS ago or more."""
         if self.standby is None:
             return
         if self.mode != "running":
@@ -324,9 +324,10 @@ class Supervisor:
 
     def migrate(self, ordinal: int) -> None:
         """Replace the pod's process by a new incarnation. Live: make before break, the new
-        one starts beside the old and heals from a peer; the old one leaves once the new one
-        has taken part in a step (promote_replacements). Restart mode has no room for two: the
-        old one stops (an emergency checkpoint) and the new one starts as soon as it ended."""
+        one starts beside the old and heals from a peer; once the new one participates in a
+        step, the old one commits that step beside it and leaves (promote_replacements).
+        Restart mode has no room for two: the old one stops (an emergency checkpoint) and the
+        new one starts as soon as it ended."""
         pod = self.pod(ordinal)
         if pod is None or pod.removing or not pod.alive or self.mode == "finishing":
             logger.warning("migrate: no running pod with ordinal %r; ignored", ordinal)
@@ -347,7 +348,7 @@ class Supervisor:
         self.write_state()
 
     def promote_replacements(self) -> None:
-        """A replacement that took part in a step becomes its pod; the old process leaves."""
+        """A replacement that participates in a step becomes its pod; the old process leaves."""
         for pod in self.pods:
             surge = pod.surge
             if surge is None or not self.job_dir.ready(pod.name, surge.incarnation).exists():

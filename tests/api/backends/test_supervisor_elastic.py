@@ -61,7 +61,7 @@ def test_a_migration_keeps_the_old_process_until_the_replacement_takes_part(
     assert old is not None and not old.poll() and pod.process is old  # make before break
 
     job_dir.ready(pod.name, surge.incarnation).parent.mkdir(exist_ok=True)
-    job_dir.ready(pod.name, surge.incarnation).touch()  # what the trainer does once it took part
+    job_dir.ready(pod.name, surge.incarnation).touch()  # what the trainer does once it participates
     ticks_until(supervisor, lambda: pod.retiring is None and old.poll(),
                 "the old incarnation to leave")
     assert old.exit_code == 0
