@@ -18,7 +18,9 @@ new pod's first committed step (its `joined` event). Goals, live mode: gap / med
 The gap is also divided by pod 0's median step interval with as many trainer processes at work
 as the operation had at most (3 for a migration's overlap and a scale-up, measured before the
 scale-down): on a machine with fewer cores than processes, three pods step slower than two for
-want of CPU, not for a pause, and this ratio tells the two apart.
+want of CPU, not for a pause, and this ratio tells the two apart. Each operation starts when
+pod 0's next periodic checkpoint is at least CLEAR_STEPS steps away: a checkpoint stalls a step
+by itself (bench/trainer_overhead.py measures it), whether or not an operation runs.
 
     PYTHONPATH=. .venv/bin/python -m bench.elastic [--modes live,restart]
 """
@@ -45,6 +47,8 @@ AFTER_STEPS = 3
 its window."""
 SPEC = {"model": "minilm", "dataset": "rotten_tomatoes", "replicas": 3, "max_replicas": 3,
         "epochs": 3, "batch_size": 8, "checkpoint_every_steps": 25, "max_eval_samples": 200}
+CLEAR_STEPS = 12
+"""Steps from an operation's start to pod 0's next periodic checkpoint, at least."""
 
 
 @dataclass
@@ -105,6 +109,9 @@ class Run:
                 new_pod: bool, participants: int, processes: int) -> Result:
         """Run `act`, wait for `done(called_at)` (when the operation was over), then settle.
         `processes`: the most trainer processes at work during it."""
+        every = SPEC["checkpoint_every_steps"]
+        wait(lambda: 1 <= self.survivor_steps()[-1][1] % every <= every - CLEAR_STEPS, 120,
+             "a step clear of the next checkpoint")
         before = self.survivor_steps()[-21:]
         median = statistics.median(b[0] - a[0] for a, b in itertools.pairwise(before))
         self.medians.setdefault(before[-1][2], median)
