@@ -97,6 +97,10 @@ class PodPublic(BaseModel):
     last_heartbeat: UTCDateTime | None
     step: int | None
     exit_code: int | None
+    replica: int = 0
+    """The data-parallel replica the pod belongs to (its ordinal, unless the job pipelines)."""
+    stage: int = 0
+    """A pipeline job's stage this pod runs (0 in a data-parallel job)."""
 
 
 class JobPublic(BaseModel):

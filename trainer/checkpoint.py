@@ -37,15 +37,16 @@ from trainer.contract.checkpoints import (
     latest_checkpoint,
     list_checkpoints,
     read_info,
+    shard_files,
     staging_name,
 )
 
 logger = logging.getLogger(__name__)
 
 # The layout's names, re-exported for the trainer's own modules and tests.
-__all__ = ["MARKER", "CheckpointInfo", "CheckpointWriter", "apply_retention", "cpu_copy",
-           "latest_checkpoint", "list_checkpoints", "load_checkpoint", "read_info",
-           "save_checkpoint"]
+__all__ = ["MARKER", "CheckpointInfo", "CheckpointWriter", "apply_retention", "complete_shards",
+           "cpu_copy", "latest_checkpoint", "list_checkpoints", "load_checkpoint", "load_shard",
+           "read_info", "save_checkpoint", "save_shard"]
 
 
 def _fsync_path(path: Path) -> None:
@@ -119,6 +120,50 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu",
     model_state = torch.load(path / MODEL_FILE, map_location=map_location, weights_only=True)
     trainer_state = torch.load(path / STATE_FILE, map_location=map_location, weights_only=True)
     return strip_module_prefix(model_state), trainer_state, read_info(path).meta
+
+
+def save_shard(directory: Path, step: int, shard: str, model_state: dict[str, Any],
+               trainer_state: dict[str, Any]) -> None:
+    """Write one shard of checkpoint `step` into its staging directory, which the job's other
+    shard writers share; `complete_shards` makes it a checkpoint once all of them wrote."""
+    staging = directory / staging_name(step)
+    staging.mkdir(parents=True, exist_ok=True)
+    model_file, state_file = shard_files(shard)
+    _write_durable(staging / model_file, lambda h: torch.save(model_state, h))
+    _write_durable(staging / state_file, lambda h: torch.save(trainer_state, h))
+
+
+def complete_shards(directory: Path, step: int, shards: list[str], meta: dict[str, Any],
+                    keep: int = 3) -> CheckpointInfo:
+    """Make the staged shards of `step` a checkpoint (by one pod, once every shard writer is
+    done): meta, rename, marker, retention; then clear unfinished writes of other steps."""
+    staging = directory / staging_name(step)
+    missing = [s for s in shards for name in shard_files(s) if not (staging / name).is_file()]
+    if missing:
+        raise ValueError(f"checkpoint {step}: shards {sorted(set(missing))} were not written")
+    meta = {**meta, "step": step, "saved_at": time.time()}
+    _write_durable(staging / META_FILE, lambda h: h.write(json.dumps(meta, indent=2).encode()))
+    _fsync_path(staging)
+    final = directory / checkpoint_name(step)
+    if final.exists():  # an unfinished earlier write of the same step
+        shutil.rmtree(final)
+    staging.rename(final)
+    _fsync_path(directory)
+    _write_durable(final / MARKER, lambda h: h.write(b"ok\n"))
+    _fsync_path(final)
+    _remove_incomplete(directory)
+    apply_retention(directory, keep)
+    return CheckpointInfo(final, step, meta)
+
+
+def load_shard(path: Path, shard: str, map_location: str | torch.device = "cpu",
+               ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(model state, trainer state) of one shard of a complete checkpoint."""
+    if not (path / MARKER).is_file():
+        raise ValueError(f"{path} is not a complete checkpoint (no {MARKER} marker)")
+    model_file, state_file = shard_files(shard)
+    return (torch.load(path / model_file, map_location=map_location, weights_only=True),
+            torch.load(path / state_file, map_location=map_location, weights_only=True))
 
 
 def _delete(path: Path) -> None:

@@ -153,6 +153,11 @@ class Group:
             dist.all_reduce(values, op=dist.ReduceOp.SUM)
         return values
 
+    def barrier(self) -> None:
+        """Wait until every process of the world got here (a static world's)."""
+        if self.world_size > 1:
+            dist.barrier()
+
     def should_commit(self) -> bool:
         """Whether the step just computed may be committed; a static group always commits."""
         return True

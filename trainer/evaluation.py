@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
@@ -12,16 +13,30 @@ from torch.nn import functional
 from trainer.data import TokenizedSplit
 from trainer.distributed import Group
 
+Forward = Callable[[Mapping[str, torch.Tensor]], torch.Tensor | None]
+"""A batch's logits; None where another process computes them (a pipeline's earlier stages)."""
+
+
+def model_forward(model: nn.Module) -> Forward:
+    def forward(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        logits: torch.Tensor = model(input_ids=batch["input_ids"],
+                                     attention_mask=batch["attention_mask"]).logits
+        return logits
+    return forward
+
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: TokenizedSplit, group: Group,
-             batch_size: int) -> dict[str, float]:
+def evaluate(model: nn.Module, data: TokenizedSplit, group: Group, batch_size: int,
+             forward: Forward | None = None) -> dict[str, float]:
     """accuracy, loss, f1 (of the positive class) and samples; every participant gets the sums.
 
     Participants evaluate disjoint shards where the group allows it (a static world), else each
-    evaluates the whole split (a live group: a peer may vanish mid-evaluation).
+    evaluates the whole split (a live group: a peer may vanish mid-evaluation). `forward`
+    computes the logits (by default `model`'s); where it returns None, this process adds
+    nothing to the sums.
     """
     model.eval()
+    forward = forward or model_forward(model)
     device = group.device
     rank, participants = (group.rank, group.participants) if group.shards_evaluation else (0, 1)
     shard = np.arange(rank, len(data), participants)
@@ -32,8 +47,10 @@ def evaluate(model: nn.Module, data: TokenizedSplit, group: Group,
                  .items()}
         with (torch.autocast(device.device.type, dtype=device.autocast_dtype)
               if device.autocast_dtype else contextlib.nullcontext()):
-            logits = model(input_ids=batch["input_ids"],
-                           attention_mask=batch["attention_mask"]).logits.float()
+            output = forward(batch)
+        if output is None:
+            continue
+        logits = output.float()
         labels, predicted = batch["labels"], logits.argmax(-1)
         totals += torch.tensor([
             functional.cross_entropy(logits, labels, reduction="sum").item(),

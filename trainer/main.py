@@ -53,9 +53,17 @@ def build_reporter(config: TrainConfig, pod: str, environ: Mapping[str, str]) ->
 
 
 def make_group(config: TrainConfig, pod: str, environ: Mapping[str, str]) -> Group:
-    """A torchft replica group when the job is live and a lighthouse is given, else torchrun's."""
+    """A torchft replica group when the job is live and a lighthouse is given, else torchrun's
+    (cut into pipelines for a pipeline job)."""
     device = choose_device(int(environ.get("LOCAL_RANK", "0")))
     runtime = config.runtime
+    if config.spec.parallelism == "pipeline":
+        from trainer.pipeline import PipelineGroup
+
+        ordinal = pod.rsplit("-", 1)[-1]
+        return PipelineGroup(device, config.spec.pipeline_stages, environ,
+                             address=runtime.pod_address,
+                             ordinal=int(ordinal) if ordinal.isdigit() else None)
     if config.spec.fault_tolerance == "live" and runtime.lighthouse:
         from trainer.engine.live import LiveGroup
 

@@ -15,16 +15,23 @@ model's on the same samples however the rows are cut.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn import functional
+
+from trainer.distributed import Group
+from trainer.model import DeviceChoice, ModelError
+from trainer.recovery import Recovery
 
 SCHEDULES = ("1f1b", "gpipe")
 
 
-class PipelineError(ValueError):
+class PipelineError(ModelError):
     """A model or a spec that pipeline parallelism cannot run; the message says why."""
 
 
@@ -134,15 +141,18 @@ def pad_columns(tensor: torch.Tensor, width: int, value: int = 0) -> torch.Tenso
 
 
 def build_schedule(stage_module: Stage, device: torch.device, group: Any, schedule: str,
-                   microbatches: int) -> Any:
+                   microbatches: int, stage_ranks: list[int] | None = None) -> Any:
     """torch.distributed.pipelining's schedule for this pod's stage over `group` (the pods of
-    one pipeline replica, ranked by stage)."""
+    one pipeline replica); `stage_ranks`: each stage's rank in `group` (by default, its
+    index)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     if schedule not in SCHEDULES:
         raise PipelineError(f"schedule must be one of {', '.join(SCHEDULES)}, not {schedule!r}")
     stage = PipelineStage(stage_module, stage_module.index, stage_module.stages, device,
                           group=group)
+    if stage_ranks is not None:  # single-stage schedules keep the stage's own mapping
+        stage.stage_index_to_group_rank = dict(enumerate(stage_ranks))
     kind = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
     # Every stage names the loss (a schedule without one runs no backward); the last computes
     # it. It carries its own scaling (the weights): the schedule must not average it again.
@@ -169,3 +179,181 @@ def check_microbatches(batch_size: int, microbatches: int) -> None:
         raise PipelineError(f"microbatches ({microbatches}) must divide batch_size "
                             f"({batch_size})")
 
+
+
+class PipelineRecovery(Recovery):
+    """Restart mode for pipelines: a checkpoint needs every stage's shard, so a failure
+    restarts the world from the newest complete one (no survivor can write the dead stage's)."""
+
+    def saves_on_failure(self, participants: int) -> bool:
+        return False
+
+
+class PipelineGroup(Group):
+    """torchrun's static world cut into pipelines: the pod with ordinal o is stage `o % stages`
+    of pipeline replica `o // stages`, whatever rank the rendezvous gave it (so a restarted pod
+    keeps its stage, and the API shows each pod's). To the training loop each replica is one
+    participant (`rank` is the replica): a replica's stages train on the same samples."""
+
+    recovery = PipelineRecovery
+
+    def __init__(self, device: DeviceChoice, stages: int,
+                 environ: Mapping[str, str] = os.environ, address: str = "",
+                 ordinal: int | None = None) -> None:
+        super().__init__(device, environ, address)
+        world = self.world_size
+        if world % stages or world < stages:
+            raise PipelineError(f"a world of {world} pods does not make pipelines of "
+                                f"{stages} stages")
+        self.stages, self.replicas = stages, world // stages
+        self.global_rank = self._rank
+        ordinals: list[Any] = [None] * world
+        dist.all_gather_object(ordinals, self._rank if ordinal is None else ordinal)
+        if sorted(ordinals) != list(range(world)):
+            raise PipelineError(f"the pods' ordinals {sorted(ordinals)} are not 0..{world - 1}")
+        position = ordinals[self._rank]
+        self.stage, self.replica = position % stages, position // stages
+        rank_of = {o: g for g, o in enumerate(ordinals)}
+        pipelines = [[rank_of[r * stages + s] for s in range(stages)]
+                     for r in range(self.replicas)]
+        # Every rank creates every group, in the same order (torch.distributed's rule).
+        self.pipeline_group = [dist.new_group(ranks) for ranks in pipelines][self.replica]
+        self.stage_group = [dist.new_group([pipeline[s] for pipeline in pipelines])
+                            for s in range(stages)][self.stage]
+        # A group ranks its members by global rank, not by stage.
+        mine = pipelines[self.replica]
+        self.stage_ranks = [sorted(mine).index(g) for g in mine]
+        """The rank in `pipeline_group` of each stage."""
+
+    @property
+    def rank(self) -> int:
+        return self.replica
+
+    @property
+    def participants(self) -> int:
+        return self.replicas
+
+    @property
+    def is_primary(self) -> bool:
+        return self.global_rank == 0
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model  # gradients are averaged over a stage's replicas by PipelineModel
+
+
+class PipelineModel:
+    """This pod's stage of the model, and a training step through its pipeline: the schedule
+    runs forward and backward, then the stage's gradients are averaged over the replicas and
+    clipped by the norm of the whole model's."""
+
+    WIDTH_STEP = 16
+    """Inputs are padded to a multiple of this many tokens: each width has its own schedule
+    (the stages size their buffers once), so there are few."""
+
+    def __init__(self, model: nn.Module, group: PipelineGroup, schedule: str,
+                 microbatches: int, rows: int, max_length: int) -> None:
+        check_microbatches(rows, microbatches)
+        stage = Stage(model, group.stage, group.stages)
+        whole = {id(value): name for name, value in model.state_dict(keep_vars=True).items()}
+        self.names = {local: whole[id(value)]
+                      for local, value in stage.state_dict(keep_vars=True).items()}
+        """The stage's state names -> the whole model's (checkpoints, export)."""
+        self.stage = stage.to(group.device.device)
+        self.group, self.schedule_name, self.microbatches = group, schedule, microbatches
+        # Inputs are never padded past what the model embeds.
+        self.rows = rows
+        self.max_length = min(max_length, int(stage.config.max_position_embeddings))
+        self._schedules: dict[int, Any] = {}
+
+    @property
+    def shard(self) -> str:
+        """This stage's name in a checkpoint."""
+        return f"stage-{self.stage.index}"
+
+    @property
+    def shards(self) -> list[str]:
+        return [f"stage-{index}" for index in range(self.stage.stages)]
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """The stage's state under the whole model's names."""
+        return {self.names[local]: value for local, value in self.stage.state_dict().items()}
+
+    def load_model_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Load the stage's part of `state` (the whole model's names; other stages' entries,
+        if any, are left alone)."""
+        missing = [whole for whole in self.names.values() if whole not in state]
+        if missing:
+            raise ValueError(f"{self.shard}: the state lacks {missing[:3]}")
+        self.stage.load_state_dict({local: state[whole] for local, whole in self.names.items()})
+
+    def gather_state(self) -> dict[str, torch.Tensor] | None:
+        """The whole model's state, assembled from replica 0's stages on its stage 0 (the
+        primary); None elsewhere. Every pod of replica 0 must call it; the others need not."""
+        if self.group.replica != 0:
+            return None
+        from trainer.checkpoint import cpu_copy
+
+        parts: list[Any] | None = [None] * self.stage.stages if self.stage.is_first else None
+        dist.gather_object(cpu_copy(self.model_state()), parts, group=self.group.pipeline_group,
+                           group_dst=self.group.stage_ranks[0])
+        if parts is None:
+            return None
+        return {name: value for part in parts for name, value in part.items()}
+
+    def width(self, needed: int) -> int:
+        return min(self.max_length, -(-needed // self.WIDTH_STEP) * self.WIDTH_STEP)
+
+    def forward_backward(self, batch: Mapping[str, torch.Tensor], weight: float) -> float:
+        """Run the step's microbatches; the last stage returns the sum of the per-sample losses
+        (unweighted), the others 0. `weight` scales every sample's loss."""
+        width = self.width(batch["input_ids"].shape[1])
+        input_ids = pad_rows(pad_columns(batch["input_ids"], width), self.rows)
+        mask = pad_rows(pad_columns(batch["attention_mask"], width), self.rows)
+        device = self.group.device.device
+        target = targets(batch["labels"], weight, self.rows).to(device)
+        schedule = self._schedules.get(width)
+        if schedule is None:
+            schedule = self._schedules[width] = build_schedule(
+                self.stage, device, self.group.pipeline_group, self.schedule_name,
+                self.microbatches, self.group.stage_ranks)
+        loss = run_step(schedule, self.stage, input_ids.to(device), mask.to(device), target)
+        return loss / weight if loss is not None and weight else 0.0
+
+    @torch.no_grad()
+    def logits(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+        """Forward only, stage to stage: the last stage returns the logits, the others None.
+        Every stage of a replica loads the same batch, so each knows the shapes it receives."""
+        stage, group, ranks = self.stage, self.group.pipeline_group, self.group.stage_ranks
+        device = self.group.device.device
+        input_ids = batch["input_ids"].to(device)
+        mask = batch["attention_mask"].to(device)
+        if stage.is_first:
+            first = input_ids
+        else:
+            first = torch.empty((*input_ids.shape, stage.config.hidden_size), device=device)
+            dist.recv(first, group=group, group_src=ranks[stage.index - 1])
+        output = stage(first, mask)
+        if isinstance(output, torch.Tensor):
+            return output
+        dist.send(output[0].float().contiguous(), group=group, group_dst=ranks[stage.index + 1])
+        return None
+
+    def sync_and_clip(self, max_norm: float) -> None:
+        """Average the gradients over the stage's replicas; clip by the whole model's norm."""
+        grads = [p.grad for p in self.stage.parameters() if p.grad is not None]
+        if self.group.replicas > 1 and grads:
+            flat = torch.cat([g.flatten() for g in grads])
+            dist.all_reduce(flat, group=self.group.stage_group)
+            flat /= self.group.replicas
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+        if max_norm <= 0:
+            return
+        squares = torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads else (
+            torch.zeros((), device=self.group.device.device))
+        dist.all_reduce(squares, group=self.group.pipeline_group)
+        coefficient = torch.clamp(max_norm / (squares.sqrt() + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(coefficient.to(g.dtype))

@@ -25,6 +25,7 @@ from trainer.distributed import Group
 from trainer.evaluation import evaluate
 from trainer.export import export_model
 from trainer.model import load_model, load_tokenizer, resolve_model, unwrap
+from trainer.pipeline import PipelineGroup, PipelineModel
 from trainer.recovery import Recovery
 from trainer.report import Reporter
 from trainer.sampler import Assignment, GlobalSampler
@@ -125,8 +126,13 @@ class Trainer:
         self.data_sizes = {"train": len(self.train_data), "validation": len(self.validation_data),
                            "test": len(self.test_data)}
         model = prepared.model
-        self.model = group.wrap(model)
-        self.optimizer = build_optimizer(model, spec)
+        self.pipeline = (PipelineModel(model, group, spec.schedule, spec.microbatches,
+                                       spec.batch_size, spec.max_length)
+                         if isinstance(group, PipelineGroup) else None)
+        """Pipeline jobs: this pod's stage and how a step runs through it (the rest of the
+        model is dropped: other pods hold it)."""
+        self.model = self.pipeline.stage if self.pipeline else group.wrap(model)
+        self.optimizer = build_optimizer(unwrap(self.model), spec)
         self.schedule = LinearSchedule(spec.learning_rate, spec.warmup_ratio,
                                        spec.epochs * len(self.train_data))
         self.sampler = GlobalSampler(len(self.train_data), spec.batch_size, spec.seed)
@@ -190,8 +196,12 @@ class Trainer:
 
     def resume(self, info: checkpoint.CheckpointInfo) -> None:
         # Loaded on the CPU: RNG states must stay there, and load_state_dict copies to the device.
-        model_state, trainer_state, _ = checkpoint.load_checkpoint(info.path)
-        unwrap(self.model).load_state_dict(model_state)
+        if self.pipeline is not None:
+            model_state, trainer_state = checkpoint.load_shard(info.path, self.pipeline.shard)
+            self.pipeline.load_model_state(model_state)
+        else:
+            model_state, trainer_state, _ = checkpoint.load_checkpoint(info.path)
+            unwrap(self.model).load_state_dict(model_state)
         self.load_state_dict(trainer_state)
         self.resumed_from = info
         logger.info("resumed from %s: epoch %d, step %d, cursor %d", info.path.name,
@@ -229,26 +239,12 @@ class Trainer:
             # Nothing to train on (fewer samples left than participants, or this pod is still
             # fetching the live state or may resume): join the collective with a zero weight.
             indices, weight = self.sampler.order(assignment.epoch)[:1], 0.0
-        batch = {k: v.to(self.device.device, non_blocking=True)
-                 for k, v in self.train_data.batch(indices).items()}
-        self.model.train()
-        autocast = (torch.autocast(self.device.device.type, dtype=self.device.autocast_dtype)
-                    if self.device.autocast_dtype else contextlib.nullcontext())
-        with autocast:
-            logits = self.model(input_ids=batch["input_ids"],
-                                attention_mask=batch["attention_mask"]).logits
-        loss_sum = weight * functional.cross_entropy(logits.float(), batch["labels"],
-                                                     reduction="sum")
-        # Gradients are averaged over participants; scaling by participants/window makes the
-        # result the mean over every sample of the step, however unevenly they were split.
-        (loss_sum * (participants / assignment.window)).backward()
-        if self.config.spec.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.spec.max_grad_norm)
+        loss_sum, counted = self._compute(self.train_data.batch(indices), weight,
+                                          participants / assignment.window)
         # Loss over the samples counted: all participants' in a static world, this pod's in a
         # live one (whose statistics stay local).
         stats = self.group.all_reduce_sum(torch.tensor(
-            [loss_sum.item(), weight * len(indices), float(self._stop_requested)],
-            dtype=torch.float64))
+            [loss_sum, counted, float(self._stop_requested)], dtype=torch.float64))
         committed = self.group.should_commit()  # a healing pod loads the live state here
         if newest is not None and self.step == 0:  # no live peer was ahead: resume instead
             self.resume(newest)
@@ -267,6 +263,35 @@ class Trainer:
         loss_total, counted, stops = stats.tolist()
         return StepResult(committed, loss_total / max(counted, 1.0), assignment, used, stops > 0,
                           took_part=not idle)
+
+    def _compute(self, batch: dict[str, torch.Tensor], weight: float, scale: float,
+                 ) -> tuple[float, float]:
+        """Forward and backward of this pod's share of the step, gradients synchronised and
+        clipped: (the loss summed over the share's samples, the samples) times `weight` (0: a
+        share that only joins the collectives). A pipeline's earlier stages count none: the
+        last one holds the loss."""
+        self.model.train()
+        autocast = (torch.autocast(self.device.device.type, dtype=self.device.autocast_dtype)
+                    if self.device.autocast_dtype else contextlib.nullcontext())
+        max_norm = self.config.spec.max_grad_norm
+        # Gradients are averaged over participants; scaling by participants/window (`scale`)
+        # makes the result the mean over every sample of the step, however unevenly split.
+        if self.pipeline is not None:
+            with autocast:
+                loss = self.pipeline.forward_backward(batch, weight * scale)
+            self.pipeline.sync_and_clip(max_norm)
+            counted = weight * len(batch["labels"]) if self.pipeline.stage.is_last else 0.0
+            return weight * loss, counted
+        batch = {k: v.to(self.device.device, non_blocking=True) for k, v in batch.items()}
+        with autocast:
+            logits = self.model(input_ids=batch["input_ids"],
+                                attention_mask=batch["attention_mask"]).logits
+        loss_sum = weight * functional.cross_entropy(logits.float(), batch["labels"],
+                                                     reduction="sum")
+        (loss_sum * scale).backward()
+        if max_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        return loss_sum.item(), weight * len(batch["labels"])
 
     def _observe_group(self) -> None:
         """Report membership changes: quorums and primaries (job-level, so by the primary)."""
@@ -315,9 +340,9 @@ class Trainer:
         spec, runtime = self.config.spec, self.config.runtime
         self.metrics["test"] = self.evaluate(self.test_data, "test")
         checksum = weights_checksum(self.model)
-        model_dir = None
-        if self.recovery.exports(self.group.is_primary):
-            model_dir = str(export_model(self.model, self.tokenizer, runtime.model_dir, spec,
+        model_dir, whole = None, self._whole_model()
+        if whole is not None and self.recovery.exports(self.group.is_primary):
+            model_dir = str(export_model(whole, self.tokenizer, runtime.model_dir, spec,
                                          self.metrics, self.data_sizes,
                                          shared=self.recovery.shared_writes))
         self.reporter.emit(records.Completed(message="training completed", step=self.step,
@@ -372,7 +397,9 @@ class Trainer:
                                           samples_per_second=throughput,
                                           participants=self.group.participants,
                                           samples_seen=self.samples_seen))
-        if self.config.runtime.log_sample_ids:
+        # A pipeline replica's stages train on the same samples: its last stage reports them.
+        if self.config.runtime.log_sample_ids and (self.pipeline is None
+                                                   or self.pipeline.stage.is_last):
             window = self.sampler.order(assignment.epoch)[
                 assignment.cursor:assignment.cursor + assignment.window]
             self.reporter.emit(records.SampleIds(step=self.step, epoch=assignment.epoch + 1,
@@ -433,10 +460,37 @@ class Trainer:
         logger.info("SIGTERM: stopping after the current step")
         self._stop_requested = True
 
+    def _whole_model(self) -> nn.Module | None:
+        """The model to export: a pipeline's is assembled from its stages on the primary
+        (None on the other pods)."""
+        if self.pipeline is None:
+            return self.model
+        state = self.pipeline.gather_state()
+        if state is None:
+            return None
+        spec = self.config.spec
+        whole = load_model(resolve_model(spec.model, self.config.runtime.inputs_dir), spec.seed)
+        whole.load_state_dict(state)
+        return whole
+
+    def _save_shards(self, meta: dict[str, Any], report: Any) -> None:
+        """A pipeline's checkpoint, at once: replica 0's stages each write their shard, then
+        the primary completes it once all have (every pod passes the barrier)."""
+        assert self.pipeline is not None
+        runtime = self.config.runtime
+        if self.group.rank == 0:
+            checkpoint.save_shard(runtime.checkpoint_dir, self.step, self.pipeline.shard,
+                                  self.pipeline.model_state(), self.state_dict())
+        self.group.barrier()
+        if self.group.is_primary:
+            report(checkpoint.complete_shards(runtime.checkpoint_dir, self.step,
+                                              self.pipeline.shards, meta,
+                                              keep=self.config.spec.keep_checkpoints))
+
     def save_checkpoint(self, epoch_end: bool, emergency: bool = False) -> None:
         """Checkpoint the committed state: by the primary in the background, or at once by every
         survivor in an emergency."""
-        if not (self.group.is_primary or emergency):
+        if not (self.group.is_primary or emergency or self.pipeline):
             return
         # The epoch of the last committed step, counted from 1 (the one just finished at an end).
         epoch = self.sampler.epoch if epoch_end else self.sampler.epoch + 1
@@ -454,6 +508,9 @@ class Trainer:
                                                emergency=emergency))
             self.reporter.flush()
 
+        if self.pipeline is not None:
+            self._save_shards(meta, reported)
+            return
         if emergency:
             self.checkpoints.wait()
             reported(checkpoint.save_checkpoint(
@@ -483,8 +540,9 @@ class Trainer:
 
     def evaluate(self, data: TokenizedSplit, split: records.EvalSplit) -> dict[str, Any]:
         """Evaluate on `split`, log and report it; the result with its epoch and step."""
+        forward = self.pipeline.logits if self.pipeline else None
         result: dict[str, Any] = {**evaluate(unwrap(self.model), data, self.group,
-                                             self.config.spec.eval_batch_size),
+                                             self.config.spec.eval_batch_size, forward),
                                   "epoch": self.sampler.epoch, "step": self.step}
         logger.info("%s: accuracy %.4f f1 %.4f loss %.4f (%d samples)", split,
                     result["accuracy"], result["f1"], result["loss"], result["samples"])

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from api.backends.base import Launch
 from trainer.contract.runtime import LOOPBACK, SPEC_ENV, Runtime
+from trainer.contract.spec import stages_of
 
 LIGHTHOUSE_PORT = 29510
 STORE_PORT = 29400
@@ -63,9 +64,12 @@ def pod_argv(launch: Launch, coordinator: Endpoint, local_addr: str,
     """A trainer pod's command. `local_addr` is how peers reach this pod (restart mode)."""
     if launch.fault_tolerance == "live":
         return [python, "-m", "trainer"]
-    # The rendezvous admits up to max_replicas nodes: scaling up is one more round.
+    # The rendezvous admits up to max_replicas nodes: scaling up is one more round. A pipeline
+    # needs every stage of every replica: its rounds wait for all of its pods.
     max_nodes = max(int(launch.spec.get("max_replicas", launch.replicas)), launch.replicas)
-    return [python, "-m", "trainer.engine.elastic", f"--nnodes=1:{max_nodes}",
+    nodes = (f"{launch.replicas}:{launch.replicas}" if stages_of(launch.spec) > 1
+             else f"1:{max_nodes}")
+    return [python, "-m", "trainer.engine.elastic", f"--nnodes={nodes}",
             "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={coordinator}",
             f"--rdzv-id={launch.job_id}", f"--rdzv-conf={RENDEZVOUS_CONF}",
             f"--max-restarts={ELASTIC_MAX_RESTARTS}", "--monitor-interval=0.2",

@@ -50,7 +50,12 @@ from api.models import (
 )
 from api.services.events import EventLog, new_event
 from api.settings import Settings
-from trainer.contract.spec import DATASET_ALIASES, LOCAL_DATA_SUFFIXES, OFFLINE_MODEL
+from trainer.contract.spec import (
+    DATASET_ALIASES,
+    LOCAL_DATA_SUFFIXES,
+    OFFLINE_MODEL,
+    stages_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +102,9 @@ def job_dir(settings: Settings, job_id: str) -> Path:
 def _launch(settings: Settings, job: Job, spec: JobCreate, token: str) -> Launch:
     directory = job_dir(settings, job.id)
     resources = Resources(**spec.resources.model_dump()) if spec.resources else None
-    return Launch(job_id=job.id, replicas=spec.replicas, fault_tolerance=spec.fault_tolerance,
+    # A pipeline restarts as a whole (live pipelines of several replicas are not built yet).
+    mode = "restart" if spec.parallelism == "pipeline" else spec.fault_tolerance
+    return Launch(job_id=job.id, replicas=spec.pods, fault_tolerance=mode,
                   spec=job.spec, resources=resources,
                   report_url=f"{settings.base_url}/api/v1/jobs/{job.id}/reports",
                   report_token=token, heal_secret=secrets.token_urlsafe(32),
@@ -116,7 +123,7 @@ def create_job(session: Session, settings: Settings, backend: Backend, events: E
         session.add(job)
         session.flush()  # the job's row first: its pods and events refer to it
         session.add_all([Pod(job_id=job.id, ordinal=ordinal, name=f"{job.id}-{ordinal}")
-                         for ordinal in range(spec.replicas)])
+                         for ordinal in range(spec.pods)])
         created.append(new_event(job.id, "job", status="pending", message="job created",
                                  spec=job.spec))
     try:
@@ -133,8 +140,8 @@ def create_job(session: Session, settings: Settings, backend: Backend, events: E
     job.status, job.started_at = JobStatus.starting, utc_now()
     events.commit(session, [new_event(job.id, "job", status="starting",
                                       message=f"{backend.name} backend launched "
-                                              f"{spec.replicas} pods")])
-    logger.info("job %s launched on %s with %d pods", job.id, backend.name, spec.replicas)
+                                              f"{spec.pods} pods")])
+    logger.info("job %s launched on %s with %d pods", job.id, backend.name, spec.pods)
     return job
 
 
@@ -163,7 +170,7 @@ def to_public(session: Session, job: Job) -> JobPublic:
     eta = None
     if remaining is not None and throughput and not job.status.finished:
         eta = round(max(remaining, 0) / throughput, 1)
-    base = f"/api/v1/jobs/{job.id}"
+    base, stages = f"/api/v1/jobs/{job.id}", stages_of(job.spec)
     links = {"self": base, "events": f"{base}/events", "stream": f"{base}/stream",
              "checkpoints": f"{base}/checkpoints", "cancel": f"{base}/cancel",
              "kill": f"{base}/pods/{{ordinal}}/kill",
@@ -172,7 +179,9 @@ def to_public(session: Session, job: Job) -> JobPublic:
         links["model"] = f"/api/v1/models/{job.model_id}"
     return JobPublic(
         id=job.id, name=job.name, status=job.status, reason=job.reason, spec=job.spec,
-        pods=[PodPublic.model_validate(p) for p in current_pods(session, job)],
+        pods=[PodPublic.model_validate(p).model_copy(update={
+                  "replica": p.ordinal // stages, "stage": p.ordinal % stages})
+              for p in current_pods(session, job)],
         progress=Progress(epoch=job.epoch, epochs=epochs, step=job.step,
                           samples_seen=job.samples_seen, total_samples=job.total_samples,
                           eta_seconds=eta),
@@ -304,6 +313,8 @@ def scale_job(session: Session, backend: Backend, events: EventLog, job_id: str,
               update: JobUpdate) -> Job:
     """Run `update.replicas` pods: the spec says so at once, the pods follow."""
     job = get_job(session, job_id)
+    if job.spec.get("parallelism") == "pipeline":
+        raise InvalidSpec("replicas", "a pipeline job cannot be scaled yet")
     limit = int(job.spec.get("max_replicas", job.spec["replicas"]))
     if update.replicas > limit:
         raise InvalidSpec("replicas", f"must be at most the job's max_replicas ({limit})")

@@ -36,6 +36,7 @@ from trainer.contract.records import (
     ReportBatch,
     Started,
 )
+from trainer.contract.spec import pods_of
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class JobView:
     status: JobStatus
     epochs: int
     replicas: int
+    """Pods the job runs (replicas x stages for a pipeline)."""
     step: int
     epoch: int
     samples_seen: int
@@ -199,7 +201,7 @@ class ReportWriter:
         for row in connection.execute(select(*columns).where(JOBS.c.id.in_(ids))):
             found[row.id] = JobView(
                 row.id, JobStatus(row.status), int(row.spec["epochs"]),
-                int(row.spec["replicas"]), row.step, row.epoch, row.samples_seen,
+                pods_of(row.spec), row.step, row.epoch, row.samples_seen,
                 row.total_samples, row.metrics or {}, row.completed_model_dir)
         return found
 

@@ -1,5 +1,6 @@
-"""Pipeline parallelism: the cut, and a real two-stage pipeline (two processes, gloo) that
-trains exactly as the whole model does in one process."""
+"""Pipeline parallelism: the cut, a real two-stage pipeline (two processes, gloo), and two
+pipelines of two stages (four processes): each trains and evaluates exactly as the whole model
+does in one process."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ import torch
 from tests.conftest import Processes
 from tests.support import free_port
 from trainer import pipeline
+from trainer.distributed import Group
+from trainer.evaluation import evaluate
+from trainer.model import choose_device
 from trainer.pipeline import PipelineError, Stage
 
 STEPS, BATCH, WIDTH = 3, 8, 12
@@ -103,6 +107,129 @@ def test_a_two_stage_pipeline_trains_as_the_whole_model(
     for name, values in stage_weights.items():
         torch.testing.assert_close(torch.tensor(values), weights[name].flatten(),
                                    atol=1e-5, rtol=0)
+
+
+# Two pipeline replicas of two stages: every step's window split between the replicas (the
+# last one unevenly), each replica's share padded to ROWS rows and a width bucket, the stages'
+# gradients averaged over the replicas and clipped by the whole model's norm.
+WINDOWS, ROWS = (16, 16, 13), 8
+
+SAMPLES = """
+def samples(count):
+    generator = torch.Generator().manual_seed(2)
+    lengths = torch.randint(3, 21, (count,), generator=generator)
+    rows = [torch.randint(1, 50, (int(n),), generator=generator) for n in lengths]
+    labels = torch.randint(0, 2, (count,), generator=generator)
+    return rows, labels
+
+def batch(rows, labels, ids):
+    width = max(len(rows[i]) for i in ids)
+    input_ids = torch.zeros((len(ids), width), dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for row, i in enumerate(ids):
+        input_ids[row, :len(rows[i])] = rows[i]
+        mask[row, :len(rows[i])] = 1
+    return {"input_ids": input_ids, "attention_mask": mask, "labels": labels[ids]}
+
+class Split:  # what evaluate reads of a TokenizedSplit
+    def __init__(self, rows, labels):
+        self.rows, self.labels = rows, labels
+    def __len__(self):
+        return len(self.rows)
+    def batch(self, ids):
+        return batch(self.rows, self.labels, [int(i) for i in ids])
+"""
+EVAL_SAMPLES, EVAL_BATCH = 11, 4
+
+HYBRID = MODEL + SAMPLES + """
+import json, os, sys
+import numpy as np
+from trainer import pipeline
+from trainer.model import DeviceChoice
+
+windows = [int(w) for w in sys.argv[2].split(",")]
+ordinal = int(os.environ["ORDINAL"]) if "ORDINAL" in os.environ else None
+group = pipeline.PipelineGroup(DeviceChoice(torch.device("cpu"), "gloo", None), 2, os.environ,
+                               ordinal=ordinal)
+model = tiny_model()
+runner = pipeline.PipelineModel(model, group, sys.argv[1], 4, int(sys.argv[3]), 32)
+optimizer = torch.optim.AdamW(runner.stage.parameters(), lr=1e-2)
+rows, labels = samples(sum(windows))
+losses, start = [], 0
+for window in windows:
+    share = np.array_split(np.arange(start, start + window), group.participants)[group.rank]
+    start += window
+    loss = runner.forward_backward(batch(rows, labels, share.tolist()), group.participants / window)
+    runner.sync_and_clip(1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    total = torch.tensor([loss], dtype=torch.float64)
+    losses.append(group.all_reduce_sum(total).item() / window)
+weights = {name: p.detach().flatten().tolist()
+           for name, p in pipeline.parameter_names(model, runner.stage).items()}
+from trainer.evaluation import evaluate
+evaluation = evaluate(runner.stage, Split(*samples(int(sys.argv[4]))), group, int(sys.argv[5]),
+                      runner.logits)
+print(json.dumps({"losses": losses, "weights": weights, "evaluation": evaluation,
+                  "stage": group.stage,
+                  "replica": group.replica, "widths": sorted(runner._schedules)}), flush=True)
+"""
+
+
+def hybrid_reference() -> tuple[list[float], dict[str, torch.Tensor], dict[str, float]]:
+    scope: dict[str, object] = {}
+    exec(MODEL + SAMPLES, scope)
+    model = scope["tiny_model"]()  # type: ignore[operator]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    rows, labels = scope["samples"](sum(WINDOWS))  # type: ignore[operator]
+    losses, start = [], 0
+    for window in WINDOWS:
+        batch = scope["batch"](rows, labels, list(range(start, start + window)))  # type: ignore[operator]
+        start += window
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    split = scope["Split"](*scope["samples"](EVAL_SAMPLES))  # type: ignore[operator]
+    evaluation = evaluate(model, split, Group(choose_device(), environ={}), EVAL_BATCH)
+    return losses, {name: p.detach() for name, p in model.named_parameters()}, evaluation
+
+
+@pytest.mark.parametrize("ordinals", [None, [2, 0, 3, 1]], ids=["by-rank", "by-ordinal"])
+def test_two_pipelines_of_two_stages_train_as_the_whole_model(
+        ordinals: list[int] | None, tmp_path: Path, processes: Processes) -> None:
+    """Roles follow the pods' ordinals, whatever ranks the rendezvous handed out."""
+    env = {"WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "OMP_NUM_THREADS": "1"}
+    ordinal_of = ordinals or list(range(4))
+    argv = [sys.executable, "-c", HYBRID, "1f1b", ",".join(map(str, WINDOWS)), str(ROWS),
+            str(EVAL_SAMPLES), str(EVAL_BATCH)]
+    workers = [processes.start(argv, {**env, "RANK": str(rank),
+                                      **({"ORDINAL": str(ordinals[rank])} if ordinals else {})},
+                               tmp_path / f"rank-{rank}.log")
+               for rank in range(4)]
+    for rank, worker in enumerate(workers):
+        assert worker.wait(timeout=180) == 0, (tmp_path / f"rank-{rank}.log").read_text()
+    reports = [json.loads((tmp_path / f"rank-{rank}.log").read_text().splitlines()[-1])
+               for rank in range(4)]
+    assert [(r["replica"], r["stage"]) for r in reports] == [(o // 2, o % 2) for o in ordinal_of]
+    reports = [reports[ordinal_of.index(o)] for o in range(4)]  # by ordinal from here on
+    losses, weights, evaluation = hybrid_reference()
+    for report in reports:  # every pod reports the step's loss over the whole window
+        assert report["losses"] == pytest.approx(losses, abs=1e-4)
+        # ... and the evaluation of the whole split, each replica having evaluated a shard
+        assert report["evaluation"] == pytest.approx(evaluation, abs=1e-5)
+        assert report["evaluation"]["samples"] == EVAL_SAMPLES
+    assert all(r["widths"] and all(w % 16 == 0 and w <= 32 for w in r["widths"])
+               for r in reports)
+    for replica in (0, 1):  # each replica holds the whole model, and the same one
+        held = {**reports[2 * replica]["weights"], **reports[2 * replica + 1]["weights"]}
+        assert set(held) == set(weights)
+        for name, values in held.items():
+            torch.testing.assert_close(torch.tensor(values), weights[name].flatten(),
+                                       atol=1e-5, rtol=0)
 
 
 def tiny() -> torch.nn.Module:

@@ -1,7 +1,8 @@
 """The layout of a job's checkpoint directory, read by the API and written by the trainer.
 
-`step-N/` holds `model.pt`, `trainer.pt` and `meta.json`; it is complete once it holds the
-`COMPLETE` marker (written last). Anything else in the directory (`step-N.tmp*` staging, a
+`step-N/` holds `model.pt`, `trainer.pt` and `meta.json` (a pipeline job's: `model-stage-S.pt`
+and `trainer-stage-S.pt` for each stage S instead of the first two); it is complete once it holds
+the `COMPLETE` marker (written last). Anything else in the directory (`step-N.tmp*` staging, a
 `step-N/` without its marker) is an unfinished write that nobody may read.
 """
 
@@ -20,6 +21,12 @@ MARKER = "COMPLETE"
 MODEL_FILE = "model.pt"
 STATE_FILE = "trainer.pt"
 META_FILE = "meta.json"
+
+
+def shard_files(shard: str) -> tuple[str, str]:
+    """The model and trainer files of one shard (a pipeline stage) of a checkpoint."""
+    return f"model-{shard}.pt", f"trainer-{shard}.pt"
+
 NAME = re.compile(r"^step-(\d{1,12})$")
 """A checkpoint's directory name; the group is its step."""
 

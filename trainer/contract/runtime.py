@@ -77,8 +77,8 @@ class Runtime(BaseModel):
     """Touched about once a second while report records flow; Kubernetes probes its age."""
 
     ready_file: Path | None = Field(default=None, alias="READY_FILE")
-    """Created once this process has taken part in a committed step: a migration retires the
-    pod's old incarnation when its replacement's file appears."""
+    """Created once this process participates in a step (it holds the live state): a migration
+    retires the pod's old incarnation when its replacement's file appears."""
 
     replica_file: Path | None = Field(default=None, alias="REPLICA_FILE")
     """Where a live pod writes its replica id once it joined the lighthouse: should the process

@@ -8,7 +8,8 @@ Checks that need the machine (does the dataset file exist, is there a GPU) are n
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -35,9 +36,25 @@ LOCAL_DATA_SUFFIXES = (".csv", ".jsonl", ".parquet")
 
 MAX_REPLICAS = 16
 DEFAULT_MAX_REPLICAS = 8
+MAX_PODS = 16
+"""The most pods a job runs (a pipeline job runs replicas x pipeline_stages)."""
+KNOWN_LAYERS = {OFFLINE_MODEL: 6}
+"""Encoder layers of the models known without loading them (others: checked by the trainer)."""
 
 # Kubernetes quantities: an integer or decimal with an optional suffix (`500m`, `2`, `4Gi`).
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
+
+
+def stages_of(spec: Mapping[str, Any]) -> int:
+    """Pods per replica of a stored spec: a pipeline's stages, else 1."""
+    if spec.get("parallelism") == "pipeline":
+        return int(spec.get("pipeline_stages", 2))
+    return 1
+
+
+def pods_of(spec: Mapping[str, Any]) -> int:
+    """Pods a stored spec runs: replicas x stages."""
+    return int(spec["replicas"]) * stages_of(spec)
 
 
 def _not_blank(value: str) -> str:
@@ -110,8 +127,21 @@ class JobSpec(BaseModel):
     """`live`: survivors train on through a failure and a recreated pod heals from a peer;
     `restart`: every pod restarts from the newest checkpoint."""
 
-    parallelism: Literal["data"] = "data"
-    """`data`: every pod holds the whole model and trains on its share of each step."""
+    parallelism: Literal["data", "pipeline"] = "data"
+    """`data`: every pod holds the whole model and trains on its share of each step;
+    `pipeline`: the model is cut into `pipeline_stages` stages, one pod each, and `replicas`
+    such pipelines train data-parallel (the job runs replicas x stages pods)."""
+
+    pipeline_stages: int = Field(default=2, ge=2, le=MAX_PODS, validate_default=True)
+    """Pipeline jobs: stages the model is cut into, at most its encoder layers (6 for
+    `minilm`, 12 for BERT-base)."""
+
+    microbatches: int = Field(default=4, ge=1, le=1024, validate_default=True)
+    """Pipeline jobs: microbatches each step is cut into; must divide `batch_size`."""
+
+    schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    """Pipeline jobs: `1f1b` (a backward after each forward once the pipeline is full: less
+    activation memory) or `gpipe` (every forward, then every backward)."""
 
     finetune: Literal["full"] = "full"
     """`full`: every weight trains."""
@@ -156,6 +186,44 @@ class JobSpec(BaseModel):
         if replicas is not None and value < replicas:
             raise ValueError(f"must be at least replicas ({replicas})")
         return value
+
+    @field_validator("parallelism")
+    @classmethod
+    def _pipeline_fault_tolerance(cls, value: str, info: ValidationInfo) -> str:
+        if (value == "pipeline" and info.data.get("fault_tolerance") == "live"
+                and info.data.get("replicas", 1) > 1):
+            raise ValueError('live fault tolerance of several pipeline replicas is not built '
+                             'yet: use fault_tolerance "restart" (or one replica, which '
+                             'restarts too)')
+        return value
+
+    @field_validator("pipeline_stages", "microbatches", "schedule")
+    @classmethod
+    def _pipeline_fields(cls, value: int | str, info: ValidationInfo) -> int | str:
+        field = info.field_name or ""
+        if info.data.get("parallelism") != "pipeline":
+            if value != cls.model_fields[field].default:
+                raise ValueError('applies to parallelism "pipeline" only')
+            return value
+        if field == "pipeline_stages":
+            assert isinstance(value, int)
+            layers = KNOWN_LAYERS.get(info.data.get("model", ""))
+            if layers is not None and value > layers:
+                raise ValueError(f"must be at most the model's {layers} encoder layers")
+            replicas = info.data.get("replicas")
+            if replicas is not None and replicas * value > MAX_PODS:
+                raise ValueError(f"replicas x pipeline_stages ({replicas} x {value}) must be at "
+                                 f"most {MAX_PODS} pods")
+        if field == "microbatches":
+            batch_size = info.data.get("batch_size")
+            if batch_size is not None and batch_size % int(value):
+                raise ValueError(f"must divide batch_size ({batch_size})")
+        return value
+
+    @property
+    def pods(self) -> int:
+        """Pods the job runs: replicas x stages."""
+        return pods_of(self.model_dump())
 
     @model_validator(mode="after")
     def _default_max_replicas(self) -> JobSpec:

@@ -31,7 +31,8 @@ def test_create_with_defaults_launches_the_pods(client: TestClient,
         "max_train_samples": None, "max_eval_samples": None, "replicas": 2, "max_replicas": 8,
         "epochs": 1,
         "batch_size": 16, "learning_rate": 1e-4, "max_length": 128, "fault_tolerance": "live",
-        "parallelism": "data", "finetune": "full", "checkpoint_every_steps": 50, "seed": 42,
+        "parallelism": "data", "pipeline_stages": 2, "microbatches": 4, "schedule": "1f1b",
+        "finetune": "full", "checkpoint_every_steps": 50, "seed": 42,
         "warmup_ratio": 0.1, "weight_decay": 0.01, "max_grad_norm": 1.0,
         "validation_fraction": 0.2, "eval_batch_size": 64, "keep_checkpoints": 3,
         "text_column": "text", "label_column": "label", "resources": None}
@@ -51,6 +52,9 @@ def test_create_with_defaults_launches_the_pods(client: TestClient,
     assert backend.launches[1].heal_secret not in (launch.heal_secret, "")
 
 
+PIPELINE = {"parallelism": "pipeline", "fault_tolerance": "restart"}
+
+
 @pytest.mark.parametrize(("spec", "field"), [
     ({"replicas": 0}, "replicas"),
     ({"learning_rate": 2}, "learning_rate"),
@@ -64,7 +68,13 @@ def test_create_with_defaults_launches_the_pods(client: TestClient,
     ({"dataset": "mnist"}, "dataset"),
     ({"dataset": "nothing-here.csv"}, "dataset"),
     ({"model": "not a hub id!"}, "model"),
-    ({"parallelism": "pipeline"}, "parallelism"),
+    ({"parallelism": "pipeline"}, "parallelism"),  # live, several replicas: not yet
+    ({**PIPELINE, "pipeline_stages": 7}, "pipeline_stages"),  # minilm has 6 layers
+    ({**PIPELINE, "pipeline_stages": 1}, "pipeline_stages"),
+    ({**PIPELINE, "replicas": 9}, "pipeline_stages"),  # 18 pods
+    ({**PIPELINE, "microbatches": 3}, "microbatches"),  # does not divide 16
+    ({"microbatches": 8}, "microbatches"),  # a data-parallel job
+    ({"schedule": "gpipe"}, "schedule"),
     ({"finetune": "lora"}, "finetune"),
 ])
 def test_invalid_specs_are_422_naming_the_field(client: TestClient, backend: FakeBackend,
@@ -75,6 +85,23 @@ def test_invalid_specs_are_422_naming_the_field(client: TestClient, backend: Fak
     assert body["error"] == "invalid"
     assert field in [str(part) for error in body["detail"] for part in error["loc"]]
     assert backend.launches == []
+
+
+def test_a_pipeline_job_runs_replicas_times_stages_pods(client: TestClient,
+                                                        backend: FakeBackend) -> None:
+    job = create_job(client, **PIPELINE, replicas=2, pipeline_stages=3, microbatches=8)
+    assert backend.launches[-1].replicas == 6
+    assert backend.launches[-1].fault_tolerance == "restart"
+    assert [(p["ordinal"], p["replica"], p["stage"]) for p in job["pods"]] == [
+        (0, 0, 0), (1, 0, 1), (2, 0, 2), (3, 1, 0), (4, 1, 1), (5, 1, 2)]
+    scaled = client.patch(f"/api/v1/jobs/{job['id']}", json={"replicas": 3}, headers=AUTH)
+    assert scaled.status_code == 422, scaled.text
+    assert "pipeline" in scaled.text
+    # One live replica restarts as a whole (the docs say so); data jobs are unchanged.
+    live = create_job(client, parallelism="pipeline", replicas=1)
+    assert backend.launches[-1].fault_tolerance == "restart" and len(live["pods"]) == 2
+    data = create_job(client, replicas=2)
+    assert [(p["replica"], p["stage"]) for p in data["pods"]] == [(0, 0), (1, 0)]
 
 
 def test_local_model_and_dataset_under_inputs(client: TestClient) -> None:

@@ -1,0 +1,64 @@
+"""Pipeline jobs on the whole product: real pods of the local backend, each running one stage of
+the model, two pipelines training data-parallel; a stage pod killed mid-epoch."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.api.control_plane import ControlPlane
+from tests.api.scenarios import (
+    Job,
+    assert_exactly_once,
+    assert_no_step_computed_twice,
+    spec,
+)
+from tests.support import wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_killed_stage_pod_restarts_the_pipelines_from_a_checkpoint(plane: ControlPlane,
+                                                                      ) -> None:
+    from transformers import pipeline
+
+    job = Job(plane, spec("restart", replicas=2, parallelism="pipeline", pipeline_stages=2,
+                          microbatches=4, schedule="gpipe", epochs=6))
+    pods = plane.job(job.id)["pods"]
+    assert [(p["replica"], p["stage"]) for p in pods] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    wait_for(lambda: len({s["step"] for s in job.steps()}) >= 8, timeout=180,
+             what="the pipelines to train")
+    killed_at = job.kill(1)  # stage 1 of replica 0
+    resumed = wait_for(lambda: job.reports("resumed", killed_at), timeout=120,
+                       what="a restart from the checkpoint")
+    assert {r["checkpoint"] for r in resumed} and all(r["step"] > 0 for r in resumed)
+    job.wait_steps(2, killed_at, 2, (0, 1, 2, 3), "every stage pod to train again")
+
+    finished = job.finish()
+    assert [p["restarts"] for p in finished["pods"]] == [0, 1, 0, 0]  # only the killed one
+    assert_exactly_once(job)
+    # No survivor can write the killed stage's shard: the steps after the checkpoint the
+    # pipelines resumed from were computed again, and only those.
+    resumed_from = min(r["step"] for r in resumed)
+    reports: dict[int, int] = {}
+    for step in job.steps():
+        reports[step["step"]] = reports.get(step["step"], 0) + 1
+    assert all(step > resumed_from for step, count in reports.items() if count > 4)
+    # The two replicas of each stage end identical; the stages hold different parts.
+    completed = {r["pod"]: r["checksum"] for r in job.reports("completed")}
+    assert completed[job.pod(0)] == completed[job.pod(2)]
+    assert completed[job.pod(1)] == completed[job.pod(3)]
+    assert completed[job.pod(0)] != completed[job.pod(1)]
+    # The export is the whole model, an ordinary one.
+    model_dir = next(r["model_dir"] for r in job.reports("completed") if r["model_dir"])
+    classify = pipeline("text-classification", model=model_dir)
+    assert classify("a brilliant and warm film")[0]["label"] in {"positive", "negative"}
+    assert finished["metrics"]["test_accuracy"] >= 0.8
+
+
+def test_one_live_pipeline_replica_restarts_as_a_whole(plane: ControlPlane) -> None:
+    job = Job(plane, spec("live", replicas=1, parallelism="pipeline", pipeline_stages=2,
+                          microbatches=2, epochs=2))
+    finished = job.finish()
+    assert [p["stage"] for p in finished["pods"]] == [0, 1]
+    assert_exactly_once(job)
+    assert_no_step_computed_twice(job, stages=2)
