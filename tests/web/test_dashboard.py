@@ -202,7 +202,8 @@ def test_the_new_job_form_offers_only_what_the_trainer_runs(control_plane: Contr
         return list(page.eval_on_selector_all(f"#field-{name} option",
                                               "options => options.map(o => o.value)"))
 
-    assert "data" in options("parallelism") and "pipeline" not in options("parallelism")
+    assert options("parallelism") == ["data", "pipeline"]
+    assert options("schedule") == ["1f1b", "gpipe"]
     assert "full" in options("finetune") and "lora" not in options("finetune")
     assert page.console.unexpected() == []
 
@@ -223,6 +224,26 @@ def test_the_cancel_button_cancels_the_job(control_plane: ControlPlane, page: An
         assert page.locator(".title-row button.danger").is_hidden()
         assert page.console.unexpected() == []
     finally:  # its pod would slow the other tests down
+        LocalBackend(control_plane.data_dir / "jobs").delete(job_id)
+
+
+def test_a_pipeline_job_shows_each_pods_replica_and_stage(control_plane: ControlPlane,
+                                                          page: Any) -> None:
+    created = control_plane.http.post("/api/v1/jobs", json={
+        **SPEC, "replicas": 2, "parallelism": "pipeline", "fault_tolerance": "restart",
+        "microbatches": 2})
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    try:
+        login(page, control_plane, f"#/jobs/{job_id}")
+        page.wait_for_selector("table.pods tr[data-ordinal='3']")
+        names = page.eval_on_selector_all("table.pods tbody tr td.mono",
+                                          "cells => cells.map(c => c.textContent)")
+        assert names == [f"{job_id}-{o} · replica {o // 2}, stage {o % 2}" for o in range(4)]
+        assert "2 x 2 pods" in page.inner_text(".summary")
+        assert page.locator("form.replicas").is_hidden()  # a pipeline cannot be scaled yet
+        assert page.console.unexpected() == []
+    finally:  # its pods would slow the other tests down
         LocalBackend(control_plane.data_dir / "jobs").delete(job_id)
 
 

@@ -3,7 +3,7 @@
 import { api, withToken } from './api.js';
 import { Charts } from './charts.js';
 import { ago, badge, confirmDialog, duration, fill, h, notice, number, percent, setBadge, setText } from './dom.js';
-import { progressOf } from './jobs.js';
+import { podsOf, progressOf } from './jobs.js';
 import { Pods } from './pods.js';
 import { Checkpoints, Result } from './result.js';
 import { KeyedSeries, TimeSeries } from './series.js';
@@ -154,7 +154,9 @@ export function showJob(main, id) {
       stat('Participants', String(latest?.participants ?? job.metrics.participants ?? '–')),
       stat('Val accuracy', percent(job.metrics.val_accuracy)),
       stat(view.finished ? 'Finished' : 'ETA', view.finished ? ago(job.finished_at) : duration(progress.eta_seconds)),
-      stat('Mode', `${job.spec.fault_tolerance}, ${job.spec.replicas} pods`),
+      stat('Mode', job.spec.parallelism === 'pipeline'
+        ? `${job.spec.fault_tolerance}, ${job.spec.replicas} x ${job.spec.pipeline_stages} pods`
+        : `${job.spec.fault_tolerance}, ${job.spec.replicas} pods`),
     ];
     fill(el.stats, items);
     el.reason.hidden = !job.reason || job.status === 'succeeded';

@@ -19,9 +19,14 @@ export function accuracyOf(job) {
   return '–';
 }
 
+/** Pods a job runs: replicas x stages (a data-parallel job has one stage). */
+export function podsOf(spec) {
+  return spec.replicas * (spec.parallelism === 'pipeline' ? spec.pipeline_stages : 1);
+}
+
 export function aliveOf(job) {
   const alive = job.pods.filter((pod) => pod.phase === 'Running').length;
-  return `${alive}/${job.spec.replicas}`;
+  return `${alive}/${podsOf(job.spec)}`;
 }
 
 function jobRow(job) {
@@ -71,7 +76,7 @@ export function showJobs(main) {
     status,
     h('div.table-wrap', {}, h('table.jobs', {},
       h('thead', {}, h('tr', {}, h('th', {}, 'Name'), h('th', {}, 'Status'),
-        h('th.num', { title: 'Pods running / replicas asked' }, 'Pods'), h('th', {}, 'Progress'),
+        h('th.num', { title: 'Pods running / pods asked' }, 'Pods'), h('th', {}, 'Progress'),
         h('th.num', {}, 'Accuracy'), h('th', {}, 'Age'))),
       body)),
     empty);

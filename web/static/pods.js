@@ -2,6 +2,7 @@
 // the replicas control that scales the job.
 import { api } from './api.js';
 import { ago, confirmDialog, fill, h, notice, setBadge, setText } from './dom.js';
+import { podsOf } from './jobs.js';
 
 const SCALABLE = ['starting', 'running', 'degraded'];
 const MIGRATABLE = ['running', 'degraded'];
@@ -19,7 +20,7 @@ function noteOf(pod, phase, view) {
   const rejoin = view.rejoins.get(pod.ordinal);
   const kill = view.kills.get(pod.ordinal);
   if (phase === 'Killed') return 'waiting for its controller';
-  if (!view.finished && pod.ordinal >= view.job.spec.replicas) return 'leaving: scaled down';
+  if (!view.finished && pod.ordinal >= podsOf(view.job.spec)) return 'leaving: scaled down';
   if (!view.finished && view.migrating.has(pod.ordinal)) return 'migrating';
   if (!view.finished && view.arriving.has(pod.ordinal)) return 'joining';
   if (rejoin && (!kill || rejoin.time >= kill.time)) return `rejoined${rejoin.step !== undefined ? ` at step ${rejoin.step}` : ''}`;
@@ -80,7 +81,9 @@ export class Pods {
     const job = view.job;
     if (!job) return;
     // The API lists a scaled-away pod until it is gone; the stream may say so first.
-    const pods = job.pods.filter((p) => p.ordinal < job.spec.replicas || p.phase !== 'Removed');
+    const count = podsOf(job.spec);
+    const pipeline = job.spec.parallelism === 'pipeline';
+    const pods = job.pods.filter((p) => p.ordinal < count || p.phase !== 'Removed');
     const listed = new Set(pods.map((p) => p.ordinal));
     for (const [ordinal, row] of this.rows) {
       if (!listed.has(ordinal)) {
@@ -93,9 +96,11 @@ export class Pods {
       const row = this.row(pod);
       const cells = row.cells_;
       const phase = shownPhase(pod, view);
-      const leaving = pod.ordinal >= job.spec.replicas;
+      const leaving = pod.ordinal >= count;
       row.dataset.phase = phase;
-      setText(cells.name, pod.name);
+      // A pipeline's pods: which replica and which stage of the model each one runs.
+      setText(cells.name, pipeline ? `${pod.name} · replica ${pod.replica}, stage ${pod.stage}`
+        : pod.name);
       setBadge(cells.phase, phase);
       const note = noteOf(pod, phase, view);
       setText(cells.note, note);
@@ -116,7 +121,8 @@ export class Pods {
     const { job } = this.view;
     const replicas = job.spec.replicas;
     const max = job.spec.max_replicas ?? replicas;
-    this.form.hidden = !SCALABLE.includes(job.status);
+    // A pipeline job cannot be scaled yet.
+    this.form.hidden = !SCALABLE.includes(job.status) || job.spec.parallelism === 'pipeline';
     this.replicas.max = String(max);
     setText(this.limit, `of at most ${max}`);
     // A value being typed stays until the job's count itself changes.
