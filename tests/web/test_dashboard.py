@@ -268,7 +268,8 @@ def test_user_text_renders_as_text_and_the_layout_fits_a_phone(control_plane: Co
 
     page.set_viewport_size({"width": 390, "height": 844})
     page.wait_for_selector("[data-chart=loss] canvas")
-    assert js(page, "document.documentElement.scrollWidth") <= 390
+    # The charts follow their container through a ResizeObserver, a frame or so later.
+    page.wait_for_function("document.documentElement.scrollWidth <= 390", timeout=5_000)
     page.emulate_media(color_scheme="dark")
     background = js(page, "getComputedStyle(document.body).backgroundColor")
     assert background == "rgb(17, 20, 24)"  # --bg of the dark scheme

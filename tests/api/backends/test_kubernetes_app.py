@@ -215,7 +215,9 @@ def test_bad_input_fails_the_job_and_deletes_the_workload(
             "'tiny': no config.json\n"))
         state = wait_job(client, job_id, lambda s: s["status"] == "failed", "the job to fail")
         assert state["reason"] == f"pod {job_id}-1 failed: bad input: model 'tiny': no config.json"
-        crash = [e for e in pod_events(client, job_id) if e.get("reason") == "CrashLoopBackOff"]
+        # The kubelet reports the exit, then the back-off: the job may fail on the first.
+        crash = [e for e in pod_events(client, job_id)
+                 if e.get("reason") in ("Error", "CrashLoopBackOff")]
         assert crash and crash[-1]["phase"] == "Failed"
         wait_for(lambda: not workload_objects(fake_k8s, job_id),
                  what="the workload to be gone", timeout=10)
