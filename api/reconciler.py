@@ -34,6 +34,7 @@ from api.services.events import EventLog, new_event
 from api.services.jobs import REMOVED, pods_of, still_active
 from api.services.models import register_model
 from api.settings import Settings
+from trainer.contract.spec import pod_count
 
 logger = logging.getLogger(__name__)
 
@@ -143,32 +144,33 @@ class Reconciler:
 
     @staticmethod
     def _update_degraded(job: Job, status: WorkloadStatus) -> list[Event]:
-        """Degraded while fewer pods than asked run, or take part in the latest step."""
-        replicas = int(job.spec["replicas"])
+        """Degraded while fewer pods than asked run, or fewer replicas take part in the latest
+        step than asked (a pipeline replica is one participant of `stages` pods)."""
+        replicas, pods = int(job.spec["replicas"]), pod_count(job.spec)
         running = sum(p.phase == "Running" for p in status.pods)
         participants = int(job.metrics.get("participants", replicas))
-        wanted = JobStatus.degraded if min(running, participants) < replicas else \
+        wanted = JobStatus.degraded if running < pods or participants < replicas else \
             JobStatus.running
         if wanted == job.status:
             return []
         job.status = wanted
         return [new_event(job.id, "job", status=wanted.value, running=running,
                           participants=participants,
-                          message=f"{running} of {replicas} pods running, {participants} "
+                          message=f"{running} of {pods} pods running, {participants} "
                                   "training")]
 
     def _sync_pods(self, session: Session, job: Job, status: WorkloadStatus) -> list[Event]:
         """Copy observed pod phases and restarts into the pods' rows, as events."""
         events: list[Event] = []
-        replicas = int(job.spec["replicas"])
+        pods = pod_count(job.spec)
         observed = {p.ordinal: p for p in status.pods}
         for pod in pods_of(session, job.id):  # a scale adds the rows of new ordinals
             seen = observed.get(pod.ordinal)
-            if seen is None and pod.ordinal >= replicas and pod.phase != REMOVED:
+            if seen is None and pod.ordinal >= pods and pod.phase != REMOVED:
                 events.append(new_event(
                     job.id, "pod", ordinal=pod.ordinal, name=pod.name, phase=REMOVED,
                     previous=pod.phase, message=f"pod {pod.name} removed: the job runs "
-                                                f"{replicas} pods"))
+                                                f"{pods} pods"))
                 pod.phase = REMOVED
                 session.add(pod)
             if seen is None or (seen.phase, seen.restarts) == (pod.phase, pod.restarts):
@@ -227,7 +229,7 @@ class Reconciler:
         completions = [e for e in session.exec(select(Event).where(
             Event.job_id == job.id, Event.type == "job")) if e.data.get("type") == "completed"]
         everyone = {e.data.get("pod") for e in completions} >= {
-            f"{job.id}-{o}" for o in range(int(job.spec["replicas"]))}
+            f"{job.id}-{o}" for o in range(pod_count(job.spec))}
         first = min((e.time for e in completions), default=time.time())
         return expected if everyone or time.time() - first > COMPLETION_GRACE else None
 

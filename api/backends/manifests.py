@@ -34,6 +34,7 @@ from api.backends.commands import (
     store_argv,
 )
 from trainer.contract.runtime import Runtime
+from trainer.contract.spec import stages_of
 
 Manifest = dict[str, Any]
 POD_NAME = Runtime.env_name("pod_name")
@@ -53,6 +54,10 @@ INCARNATION_LABEL = "live-migrator.io/incarnation"
 """Which life of its ordinal a trainer pod is: unique in the job, higher for later pods."""
 REPLACES_LABEL = "live-migrator.io/replaces"
 """On a migration's replacement: the incarnation it replaces once it takes part."""
+REPLICA_LABEL = "live-migrator.io/replica"
+STAGE_LABEL = "live-migrator.io/stage"
+"""A trainer pod's place in the job: its replica and, in a pipeline job, the stage it holds
+(pod o is stage o % stages of replica o // stages; a data-parallel pod is stage 0)."""
 TRAINER, LIGHTHOUSE, STORE = "trainer", "lighthouse", "store"
 INCARNATIONS_ANNOTATION = "live-migrator.io/incarnations"
 """On the job's anchor: per ordinal, the pod uid last seen and the restarts counted so far, so a
@@ -60,9 +65,11 @@ restarted control plane goes on counting where the last one stopped."""
 ISSUED_ANNOTATION = "live-migrator.io/issued"
 """On the job's anchor: the highest incarnation number given to a pod."""
 REPLICAS_KEY = "replicas"
+STAGES_KEY = "stages"
 MODE_KEY = "fault-tolerance"
 TEMPLATE_KEY = "pod-template"
-"""The anchor's data: the pods asked for, and the pod every one of them is made from."""
+"""The anchor's data: the pods asked for, the pods per replica (a pipeline's stages), and the
+pod every one of them is made from."""
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 PLACEMENT_GATE = "live-migrator.io/replaced-first"
 """Holds a restart-mode migration's replacement off the scheduler until the pod it replaces
@@ -312,7 +319,8 @@ def anchor(launch: Launch, config: ClusterConfig) -> Manifest:
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {**_metadata(job, job, TRAINER, config.namespace),
                          "annotations": {ISSUED_ANNOTATION: "0"}},
-            "data": {REPLICAS_KEY: str(launch.replicas), MODE_KEY: launch.fault_tolerance,
+            "data": {REPLICAS_KEY: str(launch.replicas),
+                     STAGES_KEY: str(stages_of(launch.spec)), MODE_KEY: launch.fault_tolerance,
                      TEMPLATE_KEY: json.dumps(pod_template(launch, config),
                                               separators=(",", ":"))}}
 
@@ -347,8 +355,10 @@ def trainer_pod(template: Manifest, owner: Manifest, ordinal: int, incarnation: 
                 "values": [node if node is not None else avoid]}]}]}}}
     if gated:
         spec["schedulingGates"] = [{"name": PLACEMENT_GATE}]
+    stages = int(owner["data"].get(STAGES_KEY, "1"))
     pod_labels = {**template["metadata"]["labels"], ORDINAL_LABEL: str(ordinal),
-                  INCARNATION_LABEL: str(incarnation)}
+                  INCARNATION_LABEL: str(incarnation), REPLICA_LABEL: str(ordinal // stages),
+                  STAGE_LABEL: str(ordinal % stages)}
     if replaces is not None:
         pod_labels[REPLACES_LABEL] = str(replaces)
     return {"apiVersion": "v1", "kind": "Pod",

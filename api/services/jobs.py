@@ -54,6 +54,7 @@ from trainer.contract.spec import (
     DATASET_ALIASES,
     LOCAL_DATA_SUFFIXES,
     OFFLINE_MODEL,
+    pod_count,
     stages_of,
 )
 
@@ -158,9 +159,9 @@ def pods_of(session: Session, job_id: str) -> list[Pod]:
 
 def current_pods(session: Session, job: Job) -> list[Pod]:
     """The job's pods: its ordinals, and those scaled away that have not ended yet."""
-    replicas = int(job.spec["replicas"])
+    pods = pod_count(job.spec)
     return [pod for pod in pods_of(session, job.id)
-            if pod.ordinal < replicas or pod.phase != REMOVED]
+            if pod.ordinal < pods or pod.phase != REMOVED]
 
 
 def to_public(session: Session, job: Job) -> JobPublic:
@@ -271,9 +272,9 @@ def _delete_files(settings: Settings, job_id: str, model_paths: list[str]) -> No
 
 
 def check_ordinal(job: Job, ordinal: int) -> None:
-    if ordinal < 0 or ordinal >= int(job.spec["replicas"]):
+    if ordinal < 0 or ordinal >= pod_count(job.spec):
         raise NotFound(f"job {job.id} has no pod {ordinal} (ordinals 0.."
-                       f"{int(job.spec['replicas']) - 1})")
+                       f"{pod_count(job.spec) - 1})")
 
 
 def _active(job: Job, action: str) -> None:

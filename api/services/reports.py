@@ -36,7 +36,7 @@ from trainer.contract.records import (
     ReportBatch,
     Started,
 )
-from trainer.contract.spec import pods_of
+from trainer.contract.spec import pod_count
 
 logger = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ class ReportWriter:
         for row in connection.execute(select(*columns).where(JOBS.c.id.in_(ids))):
             found[row.id] = JobView(
                 row.id, JobStatus(row.status), int(row.spec["epochs"]),
-                pods_of(row.spec), row.step, row.epoch, row.samples_seen,
+                pod_count(row.spec), row.step, row.epoch, row.samples_seen,
                 row.total_samples, row.metrics or {}, row.completed_model_dir)
         return found
 

@@ -69,6 +69,23 @@ def test_fewer_participants_than_replicas_is_degraded(client: TestClient,
             if "participants" in e["data"]] == [("degraded", 1), ("running", 2)]
 
 
+def test_a_pipeline_job_counts_pods_and_replicas_apart(client: TestClient,
+                                                       backend: FakeBackend) -> None:
+    """2 replicas x 2 stages: four pod rows; a replica (two pods) is one participant."""
+    job = create_job(client, parallelism="pipeline", fault_tolerance="restart", replicas=2,
+                     batch_size=8)
+    report(client, backend, job["id"], [metric(1, 1, participants=2)], pod=3)
+    reconcile(client, backend)
+    state = job_state(client, job["id"])
+    assert [(p["ordinal"], p["phase"]) for p in state["pods"]] == [
+        (o, "Running") for o in range(4)]  # no stage pod is taken for a scaled-away one
+    assert state["status"] == "running"
+    assert client.post(f"/api/v1/jobs/{job['id']}/pods/3/kill", headers=AUTH).status_code == 202
+    backend.set_pod(job["id"], 3, phase="Failed", exit_code=137)
+    reconcile(client, backend)
+    assert job_state(client, job["id"])["status"] == "degraded"  # a stage pod is down
+
+
 def test_controller_giving_up_fails_the_job(client: TestClient, backend: FakeBackend) -> None:
     job = create_job(client)
     backend.finish(job["id"], reason="pod x failed: bad input: unknown dataset")

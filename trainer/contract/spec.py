@@ -52,7 +52,7 @@ def stages_of(spec: Mapping[str, Any]) -> int:
     return 1
 
 
-def pods_of(spec: Mapping[str, Any]) -> int:
+def pod_count(spec: Mapping[str, Any]) -> int:
     """Pods a stored spec runs: replicas x stages."""
     return int(spec["replicas"]) * stages_of(spec)
 
@@ -223,7 +223,7 @@ class JobSpec(BaseModel):
     @property
     def pods(self) -> int:
         """Pods the job runs: replicas x stages."""
-        return pods_of(self.model_dump())
+        return pod_count(self.model_dump())
 
     @model_validator(mode="after")
     def _default_max_replicas(self) -> JobSpec:

@@ -264,3 +264,39 @@ def test_a_pod_migrates_to_the_node_named_through_the_api(
                          "pod 0 to run")
         assert state["pods"][0]["restarts"] == 0  # it left gracefully
         assert not [e for e in pod_events(client, job_id) if e.get("phase") == "Failed"]
+
+
+def test_a_pipeline_job_runs_replicas_times_stages_labelled_pods(
+        settings: Settings, fake_k8s: FakeApiServer) -> None:
+    spec = {**SPEC, "parallelism": "pipeline", "fault_tolerance": "restart",
+            "pipeline_stages": 2, "batch_size": 8}
+    cluster = fake_k8s.cluster
+    with start(settings) as client:
+        response = client.post("/api/v1/jobs", json=spec, headers=AUTH)
+        assert response.status_code == 201, response.text
+        job_id = response.json()["id"]
+        state = wait_job(client, job_id, lambda s: [p["phase"] for p in s["pods"]]
+                         == ["Running"] * 4, "the four pods to run")
+        assert [(p["replica"], p["stage"]) for p in state["pods"]] == [
+            (0, 0), (0, 1), (1, 0), (1, 1)]
+        for ordinal in range(4):
+            pod_labels = cluster.trainer(job_id, ordinal)["metadata"]["labels"]
+            assert (pod_labels[manifests.REPLICA_LABEL], pod_labels[manifests.STAGE_LABEL]) == (
+                str(ordinal // 2), str(ordinal % 2))
+            command = cluster.trainer(job_id, ordinal)["spec"]["containers"][0]["command"]
+            assert "--nnodes=4:4" in command  # every round waits for every stage
+        assert ("deployments", f"{job_id}-store") in {(k[0], k[2]) for k in cluster.store.objects}
+
+        # A killed stage pod comes back as the same replica and stage.
+        old = cluster.trainer(job_id, 3)["metadata"]["uid"]
+        killed = client.post(f"/api/v1/jobs/{job_id}/pods/3/kill", json={"grace_seconds": 0},
+                             headers=AUTH)
+        assert killed.status_code == 202, killed.text
+        state = wait_job(client, job_id, lambda s: s["pods"][3]["restarts"] == 1
+                         and s["pods"][3]["phase"] == "Running", "pod 3 to be recreated")
+        replacement = cluster.trainer(job_id, 3)["metadata"]
+        assert replacement["uid"] != old
+        assert (replacement["labels"][manifests.REPLICA_LABEL],
+                replacement["labels"][manifests.STAGE_LABEL]) == ("1", "1")
+        scaled = client.patch(f"/api/v1/jobs/{job_id}", json={"replicas": 3}, headers=AUTH)
+        assert scaled.status_code == 422 and "replicas" in scaled.text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -112,7 +113,9 @@ def test_anchor_and_pod_shape_labels_and_security() -> None:
         "live-migrator.io/job": "job-1a2b3c4d"}
     assert owner["metadata"]["labels"] == common
     assert trainer["metadata"]["labels"] == {**common, manifests.ORDINAL_LABEL: "1",
-                                             manifests.INCARNATION_LABEL: "4"}
+                                             manifests.INCARNATION_LABEL: "4",
+                                             manifests.REPLICA_LABEL: "1",
+                                             manifests.STAGE_LABEL: "0"}
     env = container(launch)["env"]
     assert env[0]["name"] == "POD_IP"  # first: later values expand $(POD_IP)
     assert {e["name"]: e.get("value") for e in env[1:4]} == {
@@ -138,6 +141,24 @@ def test_anchor_and_pod_shape_labels_and_security() -> None:
     # Every writable path is a volume: the root filesystem is read-only.
     assert {m["mountPath"] for m in mounts.values()} == {
         "/inputs", "/checkpoints", "/models", "/cache", "/tmp", "/dev/shm"}
+
+
+def test_a_pipeline_jobs_pods_carry_their_replica_and_stage() -> None:
+    launch = dataclasses.replace(make_launch("restart", replicas=6), spec={
+        "replicas": 2, "model": "tiny", "fault_tolerance": "restart",
+        "parallelism": "pipeline", "pipeline_stages": 3})
+    owner = created(launch)
+    assert owner["data"][manifests.REPLICAS_KEY] == "6"
+    assert owner["data"][manifests.STAGES_KEY] == "3"
+    places = []
+    for ordinal in range(6):
+        pod = trainer_pod(launch, ordinal=ordinal)
+        assert kubernetes_validate.validate(pod, SCHEMA_VERSION, strict=True)
+        pod_labels = pod["metadata"]["labels"]
+        places.append((pod_labels[manifests.REPLICA_LABEL], pod_labels[manifests.STAGE_LABEL]))
+    assert places == [("0", "0"), ("0", "1"), ("0", "2"), ("1", "0"), ("1", "1"), ("1", "2")]
+    # Every round of a pipeline's rendezvous needs every stage of every replica.
+    assert "--nnodes=6:6" in container(launch)["command"]
 
 
 def test_paths_the_pods_write_are_the_paths_the_api_reads(tmp_path: Path) -> None:
