@@ -58,9 +58,23 @@ def make_group(config: TrainConfig, pod: str, environ: Mapping[str, str]) -> Gro
     device = choose_device(int(environ.get("LOCAL_RANK", "0")))
     runtime = config.runtime
     if config.spec.parallelism == "pipeline":
+        ordinal = pod.rsplit("-", 1)[-1]
+        if config.spec.fault_tolerance == "live" and runtime.lighthouse:
+            from trainer.engine.live_pipeline import LivePipelineGroup
+            from trainer.pipeline import PipelineError
+
+            if not ordinal.isdigit() or not runtime.replica_store:
+                raise PipelineError("a live pipeline pod needs POD_NAME <job>-<ordinal> and "
+                                  "REPLICA_STORE")
+            return LivePipelineGroup(device, config.spec.pipeline_stages, int(ordinal),
+                                     runtime.replica_store, replica_id=pod,
+                                     lighthouse=runtime.lighthouse,
+                                     address=runtime.pod_address,
+                                     heal_secret=runtime.heal_secret,
+                                     quorum_retries=runtime.quorum_retries,
+                                     replica_file=runtime.replica_file)
         from trainer.pipeline import PipelineGroup
 
-        ordinal = pod.rsplit("-", 1)[-1]
         return PipelineGroup(device, config.spec.pipeline_stages, environ,
                              address=runtime.pod_address,
                              ordinal=int(ordinal) if ordinal.isdigit() else None)

@@ -189,7 +189,22 @@ class PipelineRecovery(Recovery):
         return False
 
 
-class PipelineGroup(Group):
+class Pipelined:
+    """What a pipeline needs of its group: this pod's stage, the group of its replica's stages
+    (`pipeline_group`, where stage s has rank `stage_ranks[s]`) and a way to average a stage's
+    gradients over the replicas."""
+
+    stage: int
+    stages: int
+    pipeline_group: Any
+    stage_ranks: list[int]
+
+    def average_over_replicas(self, flat: torch.Tensor) -> None:
+        """Average `flat` (this stage's gradients) in place over the step's replicas."""
+        raise NotImplementedError
+
+
+class PipelineGroup(Group, Pipelined):
     """torchrun's static world cut into pipelines: the pod with ordinal o is stage `o % stages`
     of pipeline replica `o // stages`, whatever rank the rendezvous gave it (so a restarted pod
     keeps its stage, and the API shows each pod's). To the training loop each replica is one
@@ -240,6 +255,11 @@ class PipelineGroup(Group):
     def wrap(self, model: nn.Module) -> nn.Module:
         return model  # gradients are averaged over a stage's replicas by PipelineModel
 
+    def average_over_replicas(self, flat: torch.Tensor) -> None:
+        if self.replicas > 1:
+            dist.all_reduce(flat, group=self.stage_group)
+            flat /= self.replicas
+
 
 class PipelineModel:
     """This pod's stage of the model, and a training step through its pipeline: the schedule
@@ -250,8 +270,10 @@ class PipelineModel:
     """Inputs are padded to a multiple of this many tokens: each width has its own schedule
     (the stages size their buffers once), so there are few."""
 
-    def __init__(self, model: nn.Module, group: PipelineGroup, schedule: str,
+    def __init__(self, model: nn.Module, group: Group, schedule: str,
                  microbatches: int, rows: int, max_length: int) -> None:
+        if not isinstance(group, Pipelined):
+            raise TypeError(f"a pipeline needs a pipeline's group, not a {type(group).__name__}")
         check_microbatches(rows, microbatches)
         stage = Stage(model, group.stage, group.stages)
         whole = {id(value): name for name, value in model.state_dict(keep_vars=True).items()}
@@ -287,9 +309,10 @@ class PipelineModel:
         self.stage.load_state_dict({local: state[whole] for local, whole in self.names.items()})
 
     def gather_state(self) -> dict[str, torch.Tensor] | None:
-        """The whole model's state, assembled from replica 0's stages on its stage 0 (the
-        primary); None elsewhere. Every pod of replica 0 must call it; the others need not."""
-        if self.group.replica != 0:
+        """The whole model's state, assembled from the first replica's stages (rank 0) on its
+        stage 0 (the primary); None elsewhere. Every pod of that replica must call it; the others
+        need not."""
+        if self.group.rank != 0:
             return None
         from trainer.checkpoint import cpu_copy
 
@@ -341,10 +364,9 @@ class PipelineModel:
     def sync_and_clip(self, max_norm: float) -> None:
         """Average the gradients over the stage's replicas; clip by the whole model's norm."""
         grads = [p.grad for p in self.stage.parameters() if p.grad is not None]
-        if self.group.replicas > 1 and grads:
+        if grads:
             flat = torch.cat([g.flatten() for g in grads])
-            dist.all_reduce(flat, group=self.group.stage_group)
-            flat /= self.group.replicas
+            self.group.average_over_replicas(flat)
             offset = 0
             for g in grads:
                 g.copy_(flat[offset:offset + g.numel()].view_as(g))

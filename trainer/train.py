@@ -25,7 +25,7 @@ from trainer.distributed import Group
 from trainer.evaluation import evaluate
 from trainer.export import export_model
 from trainer.model import load_model, load_tokenizer, resolve_model, unwrap
-from trainer.pipeline import PipelineGroup, PipelineModel
+from trainer.pipeline import Pipelined, PipelineModel
 from trainer.recovery import Recovery
 from trainer.report import Reporter
 from trainer.sampler import Assignment, GlobalSampler
@@ -128,7 +128,7 @@ class Trainer:
         model = prepared.model
         self.pipeline = (PipelineModel(model, group, spec.schedule, spec.microbatches,
                                        spec.batch_size, spec.max_length)
-                         if isinstance(group, PipelineGroup) else None)
+                         if isinstance(group, Pipelined) else None)
         """Pipeline jobs: this pod's stage and how a step runs through it (the rest of the
         model is dropped: other pods hold it)."""
         self.model = self.pipeline.stage if self.pipeline else group.wrap(model)

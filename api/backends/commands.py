@@ -23,6 +23,8 @@ from trainer.contract.spec import stages_of
 
 LIGHTHOUSE_PORT = 29510
 STORE_PORT = 29400
+REPLICA_STORE_PORT = 29520
+"""Kubernetes: where a live pipeline replica's stage 0 hosts the store its stages meet at."""
 # Dead peers must cost seconds: the lighthouse drops a replica after 0.5 s without heartbeats
 # (sent every 0.1 s) and waits up to 1 s for slow ones to join a quorum; the rendezvous drops a
 # node after 5 missed 1 s keep-alives and waits 2 s for late joiners.
@@ -84,13 +86,15 @@ def standby_argv(ready_file: Path, python: str = "python") -> list[str]:
 
 def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: str,
             threads: int, incarnation: str = "", ready_file: Path | None = None,
-            replica_file: Path | None = None) -> dict[str, str]:
+            replica_file: Path | None = None, replica_store: str | None = None,
+            ) -> dict[str, str]:
     """A trainer pod's environment, the job's secrets included (REPORT_TOKEN, HEAL_SECRET).
 
     `pod_address` is how peers reach this pod, and the only address its processes listen on;
     `incarnation` tells this process's reports apart (empty: the trainer makes one up);
     `ready_file` is created once the pod participates in a step (it holds the live state);
-    a live pod writes its lighthouse replica id to `replica_file`.
+    a live pod writes its lighthouse replica id to `replica_file`; a live pipeline pod meets
+    its replica's other stages at `replica_store` (host:port).
     """
     live = launch.fault_tolerance == "live"
     runtime = Runtime(job_id=launch.job_id, pod_name=pod_name, incarnation=incarnation,
@@ -99,6 +103,7 @@ def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: s
                       model_dir=launch.model_dir, inputs_dir=launch.inputs_dir,
                       cache_dir=launch.cache_dir, ready_file=ready_file,
                       replica_file=replica_file if live else None,
+                      replica_store=replica_store if live else None,
                       **({"lighthouse": f"http://{coordinator}",
                           "heal_secret": launch.heal_secret} if live else {}))
     env = {SPEC_ENV: json.dumps(launch.spec), **runtime.to_env(),

@@ -184,6 +184,8 @@ class StateDocument(BaseModel):
     """How often a new supervisor took over this job from a dead one."""
     replicas: int | None = None
     """The pods asked for, once the job was scaled (None: the launch's replicas)."""
+    replica_ports: list[int] = []
+    """A live pipeline job's: the port where each replica's stages meet (REPLICA_STORE)."""
     issued: int = 0
     """The highest incarnation number started in the job: each new process takes the next, so
     an ordinal scaled away and back never repeats one (its reports would count as duplicates)."""

@@ -26,6 +26,7 @@ from typing import Any
 from api.backends.base import Launch
 from api.backends.commands import (
     LIGHTHOUSE_PORT,
+    REPLICA_STORE_PORT,
     STORE_PORT,
     Endpoint,
     lighthouse_argv,
@@ -346,7 +347,14 @@ def trainer_pod(template: Manifest, owner: Manifest, ordinal: int, incarnation: 
     spec = json.loads(json.dumps(template["spec"]))  # a deep copy
     spec["hostname"] = f"{job}-{ordinal}"
     container = spec["containers"][0]
-    container["env"] = [container["env"][0], *identity_env(job, ordinal, incarnation),
+    identity = identity_env(job, ordinal, incarnation)
+    stages = int(owner["data"].get(STAGES_KEY, "1"))
+    if stages > 1 and owner["data"].get(MODE_KEY) == "live":
+        # The replica's stages meet at its stage 0, found through the job's headless Service.
+        first = ordinal // stages * stages
+        identity.append({"name": Runtime.env_name("replica_store"),
+                         "value": f"{job}-{first}.{job}:{REPLICA_STORE_PORT}"})
+    container["env"] = [container["env"][0], *identity,
                         *container["env"][1:]]  # after POD_IP, which later values expand
     if node is not None or avoid is not None:
         spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
@@ -355,7 +363,6 @@ def trainer_pod(template: Manifest, owner: Manifest, ordinal: int, incarnation: 
                 "values": [node if node is not None else avoid]}]}]}}}
     if gated:
         spec["schedulingGates"] = [{"name": PLACEMENT_GATE}]
-    stages = int(owner["data"].get(STAGES_KEY, "1"))
     pod_labels = {**template["metadata"]["labels"], ORDINAL_LABEL: str(ordinal),
                   INCARNATION_LABEL: str(incarnation), REPLICA_LABEL: str(ordinal // stages),
                   STAGE_LABEL: str(ordinal % stages)}

@@ -52,6 +52,7 @@ from api.backends.local_jobdir import (
 from api.backends.standby import SETTLE_SECONDS, Standby
 from api.backends.supervised import POLL_SECONDS, Adopted, Extra, Pod, Watched, spawn
 from trainer.contract.process import ExitCode, failure_reason
+from trainer.contract.spec import stages_of
 from trainer.engine import lighthouse
 
 logger = logging.getLogger(__name__)
@@ -95,7 +96,15 @@ class Supervisor:
         self.adoptions = 0
         self.previous = previous
         """The state a dead supervisor left, to adopt its processes from."""
-        self.standby = Standby(job_dir) if self.live and document.standby else None
+        stages = stages_of(self.launch.spec)
+        self.stages = stages if self.live else 1
+        """Pods per torchft replica group: a live pipeline's stages."""
+        self.replica_ports = ([free_port() for _ in range(self.replicas // stages)]
+                              if self.stages > 1 else [])
+        """Where each replica of a live pipeline meets (its stage 0 hosts the store)."""
+        # A standby is any pod's; a pipeline pod holds one stage and meets its replica first.
+        self.standby = (Standby(job_dir) if self.live and document.standby and self.stages == 1
+                        else None)
         """The warm process the next pod to start becomes (live jobs)."""
         self._sigterm = False
         self._written: StateDocument | None = None
@@ -123,6 +132,7 @@ class Supervisor:
         self.adoptions = previous.adoptions + 1
         self.mode, self.final_reason = previous.mode, previous.final_reason
         self.replicas = previous.replicas or self.replicas
+        self.replica_ports = previous.replica_ports or self.replica_ports
         self.issued = max([previous.issued, *(record.incarnation for record in previous.pods),
                            *(extra.incarnation for record in previous.pods
                              for extra in (record.surge, record.retiring) if extra)])
@@ -176,7 +186,7 @@ class Supervisor:
                 pid_started=coordinator.started if coordinator else None,
                 restarts=max(self.coordinator_starts - 1, 0)),
             mode=self.mode, final_reason=self.final_reason, adoptions=self.adoptions,
-            replicas=self.replicas, issued=self.issued,
+            replicas=self.replicas, issued=self.issued, replica_ports=self.replica_ports,
             standby=self.standby.record() if self.standby else None)
 
     def write_state(self) -> None:
@@ -226,7 +236,7 @@ class Supervisor:
         ready = self.job_dir.ready(pod.name, incarnation)
         ready.unlink(missing_ok=True)
         env = self.pod_env(pod.name, str(incarnation), ready,
-                           self.job_dir.replica(pod.name, incarnation))
+                           self.job_dir.replica(pod.name, incarnation), pod.ordinal)
         log = self.job_dir.log(pod.name)
         if self.standby is not None and (process := self.standby.take(env, log)) is not None:
             return process
@@ -235,8 +245,11 @@ class Supervisor:
         return spawn(argv, self.job_dir.path, log, env)
 
     def pod_env(self, name: str, incarnation: str, ready: Path | None,
-                replica: Path | None = None) -> dict[str, str]:
+                replica: Path | None = None, ordinal: int | None = None) -> dict[str, str]:
         """A pod's environment (the standby's: no name, incarnation or ready file)."""
+        store = None
+        if self.replica_ports and ordinal is not None:
+            store = f"{commands.LOOPBACK}:{self.replica_ports[ordinal // self.stages]}"
         # The control plane's own settings (its admin token, database URL) stay out of the pods:
         # a pod holds only its job's report token.
         inherited = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_PREFIX)}
@@ -244,7 +257,7 @@ class Supervisor:
         return {**inherited, **commands.pod_env(self.launch, name, self.coordinator_endpoint,
                                                 commands.LOOPBACK, threads,
                                                 incarnation=incarnation, ready_file=ready,
-                                                replica_file=replica)}
+                                                replica_file=replica, replica_store=store)}
 
     def keep_standby(self) -> None:
         """Keep a standby warm while the job runs, started once the job is quiet: every pod

@@ -103,8 +103,9 @@ def job_dir(settings: Settings, job_id: str) -> Path:
 def _launch(settings: Settings, job: Job, spec: JobCreate, token: str) -> Launch:
     directory = job_dir(settings, job.id)
     resources = Resources(**spec.resources.model_dump()) if spec.resources else None
-    # A pipeline restarts as a whole (live pipelines of several replicas are not built yet).
-    mode = "restart" if spec.parallelism == "pipeline" else spec.fault_tolerance
+    # A live pipeline needs another replica to heal from: one alone restarts as a whole.
+    mode = ("restart" if spec.parallelism == "pipeline" and spec.replicas == 1
+            else spec.fault_tolerance)
     return Launch(job_id=job.id, replicas=spec.pods, fault_tolerance=mode,
                   spec=job.spec, resources=resources,
                   report_url=f"{settings.base_url}/api/v1/jobs/{job.id}/reports",
@@ -127,8 +128,9 @@ def create_job(session: Session, settings: Settings, backend: Backend, events: E
                          for ordinal in range(spec.pods)])
         created.append(new_event(job.id, "job", status="pending", message="job created",
                                  spec=job.spec))
+    launch = _launch(settings, job, spec, token)
     try:
-        backend.launch(_launch(settings, job, spec, token))
+        backend.launch(launch)
     except Exception as exc:
         # Whatever failed, the job must not stay pending: it ends here, with the reason.
         known = isinstance(exc, BackendError | OSError)
@@ -139,9 +141,14 @@ def create_job(session: Session, settings: Settings, backend: Backend, events: E
             raise
         raise BackendUnavailable(f"job {job.id} could not be launched: {exc}") from None
     job.status, job.started_at = JobStatus.starting, utc_now()
-    events.commit(session, [new_event(job.id, "job", status="starting",
-                                      message=f"{backend.name} backend launched "
-                                              f"{spec.pods} pods")])
+    launched = [new_event(job.id, "job", status="starting",
+                          message=f"{backend.name} backend launched {spec.pods} pods")]
+    if launch.fault_tolerance != spec.fault_tolerance:
+        launched.append(new_event(
+            job.id, "job", type="restart_mode", fault_tolerance=launch.fault_tolerance,
+            message="one pipeline replica has no live peer to heal from: it restarts from "
+                    "the newest checkpoint on a failure (live needs replicas >= 2)"))
+    events.commit(session, launched)
     logger.info("job %s launched on %s with %d pods", job.id, backend.name, spec.pods)
     return job
 
@@ -345,6 +352,9 @@ def migrate_pod(session: Session, backend: Backend, events: EventLog, job_id: st
     """Start moving one pod: its replacement starts; the reports say when it takes part."""
     job = get_job(session, job_id)
     check_ordinal(job, ordinal)
+    if stages_of(job.spec) > 1:
+        raise Conflict(f"job {job_id} is a pipeline job: its pods cannot be migrated yet (each "
+                       "stage pod holds a part of its replica's model)")
     if job.status not in (JobStatus.running, JobStatus.degraded):
         raise Conflict(f"job {job_id} is {job.status.value}: only a running job's pods migrate")
     pending = session.exec(select(Migration).where(

@@ -3,6 +3,8 @@ the model, two pipelines training data-parallel; a stage pod killed mid-epoch.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.api.control_plane import ControlPlane
@@ -62,3 +64,28 @@ def test_one_live_pipeline_replica_restarts_as_a_whole(plane: ControlPlane) -> N
     assert [p["stage"] for p in finished["pods"]] == [0, 1]
     assert_exactly_once(job)
     assert_no_step_computed_twice(job, stages=2)
+
+
+def test_a_killed_stage_pod_takes_its_replica_out_and_back_live(plane: ControlPlane) -> None:
+    """Live, 2 replicas x 2 stages: the other replica trains on alone while the broken one is
+    recreated, which then heals stage by stage from it; nothing is computed twice."""
+    job = Job(plane, spec("live", replicas=2, parallelism="pipeline", pipeline_stages=2,
+                          microbatches=2, epochs=8))
+    job.wait_steps(3, 0.0, 2, (0, 1, 2, 3), "both replicas to train together")
+    killed_at = job.kill(3)  # stage 1 of replica 1
+    job.wait_steps(2, killed_at, 1, (0, 1), "replica 0 to train on alone")
+    healed = wait_for(lambda: {r["target"] for r in job.reports("healed", killed_at)}
+                      >= {job.pod(2), job.pod(3)} and job.reports("healed", killed_at),
+                      timeout=120, what="both stages of replica 1 to heal")
+    assert {r["source"] for r in healed} <= {job.pod(0), job.pod(1)}
+    job.wait_steps(2, killed_at, 2, (0, 1, 2, 3), "both replicas to train together again")
+
+    finished = job.finish()
+    assert finished["pods"][3]["restarts"] == 1
+    assert_exactly_once(job)
+    assert_no_step_computed_twice(job, stages=2)
+    completed = {r["pod"]: r["checksum"] for r in job.reports("completed")}
+    assert completed[job.pod(0)] == completed[job.pod(2)]
+    assert completed[job.pod(1)] == completed[job.pod(3)]
+    model_dir = next(r["model_dir"] for r in job.reports("completed") if r["model_dir"])
+    assert (Path(model_dir) / "config.json").is_file()

@@ -48,6 +48,10 @@ class Runtime(BaseModel):
     heal_secret: str = Field(default="", alias="HEAL_SECRET", repr=False)
     """What a live pod's peers must send to fetch its state (each job has its own)."""
 
+    replica_store: str | None = Field(default=None, alias="REPLICA_STORE", max_length=300)
+    """A live pipeline pod's `host:port` where its replica's stages meet (hosted by the
+    replica's stage 0)."""
+
     quorum_retries: int = Field(default=10, ge=0, alias="TORCHFT_QUORUM_RETRIES")
     """How often a live pod retries a failed quorum request, so a lighthouse restart is
     survived."""

@@ -187,16 +187,6 @@ class JobSpec(BaseModel):
             raise ValueError(f"must be at least replicas ({replicas})")
         return value
 
-    @field_validator("parallelism")
-    @classmethod
-    def _pipeline_fault_tolerance(cls, value: str, info: ValidationInfo) -> str:
-        if (value == "pipeline" and info.data.get("fault_tolerance") == "live"
-                and info.data.get("replicas", 1) > 1):
-            raise ValueError('live fault tolerance of several pipeline replicas is not built '
-                             'yet: use fault_tolerance "restart" (or one replica, which '
-                             'restarts too)')
-        return value
-
     @field_validator("pipeline_stages", "microbatches", "schedule")
     @classmethod
     def _pipeline_fields(cls, value: int | str, info: ValidationInfo) -> int | str:

@@ -53,7 +53,10 @@ class LiveGroup(Group):
 
     def __init__(self, device: DeviceChoice, replica_id: str, lighthouse: str, address: str,
                  heal_secret: str, quorum_retries: int, replica_file: Path | None = None,
-                 ) -> None:
+                 group_rank: int = 0, group_size: int = 1,
+                 store: tuple[str, int] | None = None) -> None:
+        """`group_rank` of `group_size` processes make the replica group, which meets at
+        `store` (host, port; hosted by its rank 0); a group of one hosts its own."""
         from torchft.manager import Manager
 
         self.device = device
@@ -61,16 +64,20 @@ class LiveGroup(Group):
         self.local_rank = 0
         # Where this pod listens and peers reach it: 127.0.0.1 locally, the pod IP on Kubernetes.
         address = address or socket.gethostname()
-        # The replica group's store: only this process uses it, so only the loopback serves it.
-        self._store = bound_store(LOOPBACK)
+        if store is None:
+            # The replica group's store: only this process uses it, so only the loopback
+            # serves it.
+            self._store = bound_store(LOOPBACK)
+            store = (LOOPBACK, self._store.port)
         self._pg = pg = (PodNccl(address, COLLECTIVE_TIMEOUT) if device.backend == "nccl"
                          else PodGloo(address, COLLECTIVE_TIMEOUT))
         self._transport = Transport(address, heal_secret, COLLECTIVE_TIMEOUT)
         with manager_server_on(address):
             self.manager = Manager(
                 pg=pg, load_state_dict=None, state_dict=None, min_replica_size=1,
-                replica_id=replica_id, lighthouse_addr=lighthouse, store_addr=LOOPBACK,
-                store_port=self._store.port, rank=0, world_size=1, timeout=COLLECTIVE_TIMEOUT,
+                replica_id=replica_id, lighthouse_addr=lighthouse, store_addr=store[0],
+                store_port=store[1], rank=group_rank, world_size=group_size,
+                timeout=COLLECTIVE_TIMEOUT,
                 quorum_timeout=QUORUM_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
                 hostname=url_host(address), checkpoint_transport=self._transport,
                 quorum_retries=quorum_retries)

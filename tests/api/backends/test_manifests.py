@@ -159,6 +159,20 @@ def test_a_pipeline_jobs_pods_carry_their_replica_and_stage() -> None:
     assert places == [("0", "0"), ("0", "1"), ("0", "2"), ("1", "0"), ("1", "1"), ("1", "2")]
     # Every round of a pipeline's rendezvous needs every stage of every replica.
     assert "--nnodes=6:6" in container(launch)["command"]
+    assert "REPLICA_STORE" not in str(container(launch)["env"])
+
+    # Live: each replica's stages meet at its stage 0, through the headless Service's DNS.
+    live = dataclasses.replace(launch, fault_tolerance="live",
+                               spec={**launch.spec, "fault_tolerance": "live"})
+    stores = []
+    for ordinal in range(6):
+        pod = trainer_pod(live, ordinal=ordinal)
+        assert kubernetes_validate.validate(pod, SCHEMA_VERSION, strict=True)
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        stores.append(env["REPLICA_STORE"])
+    first, second = (f"job-1a2b3c4d-{o}.job-1a2b3c4d:{commands.REPLICA_STORE_PORT}"
+                     for o in (0, 3))
+    assert stores == [first] * 3 + [second] * 3
 
 
 def test_paths_the_pods_write_are_the_paths_the_api_reads(tmp_path: Path) -> None:

@@ -68,7 +68,6 @@ PIPELINE = {"parallelism": "pipeline", "fault_tolerance": "restart"}
     ({"dataset": "mnist"}, "dataset"),
     ({"dataset": "nothing-here.csv"}, "dataset"),
     ({"model": "not a hub id!"}, "model"),
-    ({"parallelism": "pipeline"}, "parallelism"),  # live, several replicas: not yet
     ({**PIPELINE, "pipeline_stages": 7}, "pipeline_stages"),  # minilm has 6 layers
     ({**PIPELINE, "pipeline_stages": 1}, "pipeline_stages"),
     ({**PIPELINE, "replicas": 9}, "pipeline_stages"),  # 18 pods
@@ -97,9 +96,16 @@ def test_a_pipeline_job_runs_replicas_times_stages_pods(client: TestClient,
     scaled = client.patch(f"/api/v1/jobs/{job['id']}", json={"replicas": 3}, headers=AUTH)
     assert scaled.status_code == 422, scaled.text
     assert "pipeline" in scaled.text
+    moved = client.post(f"/api/v1/jobs/{job['id']}/pods/1/migrate", headers=AUTH)
+    assert moved.status_code == 409 and "pipeline" in moved.text
     # One live replica restarts as a whole (the docs say so); data jobs are unchanged.
     live = create_job(client, parallelism="pipeline", replicas=1)
     assert backend.launches[-1].fault_tolerance == "restart" and len(live["pods"]) == 2
+    told = client.get(f"/api/v1/jobs/{live['id']}/events?type=job", headers=AUTH).json()
+    assert [e["data"]["fault_tolerance"] for e in told["data"]
+            if e["data"].get("type") == "restart_mode"] == ["restart"]
+    create_job(client, parallelism="pipeline", replicas=2)  # each replica a torchft group
+    assert (backend.launches[-1].fault_tolerance, backend.launches[-1].replicas) == ("live", 4)
     data = create_job(client, replicas=2)
     assert [(p["replica"], p["stage"]) for p in data["pods"]] == [(0, 0), (1, 0)]
 
