@@ -266,7 +266,7 @@ class PipelineModel:
     runs forward and backward, then the stage's gradients are averaged over the replicas and
     clipped by the norm of the whole model's."""
 
-    WIDTH_STEP = 16
+    WIDTH_STEP = 8
     """Inputs are padded to a multiple of this many tokens: each width has its own schedule
     (the stages size their buffers once), so there are few."""
 

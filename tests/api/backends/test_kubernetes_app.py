@@ -99,6 +99,20 @@ def start_training(client: TestClient, fake: FakeApiServer) -> str:
     return job_id
 
 
+def kill_and_recreate(client: TestClient, fake: FakeApiServer, job_id: str,
+                      ordinal: int) -> dict[str, Any]:
+    """Kill a pod through the API: the control plane replaces it (a new pod, one restart)."""
+    old_uid = fake.cluster.trainer(job_id, ordinal)["metadata"]["uid"]
+    killed = client.post(f"/api/v1/jobs/{job_id}/pods/{ordinal}/kill",
+                         json={"grace_seconds": 0}, headers=AUTH)
+    assert killed.status_code == 202, killed.text
+    state = wait_job(client, job_id, lambda s: s["pods"][ordinal]["restarts"] == 1
+                     and s["pods"][ordinal]["phase"] == "Running",
+                     f"pod {ordinal} to be recreated")
+    assert fake.cluster.trainer(job_id, ordinal)["metadata"]["uid"] != old_uid
+    return state
+
+
 def test_job_lifecycle_on_kubernetes(settings: Settings, fake_k8s: FakeApiServer) -> None:
     with start(settings) as client:
         lifecycle(client, settings, fake_k8s)
@@ -123,13 +137,7 @@ def lifecycle(client: TestClient, settings: Settings, fake_k8s: FakeApiServer) -
     assert trainer["resources"]["limits"] == {"cpu": "1", "memory": "2Gi"}
 
     # Kill: the pod is deleted, the control plane replaces it, the event is recorded.
-    old_uid = cluster.trainer(job_id, 1)["metadata"]["uid"]
-    killed = client.post(f"/api/v1/jobs/{job_id}/pods/1/kill", json={"grace_seconds": 0},
-                         headers=AUTH)
-    assert killed.status_code == 202, killed.text
-    state = wait_job(client, job_id, lambda s: s["pods"][1]["restarts"] == 1
-                     and s["pods"][1]["phase"] == "Running", "pod 1 to be recreated")
-    assert cluster.trainer(job_id, 1)["metadata"]["uid"] != old_uid
+    state = kill_and_recreate(client, fake_k8s, job_id, 1)
     assert state["pods"][0]["restarts"] == 0
     events = pod_events(client, job_id)
     assert any(e.get("action") == "kill" and e["ordinal"] == 1 for e in events)
@@ -288,14 +296,8 @@ def test_a_pipeline_job_runs_replicas_times_stages_labelled_pods(
         assert ("deployments", f"{job_id}-store") in {(k[0], k[2]) for k in cluster.store.objects}
 
         # A killed stage pod comes back as the same replica and stage.
-        old = cluster.trainer(job_id, 3)["metadata"]["uid"]
-        killed = client.post(f"/api/v1/jobs/{job_id}/pods/3/kill", json={"grace_seconds": 0},
-                             headers=AUTH)
-        assert killed.status_code == 202, killed.text
-        state = wait_job(client, job_id, lambda s: s["pods"][3]["restarts"] == 1
-                         and s["pods"][3]["phase"] == "Running", "pod 3 to be recreated")
+        kill_and_recreate(client, fake_k8s, job_id, 3)
         replacement = cluster.trainer(job_id, 3)["metadata"]
-        assert replacement["uid"] != old
         assert (replacement["labels"][manifests.REPLICA_LABEL],
                 replacement["labels"][manifests.STAGE_LABEL]) == ("1", "1")
         scaled = client.patch(f"/api/v1/jobs/{job_id}", json={"replicas": 3}, headers=AUTH)
