@@ -222,7 +222,8 @@ def test_two_pipelines_of_two_stages_train_as_the_whole_model(
         # ... and the evaluation of the whole split, each replica having evaluated a shard
         assert report["evaluation"] == pytest.approx(evaluation, abs=1e-5)
         assert report["evaluation"]["samples"] == EVAL_SAMPLES
-    assert all(r["widths"] and all(w % 16 == 0 and w <= 32 for w in r["widths"])
+    step = pipeline.PipelineModel.WIDTH_STEP
+    assert all(r["widths"] and all(w % step == 0 and w <= 32 for w in r["widths"])
                for r in reports)
     for replica in (0, 1):  # each replica holds the whole model, and the same one
         held = {**reports[2 * replica]["weights"], **reports[2 * replica + 1]["weights"]}
