@@ -242,6 +242,11 @@ def test_a_pipeline_job_shows_each_pods_replica_and_stage(control_plane: Control
         assert names == [f"{job_id}-{o} · replica {o // 2}, stage {o % 2}" for o in range(4)]
         assert "2 x 2 pods" in page.inner_text(".summary")
         assert page.locator("form.replicas").is_hidden()  # a pipeline cannot be scaled yet
+        control_plane.wait_status(job_id, "running", timeout=120)
+        page.wait_for_selector(".badge[data-status=running]")
+        page.wait_for_selector("table.pods tr[data-ordinal='0'][data-phase='Running']")
+        migrate = page.locator("table.pods tr[data-ordinal='0'] button", has_text="Migrate")
+        assert migrate.is_disabled()  # nor its pods migrated
         assert page.console.unexpected() == []
     finally:  # its pods would slow the other tests down
         LocalBackend(control_plane.data_dir / "jobs").delete(job_id)

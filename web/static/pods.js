@@ -111,7 +111,8 @@ export class Pods {
       setText(cells.step, step || '–');
       cells.kill.disabled = view.finished || phase !== 'Running' || leaving;
       cells.kill.setAttribute('aria-label', `Kill pod ${pod.ordinal} (${pod.name})`);
-      cells.migrate.disabled = !live || phase !== 'Running' || leaving;
+      // A stage pod holds a part of its replica's model: pipeline pods do not migrate yet.
+      cells.migrate.disabled = !live || pipeline || phase !== 'Running' || leaving;
       cells.migrate.setAttribute('aria-label', `Migrate pod ${pod.ordinal} (${pod.name})`);
     }
     this.renderReplicas();
