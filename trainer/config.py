@@ -21,7 +21,7 @@ from trainer.contract.runtime import SPEC_ENV, Runtime
 from trainer.contract.spec import JobSpec
 
 CLI_SECTIONS: tuple[type[BaseModel], ...] = (JobSpec, Runtime)
-NOT_ON_THE_COMMAND_LINE = {"resources"}
+NOT_ON_THE_COMMAND_LINE = {"resources", "lora"}
 """Nested objects: a document sets them; no pod needs them as a flag."""
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from torch import nn
 
+from trainer.contract.checkpoints import ADAPTER_DIR
 from trainer.contract.spec import JobSpec
 from trainer.model import unwrap
 
@@ -28,7 +29,15 @@ def model_card(spec: JobSpec, metrics: dict[str, Any], data: dict[str, int]) -> 
         ("epochs", spec.epochs), ("batch size per replica", spec.batch_size),
         ("learning rate", spec.learning_rate), ("max length", spec.max_length),
         ("replicas", spec.replicas), ("fault tolerance", spec.fault_tolerance),
-        ("fine-tuning", spec.finetune), ("seed", spec.seed)))
+        ("fine-tuning", spec.finetune), ("seed", spec.seed),
+        *((("LoRA", f"r {spec.lora.r}, alpha {spec.lora.alpha}, dropout {spec.lora.dropout}, "
+                    f"on {', '.join(spec.lora.target_modules)}"),) if spec.finetune == "lora"
+          else ())))
+    lora = ("""
+These weights are the base model with the LoRA adapters merged in: an ordinary model. The
+adapters alone are in `adapter/` (`GET /api/v1/models/{id}/download?format=adapter`), for
+`peft.PeftModel.from_pretrained(base_model, "adapter")`.
+""" if spec.finetune == "lora" else "")
     return f"""---
 library_name: transformers
 pipeline_tag: text-classification
@@ -42,7 +51,7 @@ metrics: [accuracy, f1]
 
 Binary sentiment classifier (labels `negative`, `positive`) fine-tuned from `{spec.model}` on
 `{spec.dataset}`{f" with the `{spec.preset}` preset" if spec.preset else ""} by Live Migrator.
-
+{lora}
 ## Results
 
 | split | samples | accuracy | F1 | loss |
@@ -71,15 +80,19 @@ classify("A warm, funny and beautifully acted film.")
 
 
 def export_model(model: nn.Module, tokenizer: Any, target: Path, spec: JobSpec,
-                 metrics: dict[str, Any], data: dict[str, int], shared: bool = False) -> Path:
+                 metrics: dict[str, Any], data: dict[str, int], shared: bool = False,
+                 adapter: nn.Module | None = None) -> Path:
     """Write the export next to `target`, then swap it in, so readers never see half of it.
 
     `shared`: other replicas holding the same weights may export at the same time; the first
-    one in place stays and the others are discarded.
+    one in place stays and the others are discarded. `adapter`: a LoRA model, whose adapters
+    are saved alone in `adapter/` beside the merged `model`.
     """
     staging = target.with_name(f"{target.name}.tmp-{uuid.uuid4().hex[:12]}")
     bare = unwrap(model)
     bare.save_pretrained(staging)  # type: ignore[operator]
+    if adapter is not None:
+        adapter.save_pretrained(staging / ADAPTER_DIR)  # type: ignore[operator]
     tokenizer.save_pretrained(staging)
     (staging / "metrics.json").write_text(json.dumps(
         {"metrics": metrics, "samples": data, "spec": spec.model_dump(mode="json")}, indent=2))

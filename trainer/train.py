@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from trainer import checkpoint
+from trainer import checkpoint, lora
 from trainer.config import TrainConfig
 from trainer.contract import records
 from trainer.contract.spec import JobSpec
@@ -81,8 +81,23 @@ def prepare(config: TrainConfig, device: torch.device) -> Prepared:
     splits = make_splits(load_source(spec, runtime.inputs_dir, runtime.cache_dir), spec)
     train, validation, test = (tokenize(split, tokenizer, spec.max_length, runtime.cache_dir)
                                for split in (splits.train, splits.validation, splits.test))
-    model = load_model(name_or_path, spec.seed).to(device)
+    model = adapt(load_model(name_or_path, spec.seed), spec, device).to(device)
     return Prepared(_prepared_key(config), tokenizer, train, validation, test, model)
+
+
+def adapt(model: nn.Module, spec: JobSpec, device: torch.device) -> nn.Module:
+    """The model as the spec trains it: with LoRA adapters, with gradient checkpointing."""
+    if spec.quantization == "8bit":
+        raise lora.LoraError("quantization: an 8-bit base model needs CUDA and bitsandbytes"
+                             + ("; loading one is not built yet" if device.type == "cuda"
+                                else f", and this pod runs on {device.type}"))
+    if spec.gradient_checkpointing:
+        # Non-reentrant: the frozen inputs of a LoRA model need no requires_grad to recompute.
+        model.gradient_checkpointing_enable(  # type: ignore[operator]
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+    if spec.finetune == "lora":
+        model = lora.apply_lora(model, spec)
+    return model
 
 
 class Trainer:
@@ -132,6 +147,8 @@ class Trainer:
         """Pipeline jobs: this pod's stage and how a step runs through it (the rest of the
         model is dropped: other pods hold it)."""
         self.model = self.pipeline.stage if self.pipeline else group.wrap(model)
+        self.lora = spec.finetune == "lora"
+        """Only the adapters and the head train, are checkpointed and are healed."""
         self.optimizer = build_optimizer(unwrap(self.model), spec)
         self.schedule = LinearSchedule(spec.learning_rate, spec.warmup_ratio,
                                        spec.epochs * len(self.train_data))
@@ -164,6 +181,19 @@ class Trainer:
                              "epoch_end_pending": self.epoch_end_pending},
                 "metrics": self.metrics}
 
+    def model_state(self) -> dict[str, Any]:
+        """The model's state that checkpoints and heals carry: LoRA's trainable part only (the
+        frozen base is the pretrained model the spec names), else all of it."""
+        model = unwrap(self.model)
+        return lora.trainable_state(model) if self.lora else model.state_dict()
+
+    def load_model_state(self, state: dict[str, Any]) -> None:
+        model = unwrap(self.model)
+        if self.lora:
+            lora.load_trainable_state(model, state)
+        else:
+            model.load_state_dict(state)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["scheduler"])
@@ -176,11 +206,11 @@ class Trainer:
 
     def _live_state(self) -> dict[str, Any]:
         """What a pod that (re)joins a live group fetches from a peer."""
-        return {"model": unwrap(self.model).state_dict(), "trainer": self.state_dict(),
+        return {"model": self.model_state(), "trainer": self.state_dict(),
                 "pod": self.reporter.pod}
 
     def _load_live_state(self, state: dict[str, Any]) -> None:
-        unwrap(self.model).load_state_dict(state["model"])
+        self.load_model_state(state["model"])
         self.load_state_dict(state["trainer"])
         transfer = self.group.take_heal_report() or {}
         self._heal = transfer
@@ -201,7 +231,7 @@ class Trainer:
             self.pipeline.load_model_state(model_state)
         else:
             model_state, trainer_state, _ = checkpoint.load_checkpoint(info.path)
-            unwrap(self.model).load_state_dict(model_state)
+            self.load_model_state(model_state)
         self.load_state_dict(trainer_state)
         self.resumed_from = info
         logger.info("resumed from %s: epoch %d, step %d, cursor %d", info.path.name,
@@ -315,8 +345,12 @@ class Trainer:
 
     def fit(self) -> bool:
         """Train through the remaining epochs; False when stopped early (see `stop_reason`)."""
+        trainable, total = lora.trainable_parameters(unwrap(self.model))
+        # A pipeline pod holds one stage: its counts are not the model's.
+        counts = {"trainable": trainable, "total": total} if self.pipeline is None else None
         self.reporter.emit(records.Started(message="training started", step=self.step,
-                                   epoch=self.sampler.epoch + 1, samples=self.data_sizes))
+                                   epoch=self.sampler.epoch + 1, samples=self.data_sizes,
+                                   parameters=counts))
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
             if self.epoch_end_pending:  # resumed from an emergency checkpoint at an epoch end
@@ -344,7 +378,8 @@ class Trainer:
         if whole is not None and self.recovery.exports(self.group.is_primary):
             model_dir = str(export_model(whole, self.tokenizer, runtime.model_dir, spec,
                                          self.metrics, self.data_sizes,
-                                         shared=self.recovery.shared_writes))
+                                         shared=self.recovery.shared_writes,
+                                         adapter=unwrap(self.model) if self.lora else None))
         self.reporter.emit(records.Completed(message="training completed", step=self.step,
                                      model_dir=model_dir, metrics=self.metrics,
                                      checksum=checksum, primary=self.group.is_primary))
@@ -464,7 +499,7 @@ class Trainer:
         """The model to export: a pipeline's is assembled from its stages on the primary
         (None on the other pods)."""
         if self.pipeline is None:
-            return self.model
+            return lora.merged(unwrap(self.model)) if self.lora else self.model
         state = self.pipeline.gather_state()
         if state is None:
             return None
@@ -494,8 +529,11 @@ class Trainer:
             return
         # The epoch of the last committed step, counted from 1 (the one just finished at an end).
         epoch = self.sampler.epoch if epoch_end else self.sampler.epoch + 1
+        spec = self.config.spec
         meta = {"epoch": epoch, "cursor": self.sampler.cursor, "epoch_end": epoch_end,
-                "emergency": emergency,
+                "emergency": emergency, "finetune": spec.finetune,
+                # A LoRA checkpoint holds the trainable part: the rest is this base model.
+                "base_model": spec.model,
                 "metrics": {"val_accuracy": self.metrics.get("validation", {}).get("accuracy")}}
         directory, step, keep = (self.config.runtime.checkpoint_dir, self.step,
                                  self.config.spec.keep_checkpoints)
@@ -514,10 +552,10 @@ class Trainer:
         if emergency:
             self.checkpoints.wait()
             reported(checkpoint.save_checkpoint(
-                directory, step, unwrap(self.model).state_dict(), self.state_dict(), meta,
+                directory, step, self.model_state(), self.state_dict(), meta,
                 keep=keep, shared=True))
             return
-        model_state = checkpoint.cpu_copy(unwrap(self.model).state_dict())
+        model_state = checkpoint.cpu_copy(self.model_state())
         trainer_state = checkpoint.cpu_copy(self.state_dict())
         self.checkpoints.submit(lambda: checkpoint.save_checkpoint(
             directory, step, model_state, trainer_state, meta, keep=keep), reported)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
@@ -24,6 +24,8 @@ router = APIRouter(prefix=API_PREFIX, tags=["downloads"],
 # Read by DownloadRoute before the handler; declared here so OpenAPI shows them.
 Expires = Annotated[int | None, Query(description="Expiry of a signed link (Unix time)")]
 Signature = Annotated[str | None, Query(max_length=128, description="Signature of the link")]
+Format = Annotated[Literal["model", "adapter"], Query(
+    description="`model` (the merged model), or `adapter`: a LoRA job's adapters alone")]
 
 
 def _archive(path: Path, name: str, filename: str) -> StreamingResponse:
@@ -33,10 +35,15 @@ def _archive(path: Path, name: str, filename: str) -> StreamingResponse:
 
 @router.get("/models/{model_id}/download", response_class=StreamingResponse)
 def download_model(model_id: str, session: SessionDep, settings: SettingsDep,
-                   expires: Expires = None, signature: Signature = None) -> StreamingResponse:
-    """The model as a .tar.gz that `from_pretrained` loads once unpacked."""
+                   expires: Expires = None, signature: Signature = None,
+                   format: Format = "model") -> StreamingResponse:
+    """The model as a .tar.gz that `from_pretrained` loads once unpacked; `format=adapter`: a
+    LoRA job's adapters alone, for `peft.PeftModel.from_pretrained(base, directory)`."""
     model = model_service.get_model(session, model_id)
     path = model_service.model_path(settings, model)
+    if format == "adapter":
+        path = model_service.adapter_path(path, model)
+        return _archive(path, f"{model.id}-adapter", f"{model.id}-adapter.tar.gz")
     return _archive(path, model.id, f"{model.id}.tar.gz")
 
 

@@ -9,6 +9,7 @@ from api.deps import SessionDep, SettingsDep
 from api.errors import error_responses
 from api.models import DownloadLink, ModelPublic, ModelsPublic, PredictRequest, PredictResponse
 from api.routes import API_PREFIX
+from api.routes.downloads import Format
 from api.services import models as service
 from api.services.downloads import signed_link
 
@@ -29,11 +30,16 @@ def get_model(model_id: str, session: SessionDep) -> ModelPublic:
 @router.post("/{model_id}/download-link", response_model=DownloadLink,
              responses=error_responses(404, 413))
 def model_link(model_id: str, request: Request, session: SessionDep,
-               settings: SettingsDep) -> DownloadLink:
-    """A URL that downloads the model without a token, for a few minutes."""
+               settings: SettingsDep, format: Format = "model") -> DownloadLink:
+    """A URL that downloads the model (or a LoRA job's adapter) without a token, for a few
+    minutes."""
     model = service.get_model(session, model_id)
-    service.model_path(settings, model)
-    return signed_link(request, request.app.url_path_for("download_model", model_id=model.id))
+    path = service.model_path(settings, model)
+    if format == "adapter":
+        service.adapter_path(path, model)
+    link = signed_link(request, request.app.url_path_for("download_model", model_id=model.id))
+    return link if format == "model" else link.model_copy(
+        update={"url": f"{link.url}&format={format}"})
 
 
 @router.post("/{model_id}/predict", response_model=PredictResponse,

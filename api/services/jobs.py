@@ -96,6 +96,24 @@ def validate_sources(spec: JobCreate, inputs: Path) -> None:
                                      f"{', '.join(DATASET_ALIASES)} or a file under the inputs dir")
 
 
+def check_quantization(spec: JobCreate, backend: str) -> None:
+    """An 8-bit base model needs CUDA and bitsandbytes in the pods; loading one is not built
+    yet, so the request says which of the two is missing, or that."""
+    if spec.quantization != "8bit":
+        return
+    if backend == "local":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InvalidSpec("quantization", "an 8-bit base model needs CUDA and bitsandbytes: "
+                                              "the local backend's machine has no CUDA GPU")
+    elif not (spec.resources and spec.resources.gpus):
+        raise InvalidSpec("quantization", "an 8-bit base model needs CUDA and bitsandbytes: "
+                                          "ask for a GPU per pod (resources.gpus)")
+    raise InvalidSpec("quantization", "an 8-bit base model (bitsandbytes) is not supported yet: "
+                                      'use quantization "none"')
+
+
 def job_dir(settings: Settings, job_id: str) -> Path:
     return settings.jobs_dir / job_id
 
@@ -118,6 +136,7 @@ def _launch(settings: Settings, job: Job, spec: JobCreate, token: str) -> Launch
 def create_job(session: Session, settings: Settings, backend: Backend, events: EventLog,
                spec: JobCreate) -> Job:
     validate_sources(spec, settings.resolved_inputs_dir)
+    check_quantization(spec, backend.name)
     token = secrets.token_urlsafe(32)
     job = Job(id=f"job-{secrets.token_hex(4)}", name=spec.name,
               spec=spec.model_dump(mode="json"), report_token_hash=hash_token(token))

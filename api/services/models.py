@@ -15,6 +15,7 @@ from api.errors import NotFound
 from api.models import Job, Model, ModelPublic, ModelsPublic, Prediction
 from api.services.archive import directory_size
 from api.settings import Settings
+from trainer.contract.checkpoints import ADAPTER_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,14 @@ def model_path(settings: Settings, model: Model) -> Path:
     if not path.is_relative_to(root) or not (path / "config.json").is_file():
         raise NotFound(f"the files of model {model.id} are gone")
     return path
+
+
+def adapter_path(path: Path, model: Model) -> Path:
+    """The adapters a LoRA job exported beside its merged model (`path`)."""
+    adapter = path / ADAPTER_DIR
+    if not (adapter / "adapter_config.json").is_file():
+        raise NotFound(f"model {model.id} has no adapter: only a LoRA job's model has one")
+    return adapter
 
 
 class Predictor:

@@ -81,6 +81,9 @@ class JobView:
                                 f"{prefix}_f1": data.f1, f"{prefix}_loss": data.loss}
             case Started():
                 self.total_samples = data.samples.get("train", 0) * self.epochs
+                if data.parameters is not None:  # none from a pipeline's stages
+                    self.metrics = {**self.metrics, "parameters": data.parameters["total"],
+                                    "trainable_parameters": data.parameters["trainable"]}
             case Completed() if data.model_dir:
                 # The primary's export, or a live pod's that outlived it.
                 self.completed_model_dir = data.model_dir

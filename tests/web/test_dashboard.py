@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import re
 import tarfile
 import time
@@ -204,8 +205,31 @@ def test_the_new_job_form_offers_only_what_the_trainer_runs(control_plane: Contr
 
     assert options("parallelism") == ["data", "pipeline"]
     assert options("schedule") == ["1f1b", "gpipe"]
-    assert "full" in options("finetune") and "lora" not in options("finetune")
-    assert page.console.unexpected() == []
+    assert options("finetune") == ["full", "lora"]
+    assert options("quantization") == ["none", "8bit"]
+
+    # Nested objects of the spec get a group of fields each, with their defaults.
+    def nested(name: str) -> Any:
+        return page.locator(f'[id="field-{name}"]')
+
+    assert nested("lora.r").input_value() == "8"
+    assert nested("lora.target_modules").input_value() == "query, value"
+    assert nested("resources.gpus").input_value() == "0"
+    # Only the nested values changed are sent; the server's 422 shows by the nested field.
+    page.select_option("#field-finetune", "lora")
+    nested("lora.r").fill("0")
+    nested("lora.target_modules").fill("query, key, value")
+    with page.expect_request(lambda r: r.method == "POST"
+                             and r.url.endswith("/api/v1/jobs")) as sent:
+        page.click("button[type=submit]")
+    body = json.loads(sent.value.post_data or "{}")
+    assert body["finetune"] == "lora" and "resources" not in body
+    assert body["lora"] == {"r": 0, "target_modules": ["query", "key", "value"]}
+    error = nested("lora.r-error")
+    error.wait_for()
+    assert "greater than or equal to 1" in error.inner_text()
+    assert nested("lora.r").get_attribute("aria-invalid") == "true"
+    assert page.console.unexpected(422) == []
 
 
 def test_the_cancel_button_cancels_the_job(control_plane: ControlPlane, page: Any) -> None:

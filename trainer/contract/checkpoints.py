@@ -23,9 +23,15 @@ STATE_FILE = "trainer.pt"
 META_FILE = "meta.json"
 
 
+ADAPTER_DIR = "adapter"
+"""In a job's export (the model directory): a LoRA job's adapters alone, beside the merged
+model, as peft's `save_pretrained` writes them."""
+
+
 def shard_files(shard: str) -> tuple[str, str]:
     """The model and trainer files of one shard (a pipeline stage) of a checkpoint."""
     return f"model-{shard}.pt", f"trainer-{shard}.pt"
+
 
 NAME = re.compile(r"^step-(\d{1,12})$")
 """A checkpoint's directory name; the group is its step."""
@@ -48,7 +54,8 @@ class CheckpointInfo:
     path: Path
     step: int
     meta: dict[str, Any]
-    """`meta.json`: epoch, cursor, epoch_end, emergency, metrics.val_accuracy, step, saved_at."""
+    """`meta.json`: epoch, cursor, epoch_end, emergency, finetune, base_model (what a LoRA
+    checkpoint's trainable part applies to), metrics.val_accuracy, step, saved_at."""
 
     @property
     def val_accuracy(self) -> float | None:

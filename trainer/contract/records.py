@@ -113,6 +113,9 @@ class Started(Event):
     epoch: int = Field(ge=1)
     samples: dict[str, int]
     """Samples per split: train, validation, test."""
+    parameters: dict[Literal["trainable", "total"], Count] | None = None
+    """The model's parameters (`total`) and how many of them train (`trainable`: a LoRA
+    job's few percent); none from a pipeline's stages, which hold a part each."""
 
 
 class Resumed(Event):

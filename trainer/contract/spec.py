@@ -41,6 +41,15 @@ MAX_PODS = 16
 KNOWN_LAYERS = {OFFLINE_MODEL: 6}
 """Encoder layers of the models known without loading them (others: checked by the trainer)."""
 
+LORA_LEARNING_RATE = 5e-4
+"""A LoRA job's default peak learning rate: adapters start at zero and need larger steps."""
+BERT_MODULES = frozenset({"query", "key", "value", "dense", "word_embeddings",
+                          "position_embeddings", "token_type_embeddings", "classifier"})
+"""The modules of a BERT-architecture classifier that LoRA can adapt (linear and embedding)."""
+KNOWN_MODULES = {OFFLINE_MODEL: BERT_MODULES}
+"""Adaptable modules of the models known without loading them (others: checked by the
+trainer)."""
+
 # Kubernetes quantities: an integer or decimal with an optional suffix (`500m`, `2`, `4Gi`).
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
 
@@ -78,6 +87,26 @@ class PodResources(BaseModel):
     """Memory request and limit, e.g. `4Gi`."""
     gpus: int = Field(default=0, ge=0, le=8)
     """NVIDIA GPUs per pod."""
+
+
+ModuleName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.]+$")]
+
+
+class LoraSpec(BaseModel):
+    """LoRA adapters (`finetune: "lora"`)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    r: int = Field(default=8, ge=1, le=256)
+    """Rank of each adapter's two matrices."""
+    alpha: int = Field(default=16, ge=1, le=4096)
+    """Scale of the adapters' update: alpha / r."""
+    dropout: float = Field(default=0.05, ge=0, lt=1)
+    """Dropout on the adapters' input."""
+    target_modules: list[ModuleName] = Field(default=["query", "value"], min_length=1,
+                                             max_length=32)
+    """Modules that get adapters: names (or the last part of names) of the model's linear or
+    embedding layers, e.g. `query`, `value`, `dense`."""
 
 
 class JobSpec(BaseModel):
@@ -118,7 +147,8 @@ class JobSpec(BaseModel):
     """Samples per pod per step; a step consumes `batch_size` x participants samples."""
 
     learning_rate: float = Field(default=1e-4, gt=0, lt=1)
-    """Peak AdamW learning rate, reached after warm-up and decayed linearly to zero."""
+    """Peak AdamW learning rate, reached after warm-up and decayed linearly to zero (default
+    1e-4, or 5e-4 for `finetune: "lora"`)."""
 
     max_length: int = Field(default=128, ge=8, le=512)
     """Longest tokenized input (BERT-family models take at most 512); longer texts are cut."""
@@ -143,8 +173,19 @@ class JobSpec(BaseModel):
     """Pipeline jobs: `1f1b` (a backward after each forward once the pipeline is full: less
     activation memory) or `gpipe` (every forward, then every backward)."""
 
-    finetune: Literal["full"] = "full"
-    """`full`: every weight trains."""
+    finetune: Literal["full", "lora"] = "full"
+    """`full`: every weight trains; `lora`: adapters on `lora.target_modules` and the
+    classifier head train, the rest of the model stays frozen."""
+
+    lora: LoraSpec = Field(default=LoraSpec(), validate_default=True)
+    """`finetune: "lora"`: the adapters' rank, scale, dropout and target modules."""
+
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass instead of keeping them: less memory for
+    about a third more compute."""
+
+    quantization: Literal["none", "8bit"] = "none"
+    """`8bit`: the frozen base model in 8-bit (LoRA only; needs CUDA and bitsandbytes)."""
 
     checkpoint_every_steps: int = Field(default=50, ge=0, le=1_000_000)
     """Write a step checkpoint every N committed steps (0: only at epoch ends)."""
@@ -185,6 +226,44 @@ class JobSpec(BaseModel):
         replicas = info.data.get("replicas")
         if replicas is not None and value < replicas:
             raise ValueError(f"must be at least replicas ({replicas})")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lora_learning_rate(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("finetune") == "lora" and (
+                data.get("learning_rate") is None):
+            return {**data, "learning_rate": LORA_LEARNING_RATE}
+        return data
+
+    @field_validator("finetune")
+    @classmethod
+    def _finetune_with_pipeline(cls, value: str, info: ValidationInfo) -> str:
+        if value == "lora" and info.data.get("parallelism") == "pipeline":
+            raise ValueError('LoRA is not built for pipeline jobs yet: use parallelism "data"')
+        return value
+
+    @field_validator("lora")
+    @classmethod
+    def _lora_fields(cls, value: LoraSpec, info: ValidationInfo) -> LoraSpec:
+        if info.data.get("finetune") != "lora":
+            if value != LoraSpec():
+                raise ValueError('applies to finetune "lora" only')
+            return value
+        known = KNOWN_MODULES.get(info.data.get("model", ""))
+        unknown = [t for t in value.target_modules
+                   if known is not None and t.rsplit(".", 1)[-1] not in known]
+        if unknown:
+            raise ValueError(f"target_modules: {', '.join(map(repr, unknown))} not in "
+                             f"{info.data['model']} (its adaptable modules: "
+                             f"{', '.join(sorted(known or ()))})")
+        return value
+
+    @field_validator("quantization")
+    @classmethod
+    def _quantization_needs_lora(cls, value: str, info: ValidationInfo) -> str:
+        if value == "8bit" and info.data.get("finetune") != "lora":
+            raise ValueError('an 8-bit base model cannot be trained whole: use finetune "lora"')
         return value
 
     @field_validator("pipeline_stages", "microbatches", "schedule")

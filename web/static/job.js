@@ -158,6 +158,10 @@ export function showJob(main, id) {
         ? `${job.spec.fault_tolerance}, ${job.spec.replicas} x ${job.spec.pipeline_stages} pods`
         : `${job.spec.fault_tolerance}, ${job.spec.replicas} pods`),
     ];
+    const { trainable_parameters: trainable, parameters } = job.metrics;
+    if (trainable !== undefined && parameters) {
+      items.push(stat('Trainable', `${number(trainable / 1e6, 2)}M of ${number(parameters / 1e6, 1)}M (${percent(trainable / parameters)})`));
+    }
     fill(el.stats, items);
     el.reason.hidden = !job.reason || job.status === 'succeeded';
     setText(el.reason, job.reason ?? '');

@@ -117,7 +117,8 @@ async function jobSchema() {
   if (!state.jobSchema) {
     const response = await fetch('/openapi.json');
     if (!response.ok) throw new Error(`/openapi.json: HTTP ${response.status}`);
-    state.jobSchema = (await response.json()).components.schemas.JobCreate;
+    const { schemas } = (await response.json()).components;
+    state.jobSchema = { ...schemas.JobCreate, schemas };
   }
   return state.jobSchema;
 }
@@ -130,6 +131,27 @@ function describe(property) {
   const choices = real.flatMap((option) => option.enum ?? (option.const !== undefined ? [option.const] : []));
   const base = real[0] ?? {};
   return { nullable, choices, type: base.type ?? 'string', base };
+}
+
+/** The object schema a property holds (`lora`, `resources`), or null for a plain value. */
+function objectOf(property, schemas) {
+  const ref = [property, ...(property.anyOf ?? [])].map((option) => option.$ref).find(Boolean);
+  const target = ref ? schemas[ref.split('/').pop()] : null;
+  return target?.properties ? target : null;
+}
+
+/** A nested object's fields, named `parent.child`. Only those the user changes are sent: the
+ * server fills in the rest, and an untouched group is left out. */
+function group(name, property, target) {
+  const defaults = property.default ?? {};
+  const hint = property.description;
+  const children = Object.entries(target.properties).map(([child, schema]) =>
+    field(`${name}.${child}`, { ...schema, default: defaults[child] ?? schema.default }));
+  return h('fieldset.field.group', { dataset: { field: name } },
+    h('legend', {}, name),
+    hint ? h('p.hint', {}, hint) : null,
+    children,
+    h('p.field-error', { role: 'alert' }));
 }
 
 function field(name, property) {
@@ -151,9 +173,13 @@ function field(name, property) {
       min: base.minimum ?? undefined, max: base.maximum ?? undefined,
       placeholder: nullable ? 'optional' : undefined,
     });
-    if (property.default !== null && property.default !== undefined) input.value = String(property.default);
+    const initial = property.default;
+    if (initial !== null && initial !== undefined) {
+      input.value = Array.isArray(initial) ? initial.join(', ') : String(initial);
+    }
   }
   input.dataset.kind = choices.length ? 'choice' : type;
+  input.dataset.initial = input.value;
   const label = property.title ?? name;
   return h('div.field', { dataset: { field: name } },
     h('label', { for: id }, label),
@@ -167,9 +193,14 @@ function valuesOf(form) {
   for (const input of form.querySelectorAll('input, select')) {
     const raw = input.value.trim();
     if (raw === '') continue; // optional fields left empty keep the server's default
+    const [name, child] = input.name.split('.');
+    if (child !== undefined && raw === input.dataset.initial.trim()) continue;
     const kind = input.dataset.kind;
     const numeric = (kind === 'integer' || kind === 'number') && Number.isFinite(Number(raw));
-    spec[input.name] = numeric ? Number(raw) : raw;
+    const value = kind === 'array' ? raw.split(',').map((item) => item.trim()).filter(Boolean)
+      : numeric ? Number(raw) : raw;
+    if (child === undefined) spec[name] = value;
+    else spec[name] = { ...spec[name], [child]: value };
   }
   return spec;
 }
@@ -180,7 +211,10 @@ function showErrors(form, general, detail) {
   for (const problem of Array.isArray(detail) ? detail : [{ msg: String(detail) }]) {
     const loc = problem.loc ?? [];
     const name = loc[0] === 'body' ? loc[1] : undefined;
-    const box = name !== undefined ? form.querySelector(`[data-field="${CSS.escape(String(name))}"]`) : null;
+    // A nested field's own box (`lora.r`), else its group's.
+    const names = [loc.slice(1, 3).join('.'), name].filter((candidate) => candidate !== undefined);
+    const box = names.map((candidate) => form.querySelector(
+      `[data-field="${CSS.escape(String(candidate))}"]`)).find(Boolean) ?? null;
     if (!box) { unplaced.push(problem.msg); continue; }
     setText(box.querySelector('.field-error'), problem.msg);
     const input = box.querySelector('input, select');
@@ -209,7 +243,8 @@ export function showNewJob(main) {
   jobSchema().then((schema) => {
     if (stopped) return;
     for (const [name, property] of Object.entries(schema.properties)) {
-      fields.append(field(name, property));
+      const target = objectOf(property, schema.schemas);
+      fields.append(target ? group(name, property, target) : field(name, property));
     }
     fields.querySelector('input, select')?.focus();
   }).catch((error) => notice(general, `Could not load the job schema: ${error.message}`, 'error'));

@@ -32,7 +32,10 @@ def test_create_with_defaults_launches_the_pods(client: TestClient,
         "epochs": 1,
         "batch_size": 16, "learning_rate": 1e-4, "max_length": 128, "fault_tolerance": "live",
         "parallelism": "data", "pipeline_stages": 2, "microbatches": 4, "schedule": "1f1b",
-        "finetune": "full", "checkpoint_every_steps": 50, "seed": 42,
+        "finetune": "full", "lora": {"r": 8, "alpha": 16, "dropout": 0.05,
+                                     "target_modules": ["query", "value"]},
+        "gradient_checkpointing": False, "quantization": "none",
+        "checkpoint_every_steps": 50, "seed": 42,
         "warmup_ratio": 0.1, "weight_decay": 0.01, "max_grad_norm": 1.0,
         "validation_fraction": 0.2, "eval_batch_size": 64, "keep_checkpoints": 3,
         "text_column": "text", "label_column": "label", "resources": None}
@@ -74,7 +77,13 @@ PIPELINE = {"parallelism": "pipeline", "fault_tolerance": "restart"}
     ({**PIPELINE, "microbatches": 3}, "microbatches"),  # does not divide 16
     ({"microbatches": 8}, "microbatches"),  # a data-parallel job
     ({"schedule": "gpipe"}, "schedule"),
-    ({"finetune": "lora"}, "finetune"),
+    ({"finetune": "lora", "lora": {"target_modules": ["query", "qkv"]}}, "lora"),
+    ({"finetune": "lora", "lora": {"r": 0}}, "lora"),
+    ({"lora": {"r": 4}}, "lora"),  # a full fine-tune
+    ({**PIPELINE, "finetune": "lora"}, "finetune"),
+    ({"quantization": "8bit"}, "quantization"),  # a full fine-tune
+    ({"finetune": "lora", "quantization": "8bit"}, "quantization"),  # no CUDA here
+    ({"quantization": "4bit"}, "quantization"),
 ])
 def test_invalid_specs_are_422_naming_the_field(client: TestClient, backend: FakeBackend,
                                                  spec: dict, field: str) -> None:
@@ -84,6 +93,22 @@ def test_invalid_specs_are_422_naming_the_field(client: TestClient, backend: Fak
     assert body["error"] == "invalid"
     assert field in [str(part) for error in body["detail"] for part in error["loc"]]
     assert backend.launches == []
+
+
+def test_a_lora_job_gets_its_defaults_and_says_why_a_target_is_refused(
+        client: TestClient) -> None:
+    job = create_job(client, finetune="lora")
+    assert job["spec"]["lora"] == {"r": 8, "alpha": 16, "dropout": 0.05,
+                                   "target_modules": ["query", "value"]}
+    assert job["spec"]["learning_rate"] == 5e-4  # LoRA's own default
+    assert create_job(client, finetune="lora", learning_rate=1e-3)["spec"][
+        "learning_rate"] == 1e-3
+    refused = client.post("/api/v1/jobs", headers=AUTH, json={
+        "finetune": "lora", "lora": {"target_modules": ["qkv"]}})
+    assert refused.status_code == 422 and "target_modules: 'qkv' not in minilm" in refused.text
+    gpu = client.post("/api/v1/jobs", headers=AUTH, json={"finetune": "lora",
+                                                           "quantization": "8bit"})
+    assert gpu.status_code == 422 and "CUDA and bitsandbytes" in gpu.text
 
 
 def test_a_pipeline_job_runs_replicas_times_stages_pods(client: TestClient,

@@ -10,6 +10,9 @@ from tests.api.conftest import AUTH, create_job, report
 from tests.api.fakes import FakeBackend
 from tests.api.test_reconciler import reconcile
 from tests.factories import completed, record
+from trainer import lora
+from trainer.config import JobSpec
+from trainer.contract.checkpoints import ADAPTER_DIR
 
 
 @pytest.fixture
@@ -83,3 +86,40 @@ def test_downloads_take_a_signed_link_instead_of_the_token(client: TestClient, m
     monkeypatch.setattr(time, "time", lambda: float(expires) + 1)
     expired = client.get(link["url"])
     assert expired.status_code == 403 and "expired" in expired.json()["detail"]
+
+
+def test_a_lora_models_adapter_downloads_alone(client: TestClient, backend: FakeBackend,
+                                               model_id: str, tiny_model_dir: Path,
+                                               tmp_path: Path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    path = f"/api/v1/models/{model_id}/download?format=adapter"
+    missing = client.get(path, headers=AUTH)  # a full fine-tune has none
+    assert missing.status_code == 404 and "adapter" in missing.text
+    assert client.get(f"/api/v1/models/{model_id}/download?format=onnx",
+                      headers=AUTH).status_code == 422
+
+    # A LoRA job's export: the merged model, and its adapters beside it.
+    job = create_job(client, finetune="lora")
+    lora_dir = backend.launches[-1].model_dir
+    shutil.copytree(tiny_model_dir, lora_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir)
+    lora.apply_lora(model, JobSpec(model="tiny", finetune="lora")).save_pretrained(
+        lora_dir / ADAPTER_DIR)
+    report(client, backend, job["id"], [record(1, completed("x"))])
+    reconcile(client, backend)
+    lora_model = client.get(f"/api/v1/jobs/{job['id']}", headers=AUTH).json()["model_id"]
+    link = client.post(f"/api/v1/models/{lora_model}/download-link?format=adapter",
+                       headers=AUTH).json()
+    response = client.get(link["url"])  # the signed link keeps the format
+    assert response.status_code == 200
+    assert f'filename="{lora_model}-adapter.tar.gz"' in response.headers["content-disposition"]
+    with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
+        assert "adapter_config.json" in {Path(name).name for name in archive.getnames()}
+        assert not any(name.endswith("config.json") and "adapter" not in name
+                       for name in archive.getnames())
+        archive.extractall(tmp_path, filter="data")
+    base = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir)
+    assert isinstance(PeftModel.from_pretrained(base, tmp_path / f"{lora_model}-adapter"),
+                      PeftModel)

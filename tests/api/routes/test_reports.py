@@ -9,7 +9,8 @@ from trainer.contract.records import Started
 def test_reports_update_progress_and_are_idempotent(client: TestClient,
                                                     backend: FakeBackend) -> None:
     job = create_job(client, epochs=2)
-    started = record(1, Started(message="go", step=0, epoch=1, samples={"train": 800}))
+    started = record(1, Started(message="go", step=0, epoch=1, samples={"train": 800},
+                                parameters={"trainable": 4_226, "total": 82_180}))
     first = report(client, backend, job["id"], [started, metric(2, 1), metric(3, 2)])
     assert first == {"accepted": 3, "duplicates": 0}
     # A retried batch overlapping the first: only the new record is stored.
@@ -21,6 +22,8 @@ def test_reports_update_progress_and_are_idempotent(client: TestClient,
     assert state["progress"]["total_samples"] == 1600
     assert state["progress"]["eta_seconds"] == (1600 - 48) / 32.0
     assert state["metrics"]["loss"] == 0.5
+    assert (state["metrics"]["trainable_parameters"], state["metrics"]["parameters"]) == (
+        4_226, 82_180)  # what the job page shows
     assert state["pods"][0]["step"] == 3 and state["pods"][0]["last_heartbeat"] is not None
     metrics = client.get(f"/api/v1/jobs/{job['id']}/events?type=metric", headers=AUTH).json()
     assert [e["data"]["step"] for e in metrics["data"]] == [1, 2, 3]
