@@ -47,8 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
         for name, info in section.model_fields.items():
             if name not in NOT_ON_THE_COMMAND_LINE:
                 # Values stay strings: the models convert them, as they do the environment's.
+                # argparse formats help with %: a description's own % signs are escaped.
                 group.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
-                                   metavar="VALUE", help=info.description)
+                                   metavar="VALUE",
+                                   help=(info.description or "").replace("%", "%%"))
     return parser
 
 

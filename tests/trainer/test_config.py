@@ -67,3 +67,12 @@ def test_unreadable_spec_file_and_bad_json(tmp_path: Path) -> None:
 def test_main_exits_2_with_the_field_named(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--batch-size", "-1"], environ={}) == ExitCode.BAD_INPUT
     assert "batch_size" in capsys.readouterr().err
+
+
+def test_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    # A description with a % sign (the dataset's "25% sample") once crashed argparse here.
+    with pytest.raises(SystemExit) as exited:
+        load_config(["--help"], {})
+    assert exited.value.code == 0
+    shown = capsys.readouterr().out
+    assert "--dataset" in shown and "25% sample" in shown and "--finetune" in shown
