@@ -5,18 +5,27 @@ Only the trainable state moves: the optimizer covers it, the replicas all-reduce
 (DDP skips frozen parameters), a checkpoint holds it with a reference to the base model, a
 rejoining pod fetches just it, and the export merges the adapters into an ordinary model or
 saves them alone.
+
+With `quantization: "8bit"` the frozen base model is held in int8 (bitsandbytes' LLM.int8())
+on a CUDA device, which needs about a quarter of its float32 memory; the adapters and the head
+train in float32. The export merges the adapters into the float32 base, an ordinary model.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib.util
 from collections.abc import Mapping
 
 import torch
 from torch import nn
 
 from trainer.contract.spec import JobSpec
-from trainer.model import ModelError
+from trainer.model import ModelError, load_model
+
+QUANTIZED_DEVICES = ("cuda",)
+"""Device types an 8-bit base model trains on. (bitsandbytes also runs LLM.int8() on the
+CPU, far slower than float32 there: the tests use it, the product does not.)"""
 
 
 class LoraError(ModelError):
@@ -54,6 +63,29 @@ def apply_lora(model: nn.Module, spec: JobSpec) -> nn.Module:
     return adapted
 
 
+def check_quantization(spec: JobSpec, device: torch.device) -> None:
+    """An 8-bit base model needs bitsandbytes and a CUDA device: say which one is missing."""
+    if spec.quantization == "none":
+        return
+    if device.type not in QUANTIZED_DEVICES:
+        raise LoraError(f"quantization: an 8-bit base model needs CUDA and bitsandbytes, and "
+                        f"this pod runs on {device.type}")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise LoraError("quantization: an 8-bit base model needs bitsandbytes "
+                        "(pip install bitsandbytes)")
+
+
+def prepare_quantized(model: nn.Module, spec: JobSpec) -> nn.Module:
+    """An 8-bit model made ready for adapters: its remaining float weights in float32, its
+    inputs' gradients on (what checkpointed layers need), checkpointing as the spec says."""
+    from peft import prepare_model_for_kbit_training
+
+    prepared: nn.Module = prepare_model_for_kbit_training(
+        model, use_gradient_checkpointing=spec.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False})
+    return prepared
+
+
 def is_lora(model: nn.Module) -> bool:
     from peft import PeftModel
 
@@ -76,9 +108,15 @@ def load_trainable_state(model: nn.Module, state: Mapping[str, torch.Tensor]) ->
     model.load_state_dict(dict(state), strict=False)
 
 
-def merged(model: nn.Module) -> nn.Module:
-    """An ordinary model with the adapters merged into its weights (`model` is left as is)."""
-    return copy.deepcopy(model).merge_and_unload()  # type: ignore[operator]
+def merged(model: nn.Module, spec: JobSpec, name_or_path: str) -> nn.Module:
+    """An ordinary float32 model with the adapters merged into its weights (`model` is left as
+    is). An 8-bit model's adapters go into the float32 base loaded afresh, never into int8."""
+    if spec.quantization == "none":
+        return copy.deepcopy(model).merge_and_unload()  # type: ignore[operator]
+    full = apply_lora(load_model(name_or_path, spec.seed), spec)
+    load_trainable_state(full, {name: value.float().cpu()
+                                for name, value in trainable_state(model).items()})
+    return full.merge_and_unload()  # type: ignore[operator]
 
 
 def trainable_parameters(model: nn.Module) -> tuple[int, int]:

@@ -54,18 +54,29 @@ def load_tokenizer(name_or_path: str) -> Any:
         raise ModelError(f"model '{name_or_path}': cannot load its tokenizer ({exc})") from None
 
 
-def load_model(name_or_path: str, seed: int) -> nn.Module:
-    """A sequence classifier with a freshly initialised (seeded) two-label head."""
+def load_model(name_or_path: str, seed: int, quantization: str = "none",
+               device: torch.device | None = None) -> nn.Module:
+    """A sequence classifier with a freshly initialised (seeded) two-label head.
+
+    `quantization="8bit"`: the encoder's linear layers in int8 (bitsandbytes' LLM.int8()),
+    loaded straight onto `device`; the head stays in float32 to train."""
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
+    options: dict[str, Any] = {}
+    if quantization == "8bit":
+        from transformers import BitsAndBytesConfig
+
+        options = {"quantization_config": BitsAndBytesConfig(
+            load_in_8bit=True, llm_int8_skip_modules=["classifier"]),
+            "device_map": {"": device or torch.device("cpu")}}
     torch.manual_seed(seed)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the "newly initialized head" warning is expected here
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
             name_or_path, num_labels=2, id2label=LABELS, label2id={v: k for k, v in LABELS.items()},
-            dtype=torch.float32)  # fp32 master weights; bf16 only inside autocast
+            dtype=torch.float32, **options)  # fp32 master weights; bf16 only inside autocast
     except (OSError, ValueError) as exc:
         raise ModelError(f"model '{name_or_path}': cannot load it ({exc})") from None
     finally:

@@ -76,22 +76,23 @@ def _prepared_key(config: TrainConfig) -> str:
 def prepare(config: TrainConfig, device: torch.device) -> Prepared:
     """The tokenizer, the tokenized splits and the seeded model of the job's spec."""
     spec, runtime = config.spec, config.runtime
+    lora.check_quantization(spec, device)
     name_or_path = resolve_model(spec.model, runtime.inputs_dir)
     tokenizer = load_tokenizer(name_or_path)
     splits = make_splits(load_source(spec, runtime.inputs_dir, runtime.cache_dir), spec)
     train, validation, test = (tokenize(split, tokenizer, spec.max_length, runtime.cache_dir)
                                for split in (splits.train, splits.validation, splits.test))
-    model = adapt(load_model(name_or_path, spec.seed), spec, device).to(device)
+    model = adapt(load_model(name_or_path, spec.seed, spec.quantization, device), spec)
+    if spec.quantization == "none":  # a quantized model was loaded onto the device
+        model = model.to(device)
     return Prepared(_prepared_key(config), tokenizer, train, validation, test, model)
 
 
-def adapt(model: nn.Module, spec: JobSpec, device: torch.device) -> nn.Module:
+def adapt(model: nn.Module, spec: JobSpec) -> nn.Module:
     """The model as the spec trains it: with LoRA adapters, with gradient checkpointing."""
-    if spec.quantization == "8bit":
-        raise lora.LoraError("quantization: an 8-bit base model needs CUDA and bitsandbytes"
-                             + ("; loading one is not built yet" if device.type == "cuda"
-                                else f", and this pod runs on {device.type}"))
-    if spec.gradient_checkpointing:
+    if spec.quantization != "none":
+        model = lora.prepare_quantized(model, spec)  # checkpointing too, where asked
+    elif spec.gradient_checkpointing:
         # Non-reentrant: the frozen inputs of a LoRA model need no requires_grad to recompute.
         model.gradient_checkpointing_enable(  # type: ignore[operator]
             gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -499,7 +500,11 @@ class Trainer:
         """The model to export: a pipeline's is assembled from its stages on the primary
         (None on the other pods)."""
         if self.pipeline is None:
-            return lora.merged(unwrap(self.model)) if self.lora else self.model
+            if not self.lora:
+                return self.model
+            spec = self.config.spec
+            return lora.merged(unwrap(self.model), spec,
+                               resolve_model(spec.model, self.config.runtime.inputs_dir))
         state = self.pipeline.gather_state()
         if state is None:
             return None

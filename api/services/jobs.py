@@ -97,21 +97,24 @@ def validate_sources(spec: JobCreate, inputs: Path) -> None:
 
 
 def check_quantization(spec: JobCreate, backend: str) -> None:
-    """An 8-bit base model needs CUDA and bitsandbytes in the pods; loading one is not built
-    yet, so the request says which of the two is missing, or that."""
-    if spec.quantization != "8bit":
+    """An 8-bit base model needs a CUDA GPU and bitsandbytes in its pods: on the local backend
+    this machine's, on Kubernetes a GPU per pod (the trainer image has bitsandbytes)."""
+    if spec.quantization == "none":
         return
     if backend == "local":
+        import importlib.util
+
         import torch
 
         if not torch.cuda.is_available():
             raise InvalidSpec("quantization", "an 8-bit base model needs CUDA and bitsandbytes: "
                                               "the local backend's machine has no CUDA GPU")
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise InvalidSpec("quantization", "an 8-bit base model needs bitsandbytes: "
+                                              "pip install bitsandbytes")
     elif not (spec.resources and spec.resources.gpus):
         raise InvalidSpec("quantization", "an 8-bit base model needs CUDA and bitsandbytes: "
                                           "ask for a GPU per pod (resources.gpus)")
-    raise InvalidSpec("quantization", "an 8-bit base model (bitsandbytes) is not supported yet: "
-                                      'use quantization "none"')
 
 
 def job_dir(settings: Settings, job_id: str) -> Path:

@@ -1,5 +1,6 @@
-"""LoRA jobs on the whole product: real pods of the local backend; a pod killed mid-epoch
-heals only the trainable state from its peer, and the replicas end identical."""
+"""LoRA jobs on the whole product: real pods of the local backend. In live mode a pod killed
+mid-epoch heals only the trainable state from its peer; in restart mode the group resumes from
+a checkpoint that holds only that state and names the base model. Replicas end identical."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tests.api.scenarios import (
     spec,
 )
 from tests.support import wait_for
+from trainer.checkpoint import list_checkpoints, load_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -46,3 +48,30 @@ def test_a_killed_lora_pod_heals_just_the_adapters_and_the_head(plane: ControlPl
     assert finished["metrics"]["test_accuracy"] >= 0.8
     metrics = finished["metrics"]
     assert 0 < metrics["trainable_parameters"] < metrics["parameters"] / 10  # the job page's
+
+
+def test_a_restart_lora_job_resumes_from_a_checkpoint_of_the_trainable_state(
+        plane: ControlPlane) -> None:
+    job = Job(plane, spec("restart", replicas=2, finetune="lora", learning_rate=0.03,
+                          epochs=10))
+    job.wait_steps(8, 0.0, 2, (0, 1), "both pods to train")
+    killed_at = job.kill(1)
+    resumed = wait_for(lambda: job.reports("resumed", killed_at), timeout=120,
+                       what="the group to resume from a checkpoint")
+    assert {r["step"] for r in resumed} and min(r["step"] for r in resumed) > 0
+    job.wait_steps(2, killed_at, 2, (0, 1), "both pods to train together again")
+    finished = job.finish()
+    assert [p["restarts"] for p in finished["pods"]] == [0, 1]
+    assert_exactly_once(job)
+    assert_no_step_computed_twice(job)
+    assert_identical_replicas(job, pods=2)
+
+    # Its checkpoints hold the adapters and the head with their optimizer state, and name the
+    # base model in meta.json; never the frozen base weights.
+    newest = list_checkpoints(plane.data_dir / "jobs" / job.id / "checkpoints")[-1]
+    model_state, trainer_state, meta = load_checkpoint(newest.path)
+    assert model_state and all("lora_" in key or "classifier" in key for key in model_state)
+    assert (meta["finetune"], meta["base_model"]) == ("lora", "tiny")
+    optimized = sum(len(group["params"]) for group in trainer_state["optimizer"]["param_groups"])
+    assert optimized == len(model_state)
+    assert finished["metrics"]["test_accuracy"] >= 0.8

@@ -4,6 +4,8 @@ resumed; the export is the merged model, with the adapters alone beside it."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from trainer import lora
 from trainer.checkpoint import list_checkpoints, load_checkpoint
 from trainer.config import JobSpec
 from trainer.contract.checkpoints import ADAPTER_DIR
+from trainer.contract.process import ExitCode
 from trainer.model import load_model
 from trainer.state import weights_checksum
 
@@ -31,7 +34,7 @@ def test_only_the_adapters_and_the_head_train(inputs_dir: Path) -> None:
     assert total > 15 * trainable
     names = set(lora.trainable_state(model))
     assert all("lora_" in name or "classifier" in name for name in names)
-    assert spec.learning_rate == 5e-4  # LoRA's own default
+    assert spec.learning_rate == 2e-3  # LoRA's own default
     assert JobSpec(finetune="lora", learning_rate=1e-3).learning_rate == 1e-3
 
 
@@ -112,3 +115,56 @@ def test_gradient_checkpointing_trains_the_same_weights(make_config, tmp_path: P
     for (name, a), (_, b) in zip(plain.model.named_parameters(),
                                  recomputed.model.named_parameters(), strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=name)
+
+
+def test_an_8bit_base_needs_cuda(make_config, tmp_path: Path, inputs_dir: Path) -> None:
+    config = make_config(finetune="lora", quantization="8bit")
+    with pytest.raises(lora.LoraError, match="needs CUDA and bitsandbytes, and this pod runs "
+                                             "on cpu"):
+        lora.check_quantization(config.spec, torch.device("cpu"))
+    # The pod process, handed one anyway: exit 2 naming the field, before loading anything.
+    finished = subprocess.run(
+        [sys.executable, "-m", "trainer", "--model", "tiny", "--dataset", "reviews.csv",
+         "--finetune", "lora", "--quantization", "8bit", "--inputs-dir", str(inputs_dir),
+         "--cache-dir", str(tmp_path / "cache"), "--checkpoint-dir", str(tmp_path / "ckpt"),
+         "--model-dir", str(tmp_path / "model")],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert finished.returncode == ExitCode.BAD_INPUT, finished.stderr
+    assert "quantization: an 8-bit base model needs CUDA" in finished.stderr
+    assert not (tmp_path / "cache").exists()
+
+
+def test_an_8bit_base_trains_only_the_adapters_and_exports_a_float_model(
+        make_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bitsandbytes' LLM.int8() on the CPU stands in for CUDA (the product refuses the CPU:
+    it is slower there than float32): the same code path, with real int8 layers."""
+    from bitsandbytes.nn import Linear8bitLt
+    from transformers import AutoModelForSequenceClassification, pipeline
+
+    monkeypatch.setattr(lora, "QUANTIZED_DEVICES", ("cuda", "cpu"))
+    config = make_config(finetune="lora", quantization="8bit", learning_rate=3e-2, epochs=5,
+                         checkpoint_every_steps=5, keep_checkpoints=10)
+    trainer = run(config, tmp_path / "reports.jsonl")
+    query = trainer.model.base_model.model.bert.encoder.layer[0].attention.self.query
+    assert isinstance(query.base_layer, Linear8bitLt)
+    assert query.base_layer.weight.dtype == torch.int8
+    trainable = {name for name, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in name or "classifier" in name for name in trainable)
+    assert trainer.metrics["test"]["accuracy"] >= 0.9
+
+    # Checkpoints hold the float32 trainable state alone; the base is the model named in meta.
+    model_state, _, meta = load_checkpoint(list_checkpoints(config.runtime.checkpoint_dir)[0].path)
+    assert set(model_state) == trainable
+    assert {value.dtype for value in model_state.values()} == {torch.float32}
+    assert (meta["finetune"], meta["base_model"]) == ("lora", "tiny")
+
+    # The export: the adapters merged into the float32 base, an ordinary model that predicts.
+    model_dir = config.runtime.model_dir
+    saved = json.loads((model_dir / "config.json").read_text())
+    assert "quantization_config" not in saved
+    merged = AutoModelForSequenceClassification.from_pretrained(model_dir)
+    assert {value.dtype for value in merged.state_dict().values()} == {torch.float32}
+    classify = pipeline("text-classification", model=str(model_dir))
+    assert classify("a brilliant and warm film")[0]["label"] == "positive"
+    assert classify("a dull and tedious plot")[0]["label"] == "negative"
+    assert (model_dir / ADAPTER_DIR / "adapter_model.safetensors").is_file()

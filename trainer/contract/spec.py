@@ -41,7 +41,7 @@ MAX_PODS = 16
 KNOWN_LAYERS = {OFFLINE_MODEL: 6}
 """Encoder layers of the models known without loading them (others: checked by the trainer)."""
 
-LORA_LEARNING_RATE = 5e-4
+LORA_LEARNING_RATE = 2e-3
 """A LoRA job's default peak learning rate: adapters start at zero and need larger steps."""
 BERT_MODULES = frozenset({"query", "key", "value", "dense", "word_embeddings",
                           "position_embeddings", "token_type_embeddings", "classifier"})
@@ -148,7 +148,7 @@ class JobSpec(BaseModel):
 
     learning_rate: float = Field(default=1e-4, gt=0, lt=1)
     """Peak AdamW learning rate, reached after warm-up and decayed linearly to zero (default
-    1e-4, or 5e-4 for `finetune: "lora"`)."""
+    1e-4, or 2e-3 for `finetune: "lora"`)."""
 
     max_length: int = Field(default=128, ge=8, le=512)
     """Longest tokenized input (BERT-family models take at most 512); longer texts are cut."""

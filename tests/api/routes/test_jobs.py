@@ -100,7 +100,7 @@ def test_a_lora_job_gets_its_defaults_and_says_why_a_target_is_refused(
     job = create_job(client, finetune="lora")
     assert job["spec"]["lora"] == {"r": 8, "alpha": 16, "dropout": 0.05,
                                    "target_modules": ["query", "value"]}
-    assert job["spec"]["learning_rate"] == 5e-4  # LoRA's own default
+    assert job["spec"]["learning_rate"] == 2e-3  # LoRA's own default
     assert create_job(client, finetune="lora", learning_rate=1e-3)["spec"][
         "learning_rate"] == 1e-3
     refused = client.post("/api/v1/jobs", headers=AUTH, json={
@@ -108,7 +108,27 @@ def test_a_lora_job_gets_its_defaults_and_says_why_a_target_is_refused(
     assert refused.status_code == 422 and "target_modules: 'qkv' not in minilm" in refused.text
     gpu = client.post("/api/v1/jobs", headers=AUTH, json={"finetune": "lora",
                                                            "quantization": "8bit"})
-    assert gpu.status_code == 422 and "CUDA and bitsandbytes" in gpu.text
+    assert gpu.status_code == 422 and "resources.gpus" in gpu.text
+    # With a GPU per pod (the cluster backends), an 8-bit base is the trainer's to load.
+    job = create_job(client, finetune="lora", quantization="8bit", resources={"gpus": 1})
+    assert job["spec"]["quantization"] == "8bit"
+
+
+def test_an_8bit_base_on_the_local_backend_needs_this_machines_cuda(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from api.errors import InvalidSpec
+    from api.models import JobCreate
+    from api.services.jobs import check_quantization
+
+    spec = JobCreate(finetune="lora", quantization="8bit")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(InvalidSpec, match="the local backend's machine has no CUDA GPU"):
+        check_quantization(spec, "local")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    check_quantization(spec, "local")  # bitsandbytes is installed
+    check_quantization(JobCreate(finetune="lora"), "local")
 
 
 def test_a_pipeline_job_runs_replicas_times_stages_pods(client: TestClient,

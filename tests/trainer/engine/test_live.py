@@ -28,7 +28,7 @@ def live_spec(**overrides: Any) -> dict[str, Any]:
 
 
 def start_pod(processes: Processes, tmp_path: Path, inputs_dir: Path, lighthouse: str,
-              spec: dict, ordinal: int, incarnation: int = 0):
+              spec: dict, ordinal: int, incarnation: int = 0, module: str = "trainer"):
     env = {"TRAINER_CONFIG": json.dumps(spec), "JOB_ID": "live", "POD_NAME": f"live-{ordinal}",
            "POD_INCARNATION": str(incarnation), "POD_ADDRESS": "127.0.0.1",
            "HEAL_SECRET": "the-heal-secret",
@@ -37,7 +37,7 @@ def start_pod(processes: Processes, tmp_path: Path, inputs_dir: Path, lighthouse
            "TRAINER_CACHE_DIR": str(tmp_path / "cache"),
            "METRICS_FILE": str(tmp_path / "reports.jsonl"), "LOG_SAMPLE_IDS": "true",
            "OMP_NUM_THREADS": "1"}
-    return processes.start([sys.executable, "-m", "trainer"], env,
+    return processes.start([sys.executable, "-m", module], env,
                            tmp_path / f"pod-{ordinal}-{incarnation}.log")
 
 
@@ -209,3 +209,45 @@ def test_a_pod_that_gets_sigterm_leaves_without_failing_a_step_of_its_peers(
     completed = {e["pod"]: e["data"]["checksum"] for e in events("completed")}
     assert set(completed) == {"live-0", "live-1", "live-2"}
     assert len(set(completed.values())) == 1, completed
+
+
+def test_a_killed_pod_of_an_8bit_lora_job_heals_just_the_adapters(
+        inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
+    """An int8 base (bitsandbytes' CPU kernels in place of CUDA's): the killed pod reloads the
+    base itself and fetches only the float32 adapters, the head and the trainer's state."""
+    make_reviews_csv(inputs_dir / "reviews.csv", rows=1000)
+    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log")
+    reports = tmp_path / "reports.jsonl"
+    spec = live_spec(epochs=30, finetune="lora", quantization="8bit", learning_rate=0.03)
+
+    def start(ordinal: int, incarnation: int):
+        return start_pod(processes, tmp_path, inputs_dir, lighthouse, spec, ordinal,
+                         incarnation, module="tests.trainer.int8_on_cpu")
+
+    def steps(pod: str, after: float = 0.0) -> list[int]:
+        return [r["data"]["step"] for r in records(reports)
+                if r["kind"] == "metric" and r["pod"] == pod and r["time"] > after]
+
+    pods = [start(ordinal, 0) for ordinal in range(2)]
+    wait_for(lambda: len(steps("live-1")) >= 5, what="both pods training", timeout=120)
+    pods[1].send_signal(signal.SIGKILL)
+    killed_at = time.time()
+    pods[1].wait(timeout=10)
+    wait_for(lambda: len(steps("live-0", killed_at)) >= 3, timeout=60,
+             what="pod 0 to train on alone")
+    restarted = start(1, 1)
+    for process in (pods[0], restarted):
+        assert process.wait(timeout=240) == 0
+
+    events = [r for r in records(reports) if r["kind"] == "event"]
+    healed = [e["data"] for e in events if e["data"]["type"] == "healed"]
+    assert [h["target"] for h in healed] == ["live-1"]
+    from transformers import AutoModelForSequenceClassification
+
+    exported = AutoModelForSequenceClassification.from_pretrained(tmp_path / "model")
+    whole = sum(v.numel() * v.element_size() for v in exported.state_dict().values())
+    assert 0 < healed[0]["bytes"] < whole / 5
+    completed = {e["pod"]: e["data"]["checksum"] for e in events
+                 if e["data"]["type"] == "completed"}
+    assert set(completed) == {"live-0", "live-1"}
+    assert len(set(completed.values())) == 1, completed  # identical replicas, int8 base and all
