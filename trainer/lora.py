@@ -6,9 +6,9 @@ Only the trainable state moves: the optimizer covers it, the replicas all-reduce
 rejoining pod fetches just it, and the export merges the adapters into an ordinary model or
 saves them alone.
 
-With `quantization: "8bit"` the frozen base model is held in int8 (bitsandbytes' LLM.int8())
-on a CUDA device, which needs about a quarter of its float32 memory; the adapters and the head
-train in float32. The export merges the adapters into the float32 base, an ordinary model.
+With `quantization: "8bit"` the frozen base model's linear layers are held in int8
+(bitsandbytes' LLM.int8()) on a CUDA device, a quarter of their float32 memory; the adapters
+and the head train in float32. The export merges the adapters into the float32 base, an ordinary model.
 """
 
 from __future__ import annotations
