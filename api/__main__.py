@@ -9,7 +9,9 @@ import uvicorn
 from pydantic import ValidationError
 
 from api.app import AdminToken, create_app
+from api.db import init_db, make_engine
 from api.logs import configure_logging
+from api.migrations import SchemaError
 from api.settings import Settings
 
 
@@ -41,6 +43,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"invalid settings: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_format)
+    engine = make_engine(settings)
+    try:
+        init_db(engine)
+    except SchemaError as exc:
+        print(f"cannot use the database: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        engine.dispose()
     app = create_app(settings)
     url = f"http://{settings.host}:{settings.port}"
     print(f"Live Migrator control plane on {url} ({settings.backend} backend, data in "

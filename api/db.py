@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, SQLModel, create_engine
+from sqlmodel import Session, create_engine
 
 from api.settings import Settings
 
@@ -34,9 +34,10 @@ def make_engine(settings: Settings) -> Engine:
 
 
 def init_db(engine: Engine) -> None:
-    import api.models  # noqa: F401  (registers the tables)
+    """Bring the schema to this version's (`api/migrations`); SchemaError if it is newer."""
+    from api import migrations
 
-    SQLModel.metadata.create_all(engine)
+    migrations.upgrade(engine)
 
 
 @contextmanager

@@ -8,7 +8,8 @@ saves them alone.
 
 With `quantization: "8bit"` the frozen base model's linear layers are held in int8
 (bitsandbytes' LLM.int8()) on a CUDA device, a quarter of their float32 memory; the adapters
-and the head train in float32. The export merges the adapters into the float32 base, an ordinary model.
+and the head train in float32. The export merges the adapters into the float32 base, an
+ordinary model.
 """
 
 from __future__ import annotations

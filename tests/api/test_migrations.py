@@ -1,0 +1,80 @@
+"""Schema migrations (api/migrations) on real SQLite files: they build exactly the models'
+schema, a database from before them is taken over with its rows, and one written by a newer
+version is refused, by `python -m api` too, with a message that says so."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, SQLModel, select
+
+from api import migrations
+from api.models import Job
+
+
+def sqlite(path: Path) -> Engine:
+    return create_engine(f"sqlite:///{path}")
+
+
+def test_the_migrations_build_exactly_the_models_schema(tmp_path: Path) -> None:
+    engine = sqlite(tmp_path / "migrated.db")
+    with engine.begin() as connection:  # every revision in turn, not the empty-database path
+        command.upgrade(migrations._config(connection), "head")
+    with engine.connect() as connection:
+        assert compare_metadata(MigrationContext.configure(connection), SQLModel.metadata) == []
+    assert migrations.current(engine) == migrations.head()
+
+
+def test_an_empty_database_gets_the_newest_schema(tmp_path: Path) -> None:
+    engine = sqlite(tmp_path / "empty.db")
+    migrations.upgrade(engine)
+    assert migrations.current(engine) == migrations.head()
+    with engine.connect() as connection:
+        assert compare_metadata(MigrationContext.configure(connection), SQLModel.metadata) == []
+
+
+def test_a_database_from_before_migrations_is_taken_over_with_its_rows(tmp_path: Path) -> None:
+    engine = sqlite(tmp_path / "old.db")
+    SQLModel.metadata.create_all(engine)  # what every earlier version did at start-up
+    with Session(engine) as session:
+        session.add(Job(id="job-0123abcd", spec={"model": "minilm"}, report_token_hash="x"))
+        session.commit()
+    assert migrations.current(engine) is None
+
+    migrations.upgrade(engine)
+    assert migrations.current(engine) == migrations.head()
+    with Session(engine) as session:
+        assert [job.id for job in session.exec(select(Job))] == ["job-0123abcd"]
+    migrations.upgrade(engine)  # at the newest already: nothing to do
+    assert migrations.current(engine) == migrations.head()
+
+
+def test_a_database_from_a_newer_version_is_refused(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    engine = sqlite(data_dir / "migrator.db")
+    migrations.upgrade(engine)
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    with pytest.raises(migrations.SchemaError, match="revision '9999', which this version"):
+        migrations.upgrade(engine)
+    assert migrations.current(engine) == "9999"  # untouched
+
+    env = {**os.environ, "MIGRATOR_DATA_DIR": str(data_dir),
+           "MIGRATOR_ADMIN_TOKEN": "a-token-long-enough-for-the-settings-0123"}
+    env.pop("MIGRATOR_DATABASE_URL", None)
+    started = subprocess.run([sys.executable, "-m", "api", "--port", "1"], env=env,
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert started.returncode == 2, started.stderr
+    assert "cannot use the database" in started.stderr
+    assert "a newer version wrote it" in started.stderr
+    assert "Traceback" not in started.stderr
