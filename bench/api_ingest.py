@@ -2,10 +2,13 @@
 
 Prints sustained metric points/s (goal >= 10,000 on a 2-core machine with SQLite) and the p99
 latency of GET /api/v1/jobs/{id} measured during that load (goal < 50 ms), each also as a ratio
-to its goal. The server is the real control plane (uvicorn, SQLite in WAL mode) in a subprocess,
-with a backend that launches nothing.
+to its goal, for each database: SQLite in WAL mode (the default) and PostgreSQL (a throwaway
+server started on a free port, tests/postgres.py; PostgreSQL's own processes share the 2 cores).
+The server is the real control plane (uvicorn) in a subprocess, with a backend that launches
+nothing.
 
     PYTHONPATH=. .venv/bin/python -m bench.api_ingest [--seconds 15] [--reporters 20] [--points 20]
+        [--databases sqlite,postgresql]
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ TOKEN = "bench-admin-token-0123456789"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def start_server(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(data_dir: Path, database_url: str | None,
+                 ) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "bench.serve_noop", str(data_dir),
-                               str(port)])
+                               str(port), *([database_url] if database_url else [])])
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -145,6 +149,17 @@ async def run(url: str, data_dir: Path, args: argparse.Namespace,
             "paced": await phase(url, pods, args, probe, args.target)}
 
 
+def measure(args: argparse.Namespace, database_url: str | None,
+            ) -> dict[str, tuple[float, list[float]]]:
+    with tempfile.TemporaryDirectory() as scratch:
+        server, url = start_server(Path(scratch), database_url)
+        try:
+            return asyncio.run(run(url, Path(scratch), args))
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=15)
@@ -152,24 +167,41 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=20)
     parser.add_argument("--target", type=float, default=10_000,
                         help="points/s of the paced phase (the goal's load)")
+    parser.add_argument("--databases", default="sqlite,postgresql")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as scratch:
-        server, url = start_server(Path(scratch))
-        try:
-            results = asyncio.run(run(url, Path(scratch), args))
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
-    rate, _ = results["max"]
-    paced_rate, latencies = results["paced"]
-    p50, p99 = (statistics.quantiles(latencies, n=100)[i] * 1000 for i in (49, 98))
-    print("| figure | measured | goal | ratio to goal |")
-    print("|---|---|---|---|")
-    print(f"| sustained metric points/s, {args.reporters} reporters x {args.points} points per "
-          f"report, back to back | {rate:,.0f} | >= 10,000 | {rate / 10_000:.2f} |")
-    print(f"| p99 GET /api/v1/jobs/{{id}} while {paced_rate:,.0f} points/s are ingested "
-          f"({len(latencies)} probes, p50 {p50:.1f} ms) | {p99:.1f} ms | < 50 ms | "
-          f"{p99 / 50:.2f} |")
+    results: dict[str, dict[str, tuple[float, list[float]]]] = {}
+    for database in args.databases.split(","):
+        if database == "sqlite":
+            results[database] = measure(args, None)
+        elif database == "postgresql":
+            from tests.postgres import PostgresServer, server_bin
+
+            bin_dir = server_bin()
+            if bin_dir is None:
+                raise SystemExit("PostgreSQL is not installed (apt-get install postgresql)")
+            postgres = PostgresServer(bin_dir).start()
+            try:
+                results[database] = measure(args, postgres.create_database())
+            finally:
+                postgres.stop()
+        else:
+            parser.error(f"unknown database {database!r}: sqlite or postgresql")
+    print("| database | figure | measured | goal | ratio to goal |")
+    print("|---|---|---|---|---|")
+    for database, result in results.items():
+        rate, _ = result["max"]
+        paced_rate, latencies = result["paced"]
+        p50, p99 = (statistics.quantiles(latencies, n=100)[i] * 1000 for i in (49, 98))
+        print(f"| {database} | sustained metric points/s, {args.reporters} reporters x "
+              f"{args.points} points per report, back to back | {rate:,.0f} | >= 10,000 | "
+              f"{rate / 10_000:.2f} |")
+        print(f"| {database} | p99 GET /api/v1/jobs/{{id}} while {paced_rate:,.0f} points/s are "
+              f"ingested ({len(latencies)} probes, p50 {p50:.1f} ms) | {p99:.1f} ms | < 50 ms | "
+              f"{p99 / 50:.2f} |")
+    if {"sqlite", "postgresql"} <= set(results):
+        ratio = results["postgresql"]["max"][0] / results["sqlite"]["max"][0]
+        print(f"\npostgresql/sqlite sustained points/s: {ratio:.2f}")
+
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,6 @@
 """Serve the real control plane with a backend that launches nothing (benchmarks only).
 
-    python -m bench.serve_noop DATA_DIR PORT
+    python -m bench.serve_noop DATA_DIR PORT [DATABASE_URL]
 """
 
 from __future__ import annotations
@@ -65,8 +65,9 @@ def free_port() -> int:
 
 def main() -> None:
     data_dir, port = Path(sys.argv[1]), int(sys.argv[2])
+    database_url = sys.argv[3] if len(sys.argv) > 3 else None  # else SQLite in the data dir
     settings = Settings(data_dir=data_dir, admin_token="bench-admin-token-0123456789",
-                        port=port)
+                        port=port, database_url=database_url)
     app = create_app(settings, NoopBackend(data_dir / "bench-tokens"))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 

@@ -11,12 +11,27 @@ from pathlib import Path
 import pytest
 
 from tests.factories import make_reviews_csv, make_tiny_model
+from tests.postgres import PostgresServer, server_bin
 from tests.support import ReportServer
 from trainer.config import JobSpec, Runtime, TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 # No test may reach the Hugging Face hub (there is no network here); fail fast instead.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the session (a database per test: `create_database`)."""
+    bin_dir = server_bin()
+    if bin_dir is None:
+        message = "PostgreSQL is not installed (Debian: apt-get install postgresql)"
+        if os.environ.get("CI"):
+            pytest.fail(message)  # .ci/run installs it: CI must not skip these tests
+        pytest.skip(message)
+    server = PostgresServer(bin_dir).start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

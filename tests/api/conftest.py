@@ -20,10 +20,20 @@ ADMIN_TOKEN = "admin-token-for-tests-0123456789"
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest) -> str | None:
+    """Every test of the API's database runs on a real SQLite file (the default) and on a
+    fresh database of a real PostgreSQL server."""
+    if request.param == "sqlite":
+        return None
+    url: str = request.getfixturevalue("postgres").create_database()
+    return url
+
+
 @pytest.fixture
-def settings(tmp_path: Path, inputs_dir: Path) -> Settings:
+def settings(tmp_path: Path, inputs_dir: Path, database_url: str | None) -> Settings:
     return Settings(data_dir=tmp_path / "data", admin_token=ADMIN_TOKEN, inputs_dir=inputs_dir,
-                    reconcile_interval=3600, port=8123)
+                    reconcile_interval=3600, port=8123, database_url=database_url)
 
 
 @pytest.fixture
@@ -33,7 +43,7 @@ def backend() -> FakeBackend:
 
 @pytest.fixture
 def client(settings: Settings, backend: FakeBackend) -> Iterator[TestClient]:
-    """The app with a real SQLite file; the reconciler's timer is off (tests call it)."""
+    """The app on a real database; the reconciler's timer is off (tests call it)."""
     with TestClient(create_app(settings, backend)) as test_client:
         yield test_client
 

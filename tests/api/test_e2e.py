@@ -9,7 +9,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from api import migrations
 from tests.api.control_plane import ControlPlane
+from tests.conftest import Processes
+from tests.factories import make_reviews_csv
+from tests.postgres import PostgresServer
 from tests.support import wait_for
 from trainer.checkpoint import latest_checkpoint
 
@@ -79,3 +83,39 @@ def test_api_killed_mid_job_loses_no_report(control_plane: ControlPlane) -> None
         steps = [e["data"]["step"] for e in control_plane.events(job_id, "metric")
                  if e["data"]["pod"] == f"{job_id}-{ordinal}" and e["data"]["kind"] == "metric"]
         assert steps == list(range(1, job["progress"]["step"] + 1)), ordinal
+
+
+def test_a_job_with_a_killed_pod_on_postgresql(tmp_path: Path, inputs_dir: Path,
+                                               processes: Processes,
+                                               postgres: PostgresServer) -> None:
+    """The control plane on a real PostgreSQL database: a job with a SIGKILLed pod runs to a
+    registered model, and its rows are in PostgreSQL (no SQLite file appears)."""
+    import psycopg
+
+    url = postgres.create_database()
+    make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
+    plane = ControlPlane(processes, tmp_path / "data", inputs_dir,
+                         env={"MIGRATOR_DATABASE_URL": url})
+    plane.start()
+    try:
+        job_id = plane.http.post("/api/v1/jobs", json=SPEC).json()["id"]
+        wait_for(lambda: plane.job(job_id)["progress"]["step"] >= 5, what="training",
+                 timeout=180)
+        assert plane.http.post(f"/api/v1/jobs/{job_id}/pods/1/kill",
+                               json={"grace_seconds": 0}).status_code == 202
+        job = plane.wait_status(job_id, "succeeded", "failed")
+        assert job["status"] == "succeeded", job["reason"]
+        assert job["pods"][1]["restarts"] == 1 and job["model_id"]
+        assert [m["id"] for m in plane.http.get("/api/v1/models").json()["data"]] == [
+            job["model_id"]]
+    finally:
+        plane.close()
+    assert not (tmp_path / "data" / "migrator.db").exists()
+    database = url.rsplit("/", 1)[1]
+    with psycopg.connect(host="127.0.0.1", port=postgres.port, user="postgres",
+                         dbname=database) as connection:
+        metrics = connection.execute("SELECT count(*) FROM event WHERE job_id = %s AND "
+                                     "type = 'metric'", (job_id,)).fetchone()
+        revision = connection.execute("SELECT version_num FROM alembic_version").fetchone()
+    assert metrics is not None and metrics[0] >= 5
+    assert revision is not None and revision[0] == migrations.head()

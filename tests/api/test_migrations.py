@@ -1,12 +1,13 @@
-"""Schema migrations (api/migrations) on real SQLite files: they build exactly the models'
-schema, a database from before them is taken over with its rows, and one written by a newer
-version is refused, by `python -m api` too, with a message that says so."""
+"""Schema migrations (api/migrations) on real SQLite files and a real PostgreSQL: they build
+exactly the models' schema, a database from before them is taken over with its rows, and one
+written by a newer version is refused, by `python -m api` too, with a message that says so."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,18 @@ def sqlite(path: Path) -> Engine:
     return create_engine(f"sqlite:///{path}")
 
 
-def test_the_migrations_build_exactly_the_models_schema(tmp_path: Path) -> None:
-    engine = sqlite(tmp_path / "migrated.db")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    """An empty database: a real SQLite file, or a new database on a real PostgreSQL server."""
+    if request.param == "sqlite":
+        engine = sqlite(tmp_path / "test.db")
+    else:
+        engine = create_engine(request.getfixturevalue("postgres").create_database())
+    yield engine
+    engine.dispose()
+
+
+def test_the_migrations_build_exactly_the_models_schema(engine: Engine) -> None:
     with engine.begin() as connection:  # every revision in turn, not the empty-database path
         command.upgrade(migrations._config(connection), "head")
     with engine.connect() as connection:
@@ -34,16 +45,14 @@ def test_the_migrations_build_exactly_the_models_schema(tmp_path: Path) -> None:
     assert migrations.current(engine) == migrations.head()
 
 
-def test_an_empty_database_gets_the_newest_schema(tmp_path: Path) -> None:
-    engine = sqlite(tmp_path / "empty.db")
+def test_an_empty_database_gets_the_newest_schema(engine: Engine) -> None:
     migrations.upgrade(engine)
     assert migrations.current(engine) == migrations.head()
     with engine.connect() as connection:
         assert compare_metadata(MigrationContext.configure(connection), SQLModel.metadata) == []
 
 
-def test_a_database_from_before_migrations_is_taken_over_with_its_rows(tmp_path: Path) -> None:
-    engine = sqlite(tmp_path / "old.db")
+def test_a_database_from_before_migrations_is_taken_over_with_its_rows(engine: Engine) -> None:
     SQLModel.metadata.create_all(engine)  # what every earlier version did at start-up
     with Session(engine) as session:
         session.add(Job(id="job-0123abcd", spec={"model": "minilm"}, report_token_hash="x"))

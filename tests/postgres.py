@@ -1,0 +1,95 @@
+"""A real PostgreSQL server for the tests (Debian's `postgresql` 15): a throwaway cluster in a
+temporary directory on a free 127.0.0.1 port, a fresh database per test, stopped by pid.
+
+`initdb` and `pg_ctl` refuse to run as root: as root they run as the `postgres` user (what
+`initdb` requires), and the cluster's directory belongs to it."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import psycopg
+
+from tests.support import accepts, free_port, wait_for
+
+BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
+"""Debian puts each major version's server programs here, off the PATH."""
+
+
+def server_bin() -> Path | None:
+    """The newest installed server's bin directory, if any."""
+    for directory in BIN_DIRS:
+        if (directory / "initdb").is_file():
+            return directory
+    found = shutil.which("initdb")
+    return Path(found).parent if found else None
+
+
+class PostgresServer:
+    def __init__(self, bin_dir: Path) -> None:
+        self.bin_dir = bin_dir
+        self.port = free_port()
+        self.root = Path(tempfile.mkdtemp(prefix="migrator-pg-"))
+        self.data = self.root / "cluster"
+        self.pid: int | None = None
+        self._names = itertools.count()
+        self._as_postgres = os.geteuid() == 0
+
+    def _run(self, *argv: str) -> None:
+        command = [str(self.bin_dir / argv[0]), *argv[1:]]
+        if self._as_postgres:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        subprocess.run(command, check=True, capture_output=True, timeout=120)
+
+    def start(self) -> PostgresServer:
+        if self._as_postgres:
+            shutil.chown(self.root, "postgres", "postgres")
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust",
+                  "--no-sync", "-E", "UTF8")
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-w",
+                  "-t", "60", "-o",
+                  f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
+                  "-c fsync=off -c max_connections=200", "start")
+        self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        wait_for(lambda: accepts(self.port), what="PostgreSQL to listen", timeout=30)
+        return self
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self) -> str:
+        """A new empty database; its SQLAlchemy URL."""
+        name = f"test_{os.getpid()}_{next(self._names)}"
+        with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres",
+                             dbname="postgres", autocommit=True) as connection:
+            connection.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def stop(self) -> None:
+        """SIGQUIT to the postmaster (immediate shutdown: nothing here needs keeping), then
+        SIGKILL if it lingers; the cluster's directory goes with it."""
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGQUIT)
+            with contextlib.suppress(AssertionError):  # wait_for's deadline
+                wait_for(lambda: not _alive(self.pid), what="PostgreSQL to stop", timeout=20)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
