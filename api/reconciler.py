@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from datetime import timedelta
 from pathlib import Path
 
 from sqlalchemy.engine import Engine
@@ -30,6 +31,7 @@ from api.models import (
     Pod,
     utc_now,
 )
+from api.services import checkpoints
 from api.services.events import EventLog, new_event
 from api.services.jobs import REMOVED, pods_of, still_active
 from api.services.models import register_model
@@ -43,6 +45,8 @@ ORPHANS_EVERY = 10.0
 """Seconds between two looks for workloads whose job has finished."""
 COMPLETION_GRACE = 15.0
 """Seconds the other pods get to report completion after the primary did."""
+PRUNE_EVERY = 60.0
+"""Seconds between two looks for finished jobs whose checkpoints have outlived their TTL."""
 MIGRATION_TIMEOUT = 120.0
 """Seconds after which a migration whose replacement the backend no longer runs, and that
 never took part, has failed."""
@@ -54,6 +58,9 @@ class Reconciler:
         self.engine, self.settings, self.backend, self.events = engine, settings, backend, events
         self._task: asyncio.Task[None] | None = None
         self._orphans_checked = -ORPHANS_EVERY
+        self._pruned_at = -PRUNE_EVERY
+        self._pruned: set[str] = set()
+        """Jobs whose checkpoints were pruned by this process (each is pruned once)."""
 
     def start(self) -> None:
         self.fail_unlaunched()
@@ -94,6 +101,29 @@ class Reconciler:
             if time.monotonic() - self._orphans_checked >= ORPHANS_EVERY:
                 self._orphans_checked = time.monotonic()
                 self.delete_orphans(session)
+            if (self.settings.checkpoint_ttl is not None
+                    and time.monotonic() - self._pruned_at >= PRUNE_EVERY):
+                self._pruned_at = time.monotonic()
+                self.prune_checkpoints(session, self.settings.checkpoint_ttl)
+
+    def prune_checkpoints(self, session: Session, ttl: float) -> None:
+        """Keep only the final and the best checkpoint of each job finished over `ttl` s ago."""
+        cutoff = utc_now() - timedelta(seconds=ttl)
+        jobs = session.exec(select(Job).where(col(Job.status).in_(FINISHED_STATUSES),
+                                              col(Job.finished_at) < cutoff)).all()
+        events = []
+        for job in jobs:
+            if job.id in self._pruned:
+                continue
+            self._pruned.add(job.id)
+            removed = checkpoints.prune(self.settings.jobs_dir / job.id / "checkpoints")
+            if removed:
+                events.append(new_event(
+                    job.id, "job", type="checkpoints_pruned", removed=removed,
+                    message=f"{len(removed)} checkpoints pruned {ttl:.0f} s after the job "
+                            "ended; the final and the best are kept"))
+        if events:
+            self.events.commit(session, events)
 
     def delete_orphans(self, session: Session) -> None:
         """Delete the workloads of finished jobs: a cancel whose deletion failed, say."""

@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     """Seconds between two passes of the reconciler."""
     restart_budget: int = 5
     """Restarts each pod may use before its job is marked failed."""
+    checkpoint_ttl: float | None = Field(default=None, gt=0)
+    """Seconds after a job finished when its checkpoints are pruned to the final (newest) and
+    the best (highest validation accuracy); unset: every checkpoint is kept."""
     restart_backoff: float = Field(default=1.0, ge=0, le=300)
     """Seconds the local backend waits before it recreates a failed pod (Kubernetes recreates
     a deleted pod at once and backs off crashing containers itself)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response, status
 
 from api.auth import AdminRoute
 from api.deps import SessionDep, SettingsDep
@@ -34,3 +34,13 @@ def checkpoint_link(job_id: str, checkpoint_id: str, request: Request, session: 
     service.find(job_dir(settings, job_id) / "checkpoints", checkpoint_id)
     return signed_link(request, request.app.url_path_for(
         "download_checkpoint", job_id=job_id, checkpoint_id=checkpoint_id))
+
+
+@router.delete("/{checkpoint_id}", status_code=status.HTTP_204_NO_CONTENT,
+               responses=error_responses(409))
+def delete_checkpoint(job_id: str, checkpoint_id: str, session: SessionDep,
+                      settings: SettingsDep) -> Response:
+    """Delete a checkpoint; 409 for the newest while the job runs (a restart resumes from it)."""
+    job = get_job(session, job_id)
+    service.delete(job, job_dir(settings, job_id) / "checkpoints", checkpoint_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

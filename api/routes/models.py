@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response, status
 
 from api.auth import AdminRoute
 from api.deps import SessionDep, SettingsDep
@@ -25,6 +25,17 @@ def list_models(session: SessionDep) -> ModelsPublic:
 @router.get("/{model_id}", response_model=ModelPublic, responses=error_responses(404))
 def get_model(model_id: str, session: SessionDep) -> ModelPublic:
     return service.to_public(service.get_model(session, model_id))
+
+
+@router.delete("/{model_id}", status_code=status.HTTP_204_NO_CONTENT,
+               responses=error_responses(404))
+def delete_model(model_id: str, request: Request, session: SessionDep,
+                 settings: SettingsDep) -> Response:
+    """Unregister the model and delete its files; its job's record stays."""
+    service.delete_model(session, settings, model_id)
+    predictor: service.Predictor = request.app.state.predictor
+    predictor.forget(model_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post("/{model_id}/download-link", response_model=DownloadLink,

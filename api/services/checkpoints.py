@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
-from api.errors import NotFound
-from api.models import CheckpointPublic
+from api.errors import Conflict, NotFound
+from api.models import ACTIVE_STATUSES, CheckpointPublic, Job, JobStatus
 from api.services.archive import directory_size
-from trainer.contract.checkpoints import NAME, CheckpointInfo, list_checkpoints
+from trainer.contract.checkpoints import MARKER, NAME, CheckpointInfo, list_checkpoints
 
 
 def _public(job_id: str, info: CheckpointInfo) -> CheckpointPublic:
@@ -32,3 +33,34 @@ def find(directory: Path, checkpoint_id: str) -> Path:
         if info.path.name == checkpoint_id:
             return info.path
     raise NotFound(f"checkpoint {checkpoint_id!r} not found")
+
+
+def remove(path: Path) -> None:
+    """Delete a checkpoint: its completion marker first, so that no reader (a resume, a
+    download) takes what is left for a whole checkpoint."""
+    (path / MARKER).unlink(missing_ok=True)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def delete(job: Job, directory: Path, checkpoint_id: str) -> None:
+    """Delete one checkpoint of `job`; never the newest while the job may resume from it."""
+    path = find(directory, checkpoint_id)
+    live = job.status in ACTIVE_STATUSES or job.status == JobStatus.pending
+    if live and list_checkpoints(directory)[-1].path == path:
+        raise Conflict(f"checkpoint {checkpoint_id} is the newest of job {job.id}, which is "
+                       f"{job.status.value}: a restart resumes from it")
+    remove(path)
+
+
+def prune(directory: Path) -> list[str]:
+    """Delete every checkpoint but the final (newest) and the best (highest validation
+    accuracy, the newer of equals); the names deleted."""
+    infos = list_checkpoints(directory)
+    keep = {infos[-1].path} if infos else set()
+    scored = [info for info in infos if info.val_accuracy is not None]
+    if scored:
+        keep.add(max(scored, key=lambda info: (info.val_accuracy or 0.0, info.step)).path)
+    doomed = [info.path for info in infos if info.path not in keep]
+    for path in doomed:
+        remove(path)
+    return [path.name for path in doomed]

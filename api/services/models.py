@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -61,6 +62,23 @@ def get_model(session: Session, model_id: str) -> Model:
     return model
 
 
+def delete_model(session: Session, settings: Settings, model_id: str) -> None:
+    """Unregister the model and delete its files (only inside the data dir); its job stays,
+    without a model."""
+    model = get_model(session, model_id)
+    root = settings.data_dir.resolve()
+    path = (root / model.path).resolve()
+    job = session.get(Job, model.job_id)
+    if job is not None and job.model_id == model.id:
+        job.model_id = None
+        session.add(job)
+    session.delete(model)
+    session.commit()
+    if path.is_relative_to(settings.jobs_dir) and path != settings.jobs_dir:
+        shutil.rmtree(path, ignore_errors=True)
+    logger.info("model %s deleted", model_id)
+
+
 def model_path(settings: Settings, model: Model) -> Path:
     root = settings.data_dir.resolve()
     path = (root / model.path).resolve()
@@ -98,6 +116,10 @@ class Predictor:
                 evicted, _ = self._pipelines.popitem(last=False)
                 logger.info("evicted model %s from the prediction cache", evicted)
             return loaded
+
+    def forget(self, model_id: str) -> None:
+        with self._lock:
+            self._pipelines.pop(model_id, None)
 
     def predict(self, model_id: str, path: Path, texts: list[str]) -> list[Prediction]:
         classify = self._pipeline(model_id, path)

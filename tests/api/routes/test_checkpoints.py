@@ -43,3 +43,61 @@ def test_unknown_or_malicious_ids_are_404(client: TestClient) -> None:
     for bad in ("step-99", "..%2F..%2Fadmin_token", "step-1.tmp", "%2Fetc%2Fpasswd"):
         assert client.get(f"{base}/{bad}/download", headers=AUTH).status_code == 404, bad
     assert client.get("/api/v1/jobs/job-nope/checkpoints", headers=AUTH).status_code == 404
+
+
+def save_steps(directory, accuracies: dict[int, float | None]) -> None:
+    for step, accuracy in accuracies.items():
+        save_checkpoint(directory, step, {"w": torch.ones(3) * step}, {"step": step},
+                        {"epoch": 1, "epoch_end": False, "metrics": {"val_accuracy": accuracy}},
+                        keep=100)
+
+
+def listed(client: TestClient, job_id: str) -> list[str]:
+    return [c["id"] for c in client.get(f"/api/v1/jobs/{job_id}/checkpoints",
+                                        headers=AUTH).json()]
+
+
+def test_deleting_checkpoints_spares_the_newest_while_the_job_runs(
+        client: TestClient, backend: FakeBackend) -> None:
+    job = create_job(client)
+    directory = backend.launches[0].checkpoint_dir
+    save_steps(directory, {5: 0.6, 10: 0.7})
+    base = f"/api/v1/jobs/{job['id']}/checkpoints"
+    refused = client.delete(f"{base}/step-10", headers=AUTH)
+    assert refused.status_code == 409 and "newest" in refused.text
+    assert client.delete(f"{base}/step-5", headers=AUTH).status_code == 204
+    assert listed(client, job["id"]) == ["step-10"] and not (directory / "step-5").exists()
+    assert client.delete(f"{base}/step-5", headers=AUTH).status_code == 404
+    assert client.delete(f"{base}/..%2F..%2Fmigrator.db", headers=AUTH).status_code == 404
+    assert client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=AUTH).status_code == 202
+    assert client.delete(f"{base}/step-10", headers=AUTH).status_code == 204  # it has ended
+    assert listed(client, job["id"]) == []
+
+
+def test_a_finished_jobs_checkpoints_are_pruned_to_the_final_and_the_best(
+        client: TestClient, backend: FakeBackend) -> None:
+    from api.reconciler import Reconciler
+    from api.services.events import EventLog
+    from tests.support import wait_for
+
+    job = create_job(client)
+    save_steps(backend.launches[0].checkpoint_dir, {5: 0.6, 10: 0.8, 15: 0.7, 20: None})
+    app = client.app
+    settings = app.state.settings.model_copy(update={"checkpoint_ttl": 0.05})
+    pruner = Reconciler(app.state.engine, settings, backend, EventLog(lambda *_: None))
+    pruner.reconcile_once()
+    assert len(listed(client, job["id"])) == 4  # it runs: nothing is pruned
+
+    assert client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=AUTH).status_code == 202
+
+    def pruned() -> bool:
+        Reconciler(app.state.engine, settings, backend, EventLog(lambda *_: None)
+                   ).reconcile_once()
+        return len(listed(client, job["id"])) < 4
+
+    wait_for(pruned, what="the checkpoints to be pruned", timeout=30)
+    assert listed(client, job["id"]) == ["step-20", "step-10"]  # the final, the best
+    events = client.get(f"/api/v1/jobs/{job['id']}/events", headers=AUTH,
+                        params={"type": "job"}).json()["data"]
+    assert [e["data"]["removed"] for e in events
+            if e["data"].get("type") == "checkpoints_pruned"] == [["step-5", "step-15"]]

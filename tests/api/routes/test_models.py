@@ -123,3 +123,20 @@ def test_a_lora_models_adapter_downloads_alone(client: TestClient, backend: Fake
     base = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir)
     assert isinstance(PeftModel.from_pretrained(base, tmp_path / f"{lora_model}-adapter"),
                       PeftModel)
+
+
+def test_a_deleted_model_is_gone_with_its_files(client: TestClient, model_id: str,
+                                                backend: FakeBackend) -> None:
+    files = backend.launches[0].model_dir
+    assert client.post(f"/api/v1/models/{model_id}/predict", headers=AUTH,
+                       json={"texts": ["fine"]}).status_code == 200  # cached for predictions
+    assert client.delete(f"/api/v1/models/{model_id}").status_code == 401
+    assert client.delete(f"/api/v1/models/{model_id}", headers=AUTH).status_code == 204
+    assert not files.exists()
+    assert client.get(f"/api/v1/models/{model_id}", headers=AUTH).status_code == 404
+    assert client.post(f"/api/v1/models/{model_id}/predict", headers=AUTH,
+                       json={"texts": ["fine"]}).status_code == 404
+    assert client.get("/api/v1/models", headers=AUTH).json()["count"] == 0
+    job = client.get(f"/api/v1/jobs/{backend.launches[0].job_id}", headers=AUTH).json()
+    assert job["model_id"] is None  # the job's record stays
+    assert client.delete(f"/api/v1/models/{model_id}", headers=AUTH).status_code == 404
