@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import psutil
 import psycopg
 
 from tests.support import accepts, free_port, wait_for
@@ -49,6 +50,14 @@ class PostgresServer:
         subprocess.run(command, check=True, capture_output=True, timeout=120)
 
     def start(self) -> PostgresServer:
+        """Initialise and start the cluster; on failure, whatever was started is stopped."""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> PostgresServer:
         if self._as_postgres:
             shutil.chown(self.root, "postgres", "postgres")
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust",
@@ -57,9 +66,15 @@ class PostgresServer:
                   "-t", "60", "-o",
                   f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
                   "-c fsync=off -c max_connections=200", "start")
-        self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        self.pid = self._postmaster_pid()
         wait_for(lambda: accepts(self.port), what="PostgreSQL to listen", timeout=30)
         return self
+
+    def _postmaster_pid(self) -> int | None:
+        try:
+            return int((self.data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
@@ -75,21 +90,13 @@ class PostgresServer:
     def stop(self) -> None:
         """SIGQUIT to the postmaster (immediate shutdown: nothing here needs keeping), then
         SIGKILL if it lingers; the cluster's directory goes with it."""
-        if self.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGQUIT)
-            with contextlib.suppress(AssertionError):  # wait_for's deadline
-                wait_for(lambda: not _alive(self.pid), what="PostgreSQL to stop", timeout=20)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
+        pid = self.pid or self._postmaster_pid()  # a start that failed half-way
+        if pid is not None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                postmaster = psutil.Process(pid)
+                postmaster.send_signal(signal.SIGQUIT)
+                try:
+                    postmaster.wait(timeout=20)
+                except psutil.TimeoutExpired:
+                    postmaster.kill()
         shutil.rmtree(self.root, ignore_errors=True)
-
-
-def _alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True

@@ -87,12 +87,6 @@ def prepare_quantized(model: nn.Module, spec: JobSpec) -> nn.Module:
     return prepared
 
 
-def is_lora(model: nn.Module) -> bool:
-    from peft import PeftModel
-
-    return isinstance(model, PeftModel)
-
-
 def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's trainable entries (adapters and head), by their names in its state dict."""
     trainable = {name for name, parameter in model.named_parameters() if parameter.requires_grad}

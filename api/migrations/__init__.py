@@ -57,6 +57,7 @@ def current(engine: Engine) -> str | None:
 def upgrade(engine: Engine) -> None:
     """Bring the database to the newest schema, or raise SchemaError without changing it."""
     script = ScriptDirectory.from_config(_config())
+    newest = script.get_current_head()
     where = engine.url.render_as_string(hide_password=True)
     with engine.begin() as connection:
         revision = MigrationContext.configure(connection).get_current_revision()
@@ -66,7 +67,7 @@ def upgrade(engine: Engine) -> None:
             except CommandError:
                 raise SchemaError(
                     f"the database {where} has schema revision {revision!r}, which this "
-                    f"version of Live Migrator does not know (its newest is {head()!r}): a "
+                    f"version of Live Migrator does not know (its newest is {newest!r}): a "
                     "newer version wrote it. Run that version, or point MIGRATOR_DATABASE_URL "
                     "at another database.") from None
         config = _config(connection)
@@ -82,9 +83,9 @@ def upgrade(engine: Engine) -> None:
             logger.info("database %s predates migrations: marking it as revision %s",
                         where, BASELINE)
             command.stamp(config, BASELINE)
-        if revision != head():
+        if revision != newest:
             command.upgrade(config, "head")
-            logger.info("database %s upgraded to schema revision %s", where, head())
+            logger.info("database %s upgraded to schema revision %s", where, newest)
 
 
 def _new_revision(message: str) -> None:

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 from api.errors import Conflict, NotFound
-from api.models import ACTIVE_STATUSES, CheckpointPublic, Job, JobStatus
+from api.models import CheckpointPublic, Job
 from api.services.archive import directory_size
 from trainer.contract.checkpoints import MARKER, NAME, CheckpointInfo, list_checkpoints
 
@@ -45,8 +45,7 @@ def remove(path: Path) -> None:
 def delete(job: Job, directory: Path, checkpoint_id: str) -> None:
     """Delete one checkpoint of `job`; never the newest while the job may resume from it."""
     path = find(directory, checkpoint_id)
-    live = job.status in ACTIVE_STATUSES or job.status == JobStatus.pending
-    if live and list_checkpoints(directory)[-1].path == path:
+    if not job.status.finished and list_checkpoints(directory)[-1].path == path:
         raise Conflict(f"checkpoint {checkpoint_id} is the newest of job {job.id}, which is "
                        f"{job.status.value}: a restart resumes from it")
     remove(path)
