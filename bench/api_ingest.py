@@ -31,8 +31,9 @@ TOKEN = "bench-admin-token-0123456789"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def start_server(data_dir: Path, database_url: str | None,
+def start_server(data_dir: Path, database_url: str | None = None,
                  ) -> tuple[subprocess.Popen[bytes], str]:
+    """The noop control plane on a free port: SQLite in `data_dir`, or `database_url`."""
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "bench.serve_noop", str(data_dir),
                                str(port), *([database_url] if database_url else [])])
