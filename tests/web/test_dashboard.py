@@ -298,7 +298,9 @@ def test_user_text_renders_as_text_and_the_layout_fits_a_phone(control_plane: Co
     page.set_viewport_size({"width": 390, "height": 844})
     page.wait_for_selector("[data-chart=loss] canvas")
     # The charts follow their container through a ResizeObserver, a frame or so later.
-    page.wait_for_function("document.documentElement.scrollWidth <= 390", timeout=5_000)
+    # (Polled through js: wait_for_function evaluates a string in the page, which its CSP forbids.)
+    wait_for(lambda: js(page, "document.documentElement.scrollWidth") <= 390, timeout=5,
+             what="the page to fit a phone's width")
     page.emulate_media(color_scheme="dark")
     background = js(page, "getComputedStyle(document.body).backgroundColor")
     assert background == "rgb(17, 20, 24)"  # --bg of the dark scheme
