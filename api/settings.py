@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from upath import UPath
+
+from trainer.contract.store import location
 
 
 class Settings(BaseSettings):
@@ -18,6 +21,12 @@ class Settings(BaseSettings):
     """Bearer token for every user endpoint; generated once into the data dir when unset."""
     backend: Literal["local", "kubernetes"] = "local"
     database_url: str | None = None
+    artifacts_url: str | None = None
+    """Where checkpoints and models go (trainer.contract.store): `file://...`, `az://container/
+    prefix` (Azure Blob) or `s3://bucket/prefix` (S3, MinIO); the data dir's `jobs/` when unset.
+    The store's credentials come from its client's standard environment variables
+    (AZURE_STORAGE_CONNECTION_STRING; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL),
+    which the trainer pods inherit."""
     """SQLAlchemy URL (e.g. postgresql+psycopg://...); SQLite in the data dir when unset."""
     inputs_dir: Path | None = None
     """Root for local models and datasets named by a relative path; `<data dir>/inputs` if unset."""
@@ -66,6 +75,9 @@ class Settings(BaseSettings):
     """RWX PVC of checkpoints: one sub-directory per job."""
     k8s_models_claim: str = "migrator-models"
     """RWX PVC of exported models: one sub-directory per job."""
+    k8s_artifacts_secret: str | None = None
+    """With MIGRATOR_ARTIFACTS_URL: the Secret (in the namespace) whose keys every trainer pod
+    gets as environment variables, the store's credentials."""
     k8s_volumes_dir: Path | None = None
     """Where this API process has the checkpoints and models PVCs mounted (`checkpoints/`,
     `models/` below it); must lie inside the data dir. `<data dir>/volumes` when unset."""
@@ -81,6 +93,18 @@ class Settings(BaseSettings):
     @property
     def resolved_inputs_dir(self) -> Path:
         return (self.inputs_dir or self.data_dir / "inputs").resolve()
+
+    @field_validator("artifacts_url")
+    @classmethod
+    def _a_store(cls, value: str | None) -> str | None:
+        if value:
+            location(value)  # raises on a URL that names no store
+        return value or None
+
+    @property
+    def artifacts(self) -> Path | UPath:
+        """The root of every job's artifacts (`<job id>/checkpoints`, `<job id>/model`)."""
+        return location(self.artifacts_url) if self.artifacts_url else self.jobs_dir
 
     @property
     def jobs_dir(self) -> Path:

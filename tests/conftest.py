@@ -7,11 +7,13 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 from tests.factories import make_reviews_csv, make_tiny_model
 from tests.postgres import PostgresServer, server_bin
+from tests.stores import AzuriteServer, Store, azurite_bin
 from tests.support import ReportServer
 from trainer.config import JobSpec, Runtime, TrainConfig
 
@@ -31,6 +33,25 @@ def postgres() -> Iterator[PostgresServer]:
         pytest.skip(message)
     server = PostgresServer(bin_dir).start()
     yield server
+    server.stop()
+
+
+def unavailable(message: str) -> NoReturn:
+    """A server the tests need is not installed: skip them, but fail under CI, which installs
+    everything (`make setup`), so that a broken installation cannot pass as skipped tests."""
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def azurite() -> Iterator[Store]:
+    """Azurite's blob service for the session (a container per test: `new_location`)."""
+    binary = azurite_bin()
+    if binary is None:
+        unavailable("Azurite is not installed (make setup: npm ci in tests/stores; Node.js)")
+    server = AzuriteServer(binary).start()
+    yield server.store()
     server.stop()
 
 

@@ -8,14 +8,16 @@ race with other survivors writing the same step: each stages in a directory of i
 rename wins, and the content is identical anyway. "Latest" is the highest step number,
 never a file time. Retention keeps the last K complete checkpoints plus the best by validation
 accuracy.
+
+The directory may be an object store's prefix (trainer.contract.store): there the files are
+uploaded under the staging prefix, moved file by file, and the marker still comes last.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
-import os
-import shutil
 import threading
 import time
 import uuid
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from upath import UPath
 
 from trainer.contract.checkpoints import (
     MARKER,
@@ -40,6 +43,7 @@ from trainer.contract.checkpoints import (
     shard_files,
     staging_name,
 )
+from trainer.contract.store import move, remove, sync_dir, write_durable
 
 logger = logging.getLogger(__name__)
 
@@ -49,19 +53,11 @@ __all__ = ["MARKER", "CheckpointInfo", "CheckpointWriter", "apply_retention", "c
            "read_info", "save_checkpoint", "save_shard"]
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_durable(path: Path, write: Any) -> None:
-    with path.open("wb") as handle:
-        write(handle)
-        handle.flush()
-        os.fsync(handle.fileno())
+def load_torch(path: Path | UPath, map_location: str | torch.device = "cpu") -> Any:
+    """`torch.load(weights_only=True)` of a file; from an object store, fetched whole (one read
+    instead of the zip reader's many small ranged ones)."""
+    source: Path | io.BytesIO = path if isinstance(path, Path) else io.BytesIO(path.read_bytes())
+    return torch.load(source, map_location=map_location, weights_only=True)
 
 
 def strip_module_prefix(state: dict[str, Any]) -> dict[str, Any]:
@@ -69,7 +65,7 @@ def strip_module_prefix(state: dict[str, Any]) -> dict[str, Any]:
     return {k.removeprefix("module."): v for k, v in state.items()}
 
 
-def save_checkpoint(directory: Path, step: int, model_state: dict[str, Any],
+def save_checkpoint(directory: Path | UPath, step: int, model_state: dict[str, Any],
                     trainer_state: dict[str, Any], meta: dict[str, Any],
                     keep: int = 3, shared: bool = False) -> CheckpointInfo:
     """Write `step-<step>/` atomically, then apply retention.
@@ -87,53 +83,53 @@ def save_checkpoint(directory: Path, step: int, model_state: dict[str, Any],
         _remove_incomplete(directory)
         staging = directory / staging_name(step)
     if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir()
+        remove(staging)
+    staging.mkdir(parents=True)
     meta = {**meta, "step": step, "saved_at": time.time()}
-    _write_durable(staging / MODEL_FILE,
-                   lambda h: torch.save(strip_module_prefix(model_state), h))
-    _write_durable(staging / STATE_FILE, lambda h: torch.save(trainer_state, h))
-    _write_durable(staging / META_FILE, lambda h: h.write(json.dumps(meta, indent=2).encode()))
-    _fsync_path(staging)
+    write_durable(staging / MODEL_FILE,
+                  lambda h: torch.save(strip_module_prefix(model_state), h))
+    write_durable(staging / STATE_FILE, lambda h: torch.save(trainer_state, h))
+    write_durable(staging / META_FILE, lambda h: h.write(json.dumps(meta, indent=2).encode()))
+    sync_dir(staging)
     try:
-        staging.rename(final)
+        move(staging, final)
     except OSError:
         if not shared or not final.is_dir():
             raise
         # Another survivor renamed its copy first; renamed directories are always whole.
-        shutil.rmtree(staging, ignore_errors=True)
+        remove(staging)
         meta = read_info(final).meta
-    _fsync_path(directory)
-    _write_durable(final / MARKER, lambda h: h.write(b"ok\n"))
-    _fsync_path(final)
+    sync_dir(directory)
+    write_durable(final / MARKER, lambda h: h.write(b"ok\n"))
+    sync_dir(final)
     info = CheckpointInfo(final, step, meta)
     if not shared:
         apply_retention(directory, keep)
     return info
 
 
-def load_checkpoint(path: Path, map_location: str | torch.device = "cpu",
+def load_checkpoint(path: Path | UPath, map_location: str | torch.device = "cpu",
                     ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(model state without `module.` prefixes, trainer state, meta) of a complete checkpoint."""
     if not (path / MARKER).is_file():
         raise ValueError(f"{path} is not a complete checkpoint (no {MARKER} marker)")
-    model_state = torch.load(path / MODEL_FILE, map_location=map_location, weights_only=True)
-    trainer_state = torch.load(path / STATE_FILE, map_location=map_location, weights_only=True)
+    model_state = load_torch(path / MODEL_FILE, map_location)
+    trainer_state = load_torch(path / STATE_FILE, map_location)
     return strip_module_prefix(model_state), trainer_state, read_info(path).meta
 
 
-def save_shard(directory: Path, step: int, shard: str, model_state: dict[str, Any],
+def save_shard(directory: Path | UPath, step: int, shard: str, model_state: dict[str, Any],
                trainer_state: dict[str, Any]) -> None:
     """Write one shard of checkpoint `step` into its staging directory, which the job's other
     shard writers share; `complete_shards` makes it a checkpoint once all of them wrote."""
     staging = directory / staging_name(step)
     staging.mkdir(parents=True, exist_ok=True)
     model_file, state_file = shard_files(shard)
-    _write_durable(staging / model_file, lambda h: torch.save(model_state, h))
-    _write_durable(staging / state_file, lambda h: torch.save(trainer_state, h))
+    write_durable(staging / model_file, lambda h: torch.save(model_state, h))
+    write_durable(staging / state_file, lambda h: torch.save(trainer_state, h))
 
 
-def complete_shards(directory: Path, step: int, shards: list[str], meta: dict[str, Any],
+def complete_shards(directory: Path | UPath, step: int, shards: list[str], meta: dict[str, Any],
                     keep: int = 3) -> CheckpointInfo:
     """Make the staged shards of `step` a checkpoint (by one pod, once every shard writer is
     done): meta, rename, marker, retention; then clear unfinished writes of other steps."""
@@ -142,45 +138,41 @@ def complete_shards(directory: Path, step: int, shards: list[str], meta: dict[st
     if missing:
         raise ValueError(f"checkpoint {step}: shards {sorted(set(missing))} were not written")
     meta = {**meta, "step": step, "saved_at": time.time()}
-    _write_durable(staging / META_FILE, lambda h: h.write(json.dumps(meta, indent=2).encode()))
-    _fsync_path(staging)
+    write_durable(staging / META_FILE, lambda h: h.write(json.dumps(meta, indent=2).encode()))
+    sync_dir(staging)
     final = directory / checkpoint_name(step)
     if final.exists():  # an unfinished earlier write of the same step
-        shutil.rmtree(final)
-    staging.rename(final)
-    _fsync_path(directory)
-    _write_durable(final / MARKER, lambda h: h.write(b"ok\n"))
-    _fsync_path(final)
+        remove(final)
+    move(staging, final)
+    sync_dir(directory)
+    write_durable(final / MARKER, lambda h: h.write(b"ok\n"))
+    sync_dir(final)
     _remove_incomplete(directory)
     apply_retention(directory, keep)
     return CheckpointInfo(final, step, meta)
 
 
-def load_shard(path: Path, shard: str, map_location: str | torch.device = "cpu",
+def load_shard(path: Path | UPath, shard: str, map_location: str | torch.device = "cpu",
                ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(model state, trainer state) of one shard of a complete checkpoint."""
     if not (path / MARKER).is_file():
         raise ValueError(f"{path} is not a complete checkpoint (no {MARKER} marker)")
     model_file, state_file = shard_files(shard)
-    return (torch.load(path / model_file, map_location=map_location, weights_only=True),
-            torch.load(path / state_file, map_location=map_location, weights_only=True))
+    return (load_torch(path / model_file, map_location),
+            load_torch(path / state_file, map_location))
 
 
-def _delete(path: Path) -> None:
-    # The marker goes first: a deletion cut short never leaves something that looks complete.
-    (path / MARKER).unlink(missing_ok=True)
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _remove_incomplete(directory: Path) -> None:
+def _remove_incomplete(directory: Path | UPath) -> None:
+    if not directory.is_dir():  # an object store's prefix exists only once it holds a file
+        return
     for path in directory.iterdir():
         incomplete = NAME.match(path.name) and not (path / MARKER).exists()
         if incomplete or STAGING.match(path.name):
             logger.info("removing incomplete checkpoint %s", path.name)
-            shutil.rmtree(path, ignore_errors=True)
+            remove(path)
 
 
-def apply_retention(directory: Path, keep: int) -> list[Path]:
+def apply_retention(directory: Path | UPath, keep: int) -> list[Path | UPath]:
     """Delete all but the newest `keep` complete checkpoints and the best by val accuracy."""
     found = list_checkpoints(directory)
     kept = {info.path for info in found[-keep:]}
@@ -190,7 +182,7 @@ def apply_retention(directory: Path, keep: int) -> list[Path]:
         kept.add(best.path)
     removed = [info.path for info in found if info.path not in kept]
     for path in removed:
-        _delete(path)
+        remove(path, first=MARKER)  # never leaves something that looks complete
     return removed
 
 

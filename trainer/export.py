@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
 from torch import nn
+from upath import UPath
 
-from trainer.contract.checkpoints import ADAPTER_DIR
+from trainer.contract.checkpoints import ADAPTER_DIR, EXPORTED
 from trainer.contract.spec import JobSpec
+from trainer.contract.store import move, remove, upload
 from trainer.model import unwrap
 
 logger = logging.getLogger(__name__)
@@ -79,33 +81,47 @@ classify("A warm, funny and beautifully acted film.")
 """
 
 
-def export_model(model: nn.Module, tokenizer: Any, target: Path, spec: JobSpec,
+def export_model(model: nn.Module, tokenizer: Any, target: Path | UPath, spec: JobSpec,
                  metrics: dict[str, Any], data: dict[str, int], shared: bool = False,
-                 adapter: nn.Module | None = None) -> Path:
+                 adapter: nn.Module | None = None) -> Path | UPath:
     """Write the export next to `target`, then swap it in, so readers never see half of it.
 
+    `target` may be in an object store (trainer.contract.store): the export is saved locally,
+    uploaded next to it, and moved in with `config.json`, what readers wait for, last.
     `shared`: other replicas holding the same weights may export at the same time; the first
     one in place stays and the others are discarded. `adapter`: a LoRA model, whose adapters
     are saved alone in `adapter/` beside the merged `model`.
     """
     staging = target.with_name(f"{target.name}.tmp-{uuid.uuid4().hex[:12]}")
-    bare = unwrap(model)
-    bare.save_pretrained(staging)  # type: ignore[operator]
-    if adapter is not None:
-        adapter.save_pretrained(staging / ADAPTER_DIR)  # type: ignore[operator]
-    tokenizer.save_pretrained(staging)
-    (staging / "metrics.json").write_text(json.dumps(
-        {"metrics": metrics, "samples": data, "spec": spec.model_dump(mode="json")}, indent=2))
-    (staging / "README.md").write_text(model_card(spec, metrics, data))
+    with tempfile.TemporaryDirectory(prefix="export-") as scratch:
+        local = staging if isinstance(staging, Path) else Path(scratch) / "model"
+        _save(model, tokenizer, local, spec, metrics, data, adapter)
+        if local != staging:
+            upload(local, staging)
+    if shared and (target / EXPORTED).is_file():
+        remove(staging)
+        logger.info("model already exported to %s by a peer", target)
+        return target
     if target.exists() and not shared:
-        shutil.rmtree(target)
+        remove(target, first=EXPORTED)
     try:
-        staging.rename(target)
+        move(staging, target, last=EXPORTED)
     except OSError:
         if not (shared and target.is_dir()):
             raise
-        shutil.rmtree(staging, ignore_errors=True)
+        remove(staging)
         logger.info("model already exported to %s by a peer", target)
         return target
     logger.info("model exported to %s", target)
     return target
+
+
+def _save(model: nn.Module, tokenizer: Any, directory: Path, spec: JobSpec,
+          metrics: dict[str, Any], data: dict[str, int], adapter: nn.Module | None) -> None:
+    unwrap(model).save_pretrained(directory)  # type: ignore[operator]
+    if adapter is not None:
+        adapter.save_pretrained(directory / ADAPTER_DIR)  # type: ignore[operator]
+    tokenizer.save_pretrained(directory)
+    (directory / "metrics.json").write_text(json.dumps(
+        {"metrics": metrics, "samples": data, "spec": spec.model_dump(mode="json")}, indent=2))
+    (directory / "README.md").write_text(model_card(spec, metrics, data))

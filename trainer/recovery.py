@@ -10,7 +10,9 @@ import logging
 import time
 from pathlib import Path
 
-from trainer.contract.checkpoints import MARKER, CheckpointInfo, checkpoint_name
+from upath import UPath
+
+from trainer.contract.checkpoints import EXPORTED, MARKER, CheckpointInfo, checkpoint_name
 from trainer.contract.checkpoints import latest_checkpoint as newest
 
 logger = logging.getLogger(__name__)
@@ -21,7 +23,7 @@ export before writing them themselves (the primary may have died after the last 
 short only costs a duplicate write: replicas hold the same weights and the first copy wins."""
 
 
-def appears(path: Path, timeout: float) -> bool:
+def appears(path: Path | UPath, timeout: float) -> bool:
     """Whether `path` exists within `timeout` seconds (polled)."""
     deadline = time.monotonic() + timeout
     while not path.exists():
@@ -38,7 +40,7 @@ class Recovery:
     shared_writes = False
     """Several pods may write the same checkpoint or export (identical content) at once."""
 
-    def __init__(self, checkpoint_dir: Path, model_dir: Path) -> None:
+    def __init__(self, checkpoint_dir: Path | UPath, model_dir: Path | UPath) -> None:
         self.checkpoint_dir, self.model_dir = checkpoint_dir, model_dir
 
     def resume_before_training(self) -> CheckpointInfo | None:
@@ -67,7 +69,7 @@ class LiveRecovery(Recovery):
 
     shared_writes = True
 
-    def __init__(self, checkpoint_dir: Path, model_dir: Path) -> None:
+    def __init__(self, checkpoint_dir: Path | UPath, model_dir: Path | UPath) -> None:
         super().__init__(checkpoint_dir, model_dir)
         self.primary_lost = False
 
@@ -94,5 +96,5 @@ class LiveRecovery(Recovery):
 
     def exports(self, is_primary: bool) -> bool:
         # Live replicas hold identical weights: whichever exports first, the model is one.
-        return is_primary or self.primary_lost or not appears(self.model_dir / "config.json",
+        return is_primary or self.primary_lost or not appears(self.model_dir / EXPORTED,
                                                                TAKEOVER_SECONDS)

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from trainer.contract.store import Location
+
 PodPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
 
 
@@ -55,8 +57,9 @@ class Launch:
     """`.../api/v1/jobs/{id}/reports`, reachable from the pods."""
     report_token: str
     """The per-job report token (the API keeps only its hash)."""
-    checkpoint_dir: Path
-    model_dir: Path
+    checkpoint_dir: Location
+    """A directory, or a prefix in an object store (trainer.contract.store)."""
+    model_dir: Location
     inputs_dir: Path
     cache_dir: Path
     resources: Resources | None = None

@@ -94,7 +94,8 @@ def cluster_config(settings: Settings) -> ClusterConfig:
                          data_claim=settings.k8s_data_claim,
                          checkpoints_claim=settings.k8s_checkpoints_claim,
                          models_claim=settings.k8s_models_claim, cpu=settings.k8s_pod_cpu,
-                         memory=settings.k8s_pod_memory, cache_size=settings.k8s_cache_size)
+                         memory=settings.k8s_pod_memory, cache_size=settings.k8s_cache_size,
+                         artifacts_secret=settings.k8s_artifacts_secret)
 
 
 def describe(exc: ApiException) -> str:
@@ -231,7 +232,11 @@ class KubernetesBackend:
 
     def _link_volumes(self, launch: Launch) -> None:
         """Create the job's PVC sub-directories (so the pods' subPath mounts find them, owned by
-        the same user) and link them where the API looks: <jobs dir>/<job>/{checkpoints,model}."""
+        the same user) and link them where the API looks: <jobs dir>/<job>/{checkpoints,model}.
+        Nothing to do when they go to an object store."""
+        if manifests.in_store(launch):
+            return
+        assert isinstance(launch.checkpoint_dir, Path) and isinstance(launch.model_dir, Path)
         checkpoints, models = manifests.volume_dirs(self.volumes_dir, launch.job_id)
         links = {launch.checkpoint_dir: checkpoints,
                  launch.model_dir: manifests.exported_model_dir(models)}

@@ -36,6 +36,7 @@ from api.backends.commands import (
 )
 from trainer.contract.runtime import Runtime
 from trainer.contract.spec import stages_of
+from trainer.contract.store import is_local
 
 Manifest = dict[str, Any]
 POD_NAME = Runtime.env_name("pod_name")
@@ -134,6 +135,10 @@ class ClusterConfig:
     memory: str = "6Gi"
     """Default memory request and limit of a trainer pod."""
     cache_size: str = "8Gi"
+    artifacts_secret: str | None = None
+    """A Secret whose keys become every trainer pod's environment: the artifacts store's
+    credentials (AZURE_STORAGE_CONNECTION_STRING, or AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    AWS_ENDPOINT_URL), when checkpoints and models go to an object store."""
 
 
 def labels(job_id: str, component: str) -> dict[str, str]:
@@ -183,11 +188,20 @@ def exported_model_dir(models_dir: Path) -> Path:
     return models_dir / "model"
 
 
+def in_store(launch: Launch) -> bool:
+    """Whether the job's checkpoints and model go to an object store rather than volumes."""
+    return not is_local(launch.checkpoint_dir)
+
+
 def pod_launch(launch: Launch) -> Launch:
-    """The launch as a trainer pod sees it: paths inside the container, not the API's."""
+    """The launch as a trainer pod sees it: paths inside the container, not the API's (an
+    object store's URLs are the same everywhere)."""
+    launch = dataclasses.replace(launch, inputs_dir=INPUTS_MOUNT,
+                                 cache_dir=CACHE_MOUNT / "tokens")
+    if in_store(launch):
+        return launch
     return dataclasses.replace(launch, checkpoint_dir=CHECKPOINTS_MOUNT,
-                               model_dir=exported_model_dir(MODELS_MOUNT),
-                               inputs_dir=INPUTS_MOUNT, cache_dir=CACHE_MOUNT / "tokens")
+                               model_dir=exported_model_dir(MODELS_MOUNT))
 
 
 def _metadata(name: str, job_id: str, component: str, namespace: str) -> Manifest:
@@ -257,16 +271,20 @@ def trainer_env(launch: Launch, config: ClusterConfig) -> list[Manifest]:
 
 def trainer_container(launch: Launch, config: ClusterConfig) -> Manifest:
     argv = pod_argv(pod_launch(launch), coordinator_endpoint(launch), local_addr="$(POD_IP)")
+    artifacts = [] if in_store(launch) else [
+        {"name": "checkpoints", "mountPath": str(CHECKPOINTS_MOUNT), "subPath": launch.job_id},
+        {"name": "models", "mountPath": str(MODELS_MOUNT), "subPath": launch.job_id}]
+    secret = ({"envFrom": [{"secretRef": {"name": config.artifacts_secret}}]}
+              if in_store(launch) and config.artifacts_secret else {})
     return {
         "name": TRAINER, "image": config.image, "imagePullPolicy": config.image_pull_policy,
         "command": ["sh", "-c", HOLD_SCRIPT, TRAINER, *argv],
         "env": trainer_env(launch, config),
+        **secret,
         "resources": trainer_resources(launch, config),
         "volumeMounts": [
             {"name": "inputs", "mountPath": str(INPUTS_MOUNT), "readOnly": True},
-            {"name": "checkpoints", "mountPath": str(CHECKPOINTS_MOUNT),
-             "subPath": launch.job_id},
-            {"name": "models", "mountPath": str(MODELS_MOUNT), "subPath": launch.job_id},
+            *artifacts,
             {"name": "cache", "mountPath": str(CACHE_MOUNT)},
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "shm", "mountPath": "/dev/shm"},
@@ -285,6 +303,9 @@ def trainer_container(launch: Launch, config: ClusterConfig) -> Manifest:
 def pod_template(launch: Launch, config: ClusterConfig) -> Manifest:
     """What every trainer pod of the job is made from (`trainer_pod`), kept on its anchor."""
     job = launch.job_id
+    artifacts = [] if in_store(launch) else [
+        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": config.checkpoints_claim}},
+        {"name": "models", "persistentVolumeClaim": {"claimName": config.models_claim}}]
     return {
         "metadata": {"labels": labels(job, TRAINER)},
         "spec": {
@@ -298,10 +319,7 @@ def pod_template(launch: Launch, config: ClusterConfig) -> Manifest:
             "volumes": [
                 {"name": "inputs", "persistentVolumeClaim": {
                     "claimName": config.data_claim, "readOnly": True}},
-                {"name": "checkpoints", "persistentVolumeClaim": {
-                    "claimName": config.checkpoints_claim}},
-                {"name": "models", "persistentVolumeClaim": {
-                    "claimName": config.models_claim}},
+                *artifacts,
                 {"name": "cache", "emptyDir": {"sizeLimit": config.cache_size}},
                 {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
                 {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},

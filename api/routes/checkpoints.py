@@ -11,7 +11,7 @@ from api.models import CheckpointPublic, DownloadLink
 from api.routes import API_PREFIX
 from api.services import checkpoints as service
 from api.services.downloads import signed_link
-from api.services.jobs import get_job, job_dir
+from api.services.jobs import checkpoints_dir, get_job
 
 router = APIRouter(prefix=API_PREFIX + "/jobs/{job_id}/checkpoints", tags=["checkpoints"],
                    route_class=AdminRoute,
@@ -22,7 +22,7 @@ router = APIRouter(prefix=API_PREFIX + "/jobs/{job_id}/checkpoints", tags=["chec
 def list_checkpoints(job_id: str, session: SessionDep,
                      settings: SettingsDep) -> list[CheckpointPublic]:
     get_job(session, job_id)
-    return service.list_public(job_id, job_dir(settings, job_id) / "checkpoints")
+    return service.list_public(job_id, checkpoints_dir(settings, job_id))
 
 
 @router.post("/{checkpoint_id}/download-link", response_model=DownloadLink,
@@ -31,7 +31,7 @@ def checkpoint_link(job_id: str, checkpoint_id: str, request: Request, session: 
                     settings: SettingsDep) -> DownloadLink:
     """A URL that downloads the checkpoint without a token, for a few minutes."""
     get_job(session, job_id)
-    service.find(job_dir(settings, job_id) / "checkpoints", checkpoint_id)
+    service.find(checkpoints_dir(settings, job_id), checkpoint_id)
     return signed_link(request, request.app.url_path_for(
         "download_checkpoint", job_id=job_id, checkpoint_id=checkpoint_id))
 
@@ -42,5 +42,5 @@ def delete_checkpoint(job_id: str, checkpoint_id: str, session: SessionDep,
                       settings: SettingsDep) -> Response:
     """Delete a checkpoint; 409 for the newest while the job runs (a restart resumes from it)."""
     job = get_job(session, job_id)
-    service.delete(job, job_dir(settings, job_id) / "checkpoints", checkpoint_id)
+    service.delete(job, checkpoints_dir(settings, job_id), checkpoint_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

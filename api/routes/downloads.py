@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
+from upath import UPath
 
 from api.auth import DownloadRoute
 from api.deps import SessionDep, SettingsDep
@@ -16,7 +17,7 @@ from api.routes import API_PREFIX
 from api.services import checkpoints
 from api.services import models as model_service
 from api.services.archive import iter_tar_gz
-from api.services.jobs import get_job, job_dir
+from api.services.jobs import checkpoints_dir, get_job
 
 router = APIRouter(prefix=API_PREFIX, tags=["downloads"],
                    route_class=DownloadRoute, responses=error_responses(401, 403, 404, 422))
@@ -28,7 +29,7 @@ Format = Annotated[Literal["model", "adapter"], Query(
     description="`model` (the merged model), or `adapter`: a LoRA job's adapters alone")]
 
 
-def _archive(path: Path, name: str, filename: str) -> StreamingResponse:
+def _archive(path: Path | UPath, name: str, filename: str) -> StreamingResponse:
     return StreamingResponse(iter_tar_gz(path, name), media_type="application/gzip",
                              headers={"Content-Disposition": f'attachment; filename="{filename}"'})
 
@@ -53,5 +54,5 @@ def download_checkpoint(job_id: str, checkpoint_id: str, session: SessionDep,
                         settings: SettingsDep, expires: Expires = None,
                         signature: Signature = None) -> StreamingResponse:
     get_job(session, job_id)
-    path = checkpoints.find(job_dir(settings, job_id) / "checkpoints", checkpoint_id)
+    path = checkpoints.find(checkpoints_dir(settings, job_id), checkpoint_id)
     return _archive(path, checkpoint_id, f"{job_id}-{checkpoint_id}.tar.gz")

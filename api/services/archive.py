@@ -5,8 +5,13 @@ from __future__ import annotations
 import queue
 import tarfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from upath import UPath
+
+from trainer.contract import store
 
 _DONE = b""
 
@@ -36,8 +41,20 @@ class _QueueWriter:
         pass
 
 
-def iter_tar_gz(directory: Path, arcname: str) -> Iterator[bytes]:
-    """Yield a gzip'd tar of `directory` (entries under `arcname/`), never all in memory."""
+def _add(tar: tarfile.TarFile, path: Path | UPath, name: str) -> None:
+    if isinstance(path, Path):
+        tar.add(path, arcname=name)
+        return
+    info = tarfile.TarInfo(name)
+    stat = path.stat()
+    info.size, info.mtime, info.mode = stat.st_size, int(stat.st_mtime or time.time()), 0o644
+    with path.open("rb") as source:  # streamed from the object store, block by block
+        tar.addfile(info, source)
+
+
+def iter_tar_gz(directory: Path | UPath, arcname: str) -> Iterator[bytes]:
+    """Yield a gzip'd tar of `directory` (a local one or an object store's prefix; entries
+    under `arcname/`), never all in memory."""
     chunks: queue.Queue[bytes | BaseException] = queue.Queue(maxsize=32)
     stop = threading.Event()
 
@@ -45,9 +62,8 @@ def iter_tar_gz(directory: Path, arcname: str) -> Iterator[bytes]:
         try:
             writer = _QueueWriter(chunks, stop)
             with tarfile.open(fileobj=writer, mode="w|gz") as tar:  # type: ignore[call-overload]
-                for path in sorted(directory.rglob("*")):
-                    if path.is_file() and not path.is_symlink():
-                        tar.add(path, arcname=f"{arcname}/{path.relative_to(directory)}")
+                for relative, path in store.files(directory):
+                    _add(tar, path, f"{arcname}/{relative}")
             chunks.put(_DONE)
         except _Cancelled:
             return
@@ -66,6 +82,3 @@ def iter_tar_gz(directory: Path, arcname: str) -> Iterator[bytes]:
     finally:
         stop.set()  # the client went away or we are done: let the producer end
 
-
-def directory_size(directory: Path) -> int:
-    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())

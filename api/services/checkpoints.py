@@ -1,13 +1,15 @@
-"""Checkpoints of a job, read from its checkpoint directory (trainer.contract.checkpoints)."""
+"""Checkpoints of a job, read from its checkpoint directory or store prefix
+(trainer.contract.checkpoints, trainer.contract.store)."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
+
+from upath import UPath
 
 from api.errors import Conflict, NotFound
 from api.models import CheckpointPublic, Job
-from api.services.archive import directory_size
+from trainer.contract import store
 from trainer.contract.checkpoints import MARKER, NAME, CheckpointInfo, list_checkpoints
 
 
@@ -16,16 +18,16 @@ def _public(job_id: str, info: CheckpointInfo) -> CheckpointPublic:
     return CheckpointPublic(
         id=name, step=info.step, epoch=info.meta.get("epoch"),
         epoch_end=bool(info.meta.get("epoch_end")), val_accuracy=info.val_accuracy,
-        size_bytes=directory_size(info.path), saved_at=info.meta.get("saved_at"),
+        size_bytes=store.size(info.path), saved_at=info.meta.get("saved_at"),
         links={"download": f"/api/v1/jobs/{job_id}/checkpoints/{name}/download",
                "download_link": f"/api/v1/jobs/{job_id}/checkpoints/{name}/download-link"})
 
 
-def list_public(job_id: str, directory: Path) -> list[CheckpointPublic]:
+def list_public(job_id: str, directory: Path | UPath) -> list[CheckpointPublic]:
     return [_public(job_id, info) for info in reversed(list_checkpoints(directory))]
 
 
-def find(directory: Path, checkpoint_id: str) -> Path:
+def find(directory: Path | UPath, checkpoint_id: str) -> Path | UPath:
     """The complete checkpoint `checkpoint_id`; ids are matched, never joined blindly."""
     if not NAME.match(checkpoint_id):
         raise NotFound(f"checkpoint {checkpoint_id!r} not found")
@@ -35,14 +37,13 @@ def find(directory: Path, checkpoint_id: str) -> Path:
     raise NotFound(f"checkpoint {checkpoint_id!r} not found")
 
 
-def remove(path: Path) -> None:
+def remove(path: Path | UPath) -> None:
     """Delete a checkpoint: its completion marker first, so that no reader (a resume, a
     download) takes what is left for a whole checkpoint."""
-    (path / MARKER).unlink(missing_ok=True)
-    shutil.rmtree(path, ignore_errors=True)
+    store.remove(path, first=MARKER)
 
 
-def delete(job: Job, directory: Path, checkpoint_id: str) -> None:
+def delete(job: Job, directory: Path | UPath, checkpoint_id: str) -> None:
     """Delete one checkpoint of `job`; never the newest while the job may resume from it."""
     path = find(directory, checkpoint_id)
     if not job.status.finished and list_checkpoints(directory)[-1].path == path:
@@ -51,7 +52,7 @@ def delete(job: Job, directory: Path, checkpoint_id: str) -> None:
     remove(path)
 
 
-def prune(directory: Path) -> list[str]:
+def prune(directory: Path | UPath) -> list[str]:
     """Delete every checkpoint but the final (newest) and the best (highest validation
     accuracy, the newer of equals); the names deleted."""
     infos = list_checkpoints(directory)

@@ -16,6 +16,7 @@ from typing import TypeVar
 from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
+from upath import UPath
 
 from api.auth import hash_token
 from api.backends.base import (
@@ -57,6 +58,7 @@ from trainer.contract.spec import (
     pod_count,
     stages_of,
 )
+from trainer.contract.store import remove
 
 logger = logging.getLogger(__name__)
 
@@ -118,11 +120,24 @@ def check_quantization(spec: JobCreate, backend: str) -> None:
 
 
 def job_dir(settings: Settings, job_id: str) -> Path:
+    """The job's local directory (the local backend's launch, state and logs)."""
     return settings.jobs_dir / job_id
 
 
+def artifacts_dir(settings: Settings, job_id: str) -> Path | UPath:
+    """Where the job's checkpoints and model are: its directory, or its prefix in the store."""
+    return settings.artifacts / job_id
+
+
+def checkpoints_dir(settings: Settings, job_id: str) -> Path | UPath:
+    return artifacts_dir(settings, job_id) / "checkpoints"
+
+
+def model_dir(settings: Settings, job_id: str) -> Path | UPath:
+    return artifacts_dir(settings, job_id) / "model"
+
+
 def _launch(settings: Settings, job: Job, spec: JobCreate, token: str) -> Launch:
-    directory = job_dir(settings, job.id)
     resources = Resources(**spec.resources.model_dump()) if spec.resources else None
     # A live pipeline needs another replica to heal from: one alone restarts as a whole.
     mode = ("restart" if spec.parallelism == "pipeline" and spec.replicas == 1
@@ -131,8 +146,8 @@ def _launch(settings: Settings, job: Job, spec: JobCreate, token: str) -> Launch
                   spec=job.spec, resources=resources,
                   report_url=f"{settings.base_url}/api/v1/jobs/{job.id}/reports",
                   report_token=token, heal_secret=secrets.token_urlsafe(32),
-                  checkpoint_dir=directory / "checkpoints",
-                  model_dir=directory / "model", inputs_dir=settings.resolved_inputs_dir,
+                  checkpoint_dir=checkpoints_dir(settings, job.id),
+                  model_dir=model_dir(settings, job.id), inputs_dir=settings.resolved_inputs_dir,
                   cache_dir=settings.cache_dir)
 
 
@@ -289,7 +304,9 @@ def delete_job(session: Session, settings: Settings, job_id: str, artifacts: boo
 
 def _delete_files(settings: Settings, job_id: str, model_paths: list[str]) -> None:
     """The job's directory and what its links point to (Kubernetes volumes), never outside the
-    data dir."""
+    data dir; its prefix in the artifacts store."""
+    if settings.artifacts_url:
+        remove(artifacts_dir(settings, job_id))
     root = settings.data_dir.resolve()
     directory = job_dir(settings, job_id)
     targets = [(root / path).resolve() for path in model_paths]

@@ -6,23 +6,28 @@ import json
 import logging
 import shutil
 import threading
+import uuid
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from sqlmodel import Session, col, select
+from upath import UPath
 
 from api.errors import NotFound
 from api.models import Job, Model, ModelPublic, ModelsPublic, Prediction
-from api.services.archive import directory_size
 from api.settings import Settings
-from trainer.contract.checkpoints import ADAPTER_DIR
+from trainer.contract import store
+from trainer.contract.checkpoints import ADAPTER_DIR, EXPORTED
 
 logger = logging.getLogger(__name__)
 
 
-def register_model(session: Session, settings: Settings, job: Job, model_dir: Path) -> Model:
-    """Register the export in `model_dir` (inside the data dir) for `job`; idempotent."""
+def register_model(session: Session, settings: Settings, job: Job,
+                   model_dir: Path | UPath) -> Model:
+    """Register the export in `model_dir` (inside the data dir, or the artifacts store: its
+    URL is kept) for `job`; idempotent."""
     model_id = "model-" + job.id.removeprefix("job-")
     existing = session.get(Model, model_id)
     if existing is not None:
@@ -32,9 +37,10 @@ def register_model(session: Session, settings: Settings, job: Job, model_dir: Pa
     if metrics_file.is_file():
         metrics = json.loads(metrics_file.read_text()).get("metrics", {})
     model = Model(id=model_id, job_id=job.id, name=job.name or job.id,
-                  path=str(model_dir.resolve().relative_to(settings.data_dir.resolve())),
+                  path=(str(model_dir.resolve().relative_to(settings.data_dir.resolve()))
+                        if isinstance(model_dir, Path) else str(model_dir)),
                   base_model=str(job.spec.get("model")), dataset=str(job.spec.get("dataset")),
-                  metrics=metrics, size_bytes=directory_size(model_dir))
+                  metrics=metrics, size_bytes=store.size(model_dir))
     session.add(model)
     job.model_id = model.id
     session.add(job)
@@ -66,28 +72,40 @@ def delete_model(session: Session, settings: Settings, model_id: str) -> None:
     """Unregister the model and delete its files (only inside the data dir); its job stays,
     without a model."""
     model = get_model(session, model_id)
-    root = settings.data_dir.resolve()
-    path = (root / model.path).resolve()
+    path = _files(settings, model)
     job = session.get(Job, model.job_id)
     if job is not None and job.model_id == model.id:
         job.model_id = None
         session.add(job)
     session.delete(model)
     session.commit()
-    if path.is_relative_to(settings.jobs_dir) and path != settings.jobs_dir:
-        shutil.rmtree(path, ignore_errors=True)
+    if isinstance(path, UPath) or (path is not None and path.is_relative_to(settings.jobs_dir)
+                                   and path != settings.jobs_dir):
+        store.remove(path, first=EXPORTED)
     logger.info("model %s deleted", model_id)
 
 
-def model_path(settings: Settings, model: Model) -> Path:
+def _files(settings: Settings, model: Model) -> Path | UPath | None:
+    """Where the model's files are: in the data dir (a Kubernetes job's model is on a volume
+    there), or under the artifacts store's root; None for a path that leads elsewhere (never
+    followed)."""
+    if urlsplit(model.path).scheme in store.PROTOCOLS:
+        prefix = f"{settings.artifacts}/"
+        inside = settings.artifacts_url and model.path.startswith(prefix)
+        return store.location(model.path) if inside and ".." not in model.path else None
     root = settings.data_dir.resolve()
     path = (root / model.path).resolve()
-    if not path.is_relative_to(root) or not (path / "config.json").is_file():
+    return path if path.is_relative_to(root) and path != root else None
+
+
+def model_path(settings: Settings, model: Model) -> Path | UPath:
+    path = _files(settings, model)
+    if path is None or not (path / EXPORTED).is_file():
         raise NotFound(f"the files of model {model.id} are gone")
     return path
 
 
-def adapter_path(path: Path, model: Model) -> Path:
+def adapter_path(path: Path | UPath, model: Model) -> Path | UPath:
     """The adapters a LoRA job exported beside its merged model (`path`)."""
     adapter = path / ADAPTER_DIR
     if not (adapter / "adapter_config.json").is_file():
@@ -96,32 +114,49 @@ def adapter_path(path: Path, model: Model) -> Path:
 
 
 class Predictor:
-    """Text-classification pipelines of recently used models (LRU, bounded)."""
+    """Text-classification pipelines of recently used models (LRU, bounded). A model in an
+    object store is downloaded to `cache_dir` first and its copy kept as long as its pipeline:
+    at most `capacity` models on disk, as in memory."""
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
+    def __init__(self, capacity: int, cache_dir: Path) -> None:
+        self.capacity, self.cache_dir = capacity, cache_dir
         self._pipelines: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
+        shutil.rmtree(cache_dir, ignore_errors=True)  # copies of an earlier process
 
-    def _pipeline(self, model_id: str, path: Path) -> Any:
+    def _pipeline(self, model_id: str, path: Path | UPath) -> Any:
         with self._lock:
             if model_id in self._pipelines:
                 self._pipelines.move_to_end(model_id)
                 return self._pipelines[model_id]
             from transformers import pipeline
 
-            loaded = pipeline("text-classification", model=str(path), device="cpu")
+            loaded = pipeline("text-classification", model=str(self._local(model_id, path)),
+                              device="cpu")
             self._pipelines[model_id] = loaded
             while len(self._pipelines) > self.capacity:
                 evicted, _ = self._pipelines.popitem(last=False)
+                shutil.rmtree(self.cache_dir / evicted, ignore_errors=True)
                 logger.info("evicted model %s from the prediction cache", evicted)
             return loaded
+
+    def _local(self, model_id: str, path: Path | UPath) -> Path:
+        if isinstance(path, Path):
+            return path
+        copy = self.cache_dir / model_id
+        if not copy.is_dir():
+            partial = self.cache_dir / f"{model_id}.tmp-{uuid.uuid4().hex[:8]}"
+            logger.info("model %s: fetching %s for predictions", model_id, path)
+            store.download(path, partial)
+            partial.rename(copy)
+        return copy
 
     def forget(self, model_id: str) -> None:
         with self._lock:
             self._pipelines.pop(model_id, None)
+            shutil.rmtree(self.cache_dir / model_id, ignore_errors=True)
 
-    def predict(self, model_id: str, path: Path, texts: list[str]) -> list[Prediction]:
+    def predict(self, model_id: str, path: Path | UPath, texts: list[str]) -> list[Prediction]:
         classify = self._pipeline(model_id, path)
         results = classify(texts, truncation=True, max_length=512, batch_size=16)
         return [Prediction(label=r["label"], score=float(r["score"])) for r in results]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 from pathlib import Path
 
@@ -14,8 +15,11 @@ from tests.api.control_plane import ControlPlane
 from tests.conftest import Processes
 from tests.factories import make_reviews_csv
 from tests.postgres import PostgresServer
+from tests.stores import Store
 from tests.support import wait_for
-from trainer.checkpoint import latest_checkpoint
+from trainer.checkpoint import latest_checkpoint, list_checkpoints
+from trainer.contract.checkpoints import NAME
+from trainer.contract.store import location
 
 pytestmark = pytest.mark.slow
 
@@ -119,3 +123,68 @@ def test_a_job_with_a_killed_pod_on_postgresql(tmp_path: Path, inputs_dir: Path,
         revision = connection.execute("SELECT version_num FROM alembic_version").fetchone()
     assert metrics is not None and metrics[0] >= 5
     assert revision is not None and revision[0] == migrations.head()
+
+
+def test_a_job_with_a_killed_pod_keeps_its_artifacts_in_azure_blob(
+        tmp_path: Path, inputs_dir: Path, processes: Processes, azurite: Store,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """MIGRATOR_ARTIFACTS_URL on Azure Blob (a real Azurite, the real adlfs client): a restart
+    job whose pod is SIGKILLed resumes from checkpoints in the store, exports its model there,
+    and the API lists, streams and predicts from the store; no artifact is written locally and
+    the store's credentials appear in no event or log."""
+    from transformers import AutoModelForSequenceClassification
+
+    for name, value in azurite.env.items():
+        monkeypatch.setenv(name, value)  # for this test's own reads of the store
+    root = azurite.new_location("artifacts") + "/live-migrator"
+    make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
+    plane = ControlPlane(processes, tmp_path / "data", inputs_dir,
+                         env={"MIGRATOR_ARTIFACTS_URL": root, **azurite.env})
+    plane.start()
+    try:
+        job_id = plane.http.post("/api/v1/jobs", json=SPEC).json()["id"]
+        checkpoints = location(f"{root}/{job_id}/checkpoints")
+        wait_for(lambda: latest_checkpoint(checkpoints) is not None, timeout=180,
+                 what="a checkpoint in the store")
+        assert plane.http.post(f"/api/v1/jobs/{job_id}/pods/1/kill",
+                               json={"grace_seconds": 0}).status_code == 202
+        job = plane.wait_status(job_id, "succeeded", "failed")
+        assert job["status"] == "succeeded", job["reason"]
+        assert job["pods"][1]["restarts"] == 1
+        resumed = [e for e in plane.events(job_id, "job") if e["data"].get("type") == "resumed"]
+        assert resumed and all(e["data"]["step"] >= 4 for e in resumed), resumed
+
+        listed = plane.http.get(f"/api/v1/jobs/{job_id}/checkpoints").json()
+        assert [c["id"] for c in listed] == [
+            i.path.name for i in reversed(list_checkpoints(checkpoints))]
+        assert listed[0]["size_bytes"] > 0
+        assert not [p for p in checkpoints.iterdir() if not NAME.match(p.name)]  # no leftovers
+        archive = plane.http.get(f"/api/v1/jobs/{job_id}/checkpoints/{listed[0]['id']}/download")
+        with tarfile.open(fileobj=io.BytesIO(archive.content), mode="r:gz") as tar:
+            assert f"{listed[0]['id']}/COMPLETE" in tar.getnames()
+
+        model_id = job["model_id"]
+        archive = plane.http.get(f"/api/v1/models/{model_id}/download")
+        assert archive.status_code == 200
+        with tarfile.open(fileobj=io.BytesIO(archive.content), mode="r:gz") as tar:
+            tar.extractall(tmp_path / "download", filter="data")
+        loaded = AutoModelForSequenceClassification.from_pretrained(
+            tmp_path / "download" / model_id)
+        assert loaded.config.id2label == {0: "negative", 1: "positive"}
+        predicted = plane.http.post(f"/api/v1/models/{model_id}/predict",
+                                    json={"texts": ["a brilliant warm film"]})
+        assert predicted.status_code == 200, predicted.text
+        assert (tmp_path / "data" / "cache" / "models" / model_id / "config.json").is_file()
+
+        local = tmp_path / "data" / "jobs" / job_id
+        assert not (local / "checkpoints").exists() and not (local / "model").exists()
+        key = azurite.env["AZURE_STORAGE_CONNECTION_STRING"].split("AccountKey=")[1][:20]
+        events = plane.http.get(f"/api/v1/jobs/{job_id}/events", params={"limit": 1000}).text
+        logs = "".join(p.read_text(errors="replace") for p in local.rglob("*.log"))
+        assert key not in events and key not in logs and key not in json.dumps(job)
+
+        assert plane.http.delete(f"/api/v1/models/{model_id}").status_code == 204
+        assert not location(f"{root}/{job_id}/model").exists()
+        assert not (tmp_path / "data" / "cache" / "models" / model_id).exists()
+    finally:
+        plane.close()

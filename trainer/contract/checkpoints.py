@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from upath import UPath
+
 logger = logging.getLogger(__name__)
 
 MARKER = "COMPLETE"
@@ -22,6 +24,9 @@ MODEL_FILE = "model.pt"
 STATE_FILE = "trainer.pt"
 META_FILE = "meta.json"
 
+
+EXPORTED = "config.json"
+"""In a job's export: the file whose presence says the export is whole (it is moved in last)."""
 
 ADAPTER_DIR = "adapter"
 """In a job's export (the model directory): a LoRA job's adapters alone, beside the merged
@@ -51,7 +56,7 @@ def staging_name(step: int, suffix: str = "") -> str:
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    path: Path
+    path: Path | UPath
     step: int
     meta: dict[str, Any]
     """`meta.json`: epoch, cursor, epoch_end, emergency, finetune, base_model (what a LoRA
@@ -63,14 +68,14 @@ class CheckpointInfo:
         return float(value) if value is not None else None
 
 
-def read_info(path: Path) -> CheckpointInfo:
+def read_info(path: Path | UPath) -> CheckpointInfo:
     match = NAME.match(path.name)
     if match is None:
         raise ValueError(f"{path} is not a step-N checkpoint directory")
     return CheckpointInfo(path, int(match.group(1)), json.loads((path / META_FILE).read_text()))
 
 
-def list_checkpoints(directory: Path) -> list[CheckpointInfo]:
+def list_checkpoints(directory: Path | UPath) -> list[CheckpointInfo]:
     """Complete checkpoints, oldest step first."""
     if not directory.is_dir():
         return []
@@ -84,7 +89,7 @@ def list_checkpoints(directory: Path) -> list[CheckpointInfo]:
     return sorted(found, key=lambda info: info.step)
 
 
-def latest_checkpoint(directory: Path) -> CheckpointInfo | None:
+def latest_checkpoint(directory: Path | UPath) -> CheckpointInfo | None:
     """The complete checkpoint with the highest step (never chosen by file time)."""
     found = list_checkpoints(directory)
     return found[-1] if found else None

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from trainer.contract.store import Location
+
 SPEC_ENV = "TRAINER_CONFIG"
 """The environment variable that holds the job spec (trainer.contract.spec), as JSON."""
 LOOPBACK = "127.0.0.1"
@@ -59,11 +61,12 @@ class Runtime(BaseModel):
     metrics_file: Path | None = Field(default=None, alias="METRICS_FILE")
     """A JSON-lines file that receives every report record too."""
 
-    checkpoint_dir: Path = Field(default=Path("runs/checkpoints"), alias="CHECKPOINT_DIR")
-    """The job's shared checkpoint directory (`step-N/`)."""
+    checkpoint_dir: Location = Field(default=Path("runs/checkpoints"), alias="CHECKPOINT_DIR")
+    """The job's shared checkpoint directory (`step-N/`): a path, or an object store's URL
+    (trainer.contract.store)."""
 
-    model_dir: Path = Field(default=Path("runs/model"), alias="MODEL_DIR")
-    """Where the trained model is exported with `save_pretrained`."""
+    model_dir: Location = Field(default=Path("runs/model"), alias="MODEL_DIR")
+    """Where the trained model is exported with `save_pretrained`: a path or a store's URL."""
 
     inputs_dir: Path = Field(default=Path("data/inputs"), alias="INPUTS_DIR")
     """Root of local models and datasets named by a relative path."""

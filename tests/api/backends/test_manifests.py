@@ -21,6 +21,7 @@ from api.backends.base import Launch, Resources
 from api.backends.manifests import ClusterConfig
 from tests.api.backends.k8s_fake import SCHEMA_VERSION
 from tests.support import wait_for
+from trainer.contract.store import location
 
 CLUSTER = ClusterConfig(namespace="live-migrator", image="registry.example/trainer:1.2.3")
 
@@ -188,6 +189,27 @@ def test_paths_the_pods_write_are_the_paths_the_api_reads(tmp_path: Path) -> Non
     assert model_in_pod.parent == Path(mounts["models"]["mountPath"])
     assert manifests.exported_model_dir(models) == (
         tmp_path / "models" / mounts["models"]["subPath"] / model_in_pod.name)
+
+
+def test_artifacts_in_a_store_need_no_volumes_and_come_with_the_stores_secret() -> None:
+    root = "az://artifacts/live-migrator/job-1a2b3c4d"
+    launch = dataclasses.replace(make_launch(), checkpoint_dir=location(f"{root}/checkpoints"),
+                                 model_dir=location(f"{root}/model"))
+    cluster = dataclasses.replace(CLUSTER, artifacts_secret="migrator-artifacts")
+    owner = manifests.anchor(launch, cluster)
+    owner["metadata"] = {**owner["metadata"], "uid": "0b7e0c1e-1111-2222-3333-444455556666"}
+    template = json.loads(owner["data"][manifests.TEMPLATE_KEY])
+    pod = manifests.trainer_pod(template, owner, 1, 4)
+    assert kubernetes_validate.validate(pod, SCHEMA_VERSION, strict=True)
+    trainer = pod["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in trainer["env"]}
+    assert (env["CHECKPOINT_DIR"], env["MODEL_DIR"]) == (f"{root}/checkpoints", f"{root}/model")
+    assert trainer["envFrom"] == [{"secretRef": {"name": "migrator-artifacts"}}]
+    volumes = {v["name"] for v in pod["spec"]["volumes"]}
+    assert {"inputs", "cache"} <= volumes and not {"checkpoints", "models"} & volumes
+    assert not {"checkpoints", "models"} & {m["name"] for m in trainer["volumeMounts"]}
+    # On volumes, as before: no secret is handed over.
+    assert "envFrom" not in container(make_launch())
 
 
 @pytest.mark.parametrize("mode", ["live", "restart"])

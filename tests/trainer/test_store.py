@@ -1,0 +1,145 @@
+"""Checkpoints and exports in an object store (trainer.contract.store): Azure Blob, against a real
+Azurite server and the real adlfs client."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from upath import UPath
+
+from tests.conftest import ROOT
+from tests.stores import Store
+from tests.support import wait_for
+from trainer.checkpoint import (
+    MARKER,
+    apply_retention,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+from trainer.contract import store
+from trainer.contract.store import StoreError, location
+from trainer.export import export_model
+from trainer.recovery import LiveRecovery
+
+
+@pytest.fixture
+def blob(azurite: Store, monkeypatch: pytest.MonkeyPatch) -> UPath:
+    """A fresh container's prefix, with the store's credentials in the environment."""
+    for name, value in azurite.env.items():
+        monkeypatch.setenv(name, value)
+    root = location(azurite.new_location("checkpoints") + "/jobs/job-1")
+    assert isinstance(root, UPath)
+    return root
+
+
+def names(directory: UPath) -> list[str]:
+    return sorted(path.name for path in directory.iterdir()) if directory.exists() else []
+
+
+def test_a_location_is_a_directory_or_a_store_url_without_credentials() -> None:
+    assert location("runs/ckpt") == Path("runs/ckpt")
+    assert location("file:///data/jobs") == Path("/data/jobs")
+    blob = location("az://container/a/b/")
+    assert isinstance(blob, UPath) and str(blob) == "az://container/a/b"
+    for url, problem in [("gs://bucket/x", "unsupported artifacts URL"),
+                         ("az://user:secret@container/x", "carries no credentials"),
+                         ("az://container/x?sig=abc", "carries no credentials"),
+                         ("az:///x", "names no bucket or container"),
+                         ("s3://bucket/x", r"s3:// needs s3fs, which is not installed")]:
+        with pytest.raises(StoreError, match=problem):
+            location(url)
+
+
+def test_a_checkpoint_round_trips_through_the_store_marker_last(blob: UPath) -> None:
+    directory = blob / "checkpoints"
+    state = {"w": torch.arange(6.0).reshape(2, 3)}
+    info = save_checkpoint(directory, 4, {"module.w": state["w"]}, {"step": 4},
+                           {"epoch": 1, "metrics": {"val_accuracy": 0.5}})
+    assert str(info.path) == f"{directory}/step-4" and names(directory) == ["step-4"]
+    assert names(info.path) == ["COMPLETE", "meta.json", "model.pt", "trainer.pt"]
+    model_state, trainer_state, meta = load_checkpoint(info.path)
+    assert torch.equal(model_state["w"], state["w"]) and trainer_state == {"step": 4}
+    assert (meta["step"], meta["epoch"]) == (4, 1)
+
+    # Without its marker a checkpoint is nobody's to read, and the next save clears it.
+    save_checkpoint(directory, 8, state, {"step": 8}, {"metrics": {"val_accuracy": 0.9}})
+    (directory / "step-8" / MARKER).unlink()
+    assert [i.step for i in list_checkpoints(directory)] == [4]
+    assert latest_checkpoint(directory) is not None and latest_checkpoint(directory).step == 4
+    save_checkpoint(directory, 12, state, {"step": 12}, {"metrics": {"val_accuracy": 0.1}},
+                    keep=1)
+    # Retention: the newest and the best (step 4's 0.5 beats step 12's 0.1); step-8 cleared.
+    assert names(directory) == ["step-12", "step-4"]
+    assert apply_retention(directory, keep=1) == []
+
+
+WRITER = """
+import sys, torch
+from trainer.checkpoint import save_checkpoint
+from trainer.contract.store import location
+directory = location(sys.argv[1])
+big = {"w": torch.randn(64, 1024, 1024)}  # 256 MiB: the upload takes a while
+print("writing", flush=True)
+save_checkpoint(directory, int(sys.argv[2]), big, {}, {})
+"""
+
+
+def test_a_killed_upload_is_never_resumed_from_and_its_leftovers_are_cleaned(
+        blob: UPath, tmp_path: Path) -> None:
+    directory = blob / "checkpoints"
+    save_checkpoint(directory, 3, {"w": torch.ones(2)}, {"step": 3}, {})
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    writer = subprocess.Popen([sys.executable, str(script), str(directory), "6"],
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        # Killed once the upload is under way: its staging prefix exists, its marker never.
+        wait_for(lambda: "step-6.tmp" in names(directory), what="the upload to start",
+                 timeout=120, interval=0.02, process=writer)
+        writer.send_signal(signal.SIGKILL)
+        writer.wait(timeout=30)
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+    assert "step-6.tmp" in names(directory) and "step-6" not in names(directory)
+    newest = latest_checkpoint(directory)
+    assert newest is not None and newest.step == 3
+    assert torch.equal(load_checkpoint(newest.path)[0]["w"], torch.ones(2))
+    save_checkpoint(directory, 9, {"w": torch.zeros(2)}, {"step": 9}, {})
+    assert names(directory) == ["step-3", "step-9"]
+
+
+def test_the_export_is_uploaded_whole_and_loads(blob: UPath, tiny_model_dir: Path,
+                                                tmp_path: Path) -> None:
+    from trainer.contract.spec import JobSpec
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    target = blob / "model"
+    spec = JobSpec(model="tiny", dataset="reviews.csv")
+    assert export_model(model, tokenizer, target, spec, {"test": {"accuracy": 0.75}},
+                        {"train": 10}) == target
+    assert names(blob) == ["model"]  # no staging prefix left
+    assert {"config.json", "metrics.json", "README.md", "model.safetensors"} <= set(names(target))
+    # A live peer that comes second finds it exported and leaves it as it is.
+    assert not LiveRecovery(blob / "checkpoints", target).exports(is_primary=False)
+    export_model(model, tokenizer, target, spec, {}, {}, shared=True)
+    assert names(blob) == ["model"] and "0.75" in (target / "metrics.json").read_text()
+
+    store.download(target, tmp_path / "copy")
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "copy")
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),
+                                                 model.state_dict().values(), strict=True))
+    assert store.size(target) == sum(p.stat().st_size for p in (tmp_path / "copy").rglob("*")
+                                     if p.is_file())
+    store.remove(target, first="config.json")
+    assert names(blob) == []

@@ -1,0 +1,169 @@
+"""Where a job's artifacts (checkpoints, the exported model) live: a local directory, or an object
+store through fsspec (R50). The trainer writes there; the API lists, streams and deletes.
+
+`location()` reads an artifacts URL: a plain path or `file://...` is a directory (a
+`pathlib.Path`, as before stores existed); `az://container/prefix` is Azure Blob (adlfs) and
+`s3://bucket/prefix` S3 or MinIO (s3fs), both with pathlib's interface (universal_pathlib).
+Credentials and endpoints come only from the client libraries' standard environment variables
+(`AZURE_STORAGE_CONNECTION_STRING`; `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+`AWS_ENDPOINT_URL`), never from a URL, so that no secret reaches a spec, an event or a log.
+
+An object store differs from a directory in what the writers rely on: nothing is durable before
+an upload completes (there is no fsync), there is no atomic rename, and other processes' writes
+must be seen at once (so directory listings are never cached). Writers stage under a temporary
+prefix, `move()` file by file with the completion marker last, and delete the marker first
+(`remove()`); readers trust nothing without the marker.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Annotated, Any
+from urllib.parse import urlsplit
+
+from pydantic import PlainSerializer, PlainValidator
+from upath import UPath
+
+PROTOCOLS = {"az": "adlfs", "abfs": "adlfs", "s3": "s3fs"}
+"""The object stores an artifacts URL may name, besides `file://` and plain paths, and the
+fsspec implementation each needs. adlfs (Azure Blob) is a dependency; s3fs is not: its botocore
+wants python-dateutil<3, which the kubernetes client (>=36) does not allow beside it, so S3
+works where s3fs is installed and the Kubernetes backend is not used."""
+
+
+class StoreError(ValueError):
+    """An artifacts URL that names no supported store, or carries credentials."""
+
+
+def location(value: str | os.PathLike[str] | UPath) -> Path | UPath:
+    """The directory or object-store prefix `value` names (see the module's docstring)."""
+    if isinstance(value, Path | UPath):
+        return value
+    text = os.fspath(value)
+    parts = urlsplit(text)
+    if parts.scheme in ("", "file"):
+        return Path(parts.path if parts.scheme else text)
+    if parts.scheme not in PROTOCOLS:
+        raise StoreError(f"unsupported artifacts URL {text!r}: use a path, file://, "
+                         f"{', '.join(f'{p}://' for p in PROTOCOLS)}")
+    if parts.username or parts.password or parts.query:
+        raise StoreError("an artifacts URL carries no credentials or options: the store's "
+                         "client reads them from its standard environment variables")
+    if importlib.util.find_spec(PROTOCOLS[parts.scheme]) is None:
+        raise StoreError(f"{parts.scheme}:// needs {PROTOCOLS[parts.scheme]}, which is not "
+                         f"installed (pip install {PROTOCOLS[parts.scheme]})")
+    if not parts.netloc:
+        raise StoreError(f"artifacts URL {text!r} names no bucket or container")
+    # Every process must see the others' writes at once: no cached listings.
+    return UPath(text.rstrip("/"), use_listings_cache=False)
+
+
+Location = Annotated[Path | UPath, PlainValidator(location), PlainSerializer(str)]
+"""A field holding a `location()`: validated from a path or URL, written as its string."""
+
+
+def is_local(path: Path | UPath) -> bool:
+    return isinstance(path, Path)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_dir(path: Path | UPath) -> None:
+    """Make a directory's entries durable (nothing to do in an object store)."""
+    if isinstance(path, Path):
+        _fsync(path)
+
+
+def write_durable(path: Path | UPath, write: Callable[[IO[bytes]], Any]) -> None:
+    """Write a file through `write(handle)`; durable on return (fsynced, or fully uploaded)."""
+    with path.open("wb") as handle:
+        write(handle)
+        if isinstance(path, Path):
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def files(directory: Path | UPath) -> Iterator[tuple[str, Path | UPath]]:
+    """(path relative to `directory`, path) of every file below it, sorted; no symlinks."""
+    if isinstance(directory, Path):
+        for path in sorted(directory.rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                yield path.relative_to(directory).as_posix(), path
+        return
+    root = directory.path.rstrip("/")
+    for found in sorted(directory.fs.find(root)):
+        relative = found[len(root):].lstrip("/")
+        if relative:
+            yield relative, directory.joinpath(*relative.split("/"))
+
+
+def size(directory: Path | UPath) -> int:
+    """Bytes of every file below `directory`."""
+    if isinstance(directory, Path):
+        return sum(p.stat().st_size for _, p in files(directory))
+    details = directory.fs.find(directory.path.rstrip("/"), detail=True)
+    return sum(int(info.get("size") or 0) for info in details.values())
+
+
+def remove(directory: Path | UPath, first: str | None = None) -> None:
+    """Delete `directory` and all below it; the file `first` (a completion marker) before the
+    rest, so that a deletion cut short never leaves something that looks whole."""
+    if first is not None:
+        (directory / first).unlink(missing_ok=True)
+    if isinstance(directory, Path):
+        shutil.rmtree(directory, ignore_errors=True)
+    elif directory.exists():
+        directory.fs.rm(directory.path.rstrip("/"), recursive=True)
+
+
+def move(source: Path | UPath, target: Path | UPath, last: str | None = None) -> None:
+    """Move the directory `source` to `target`, which must not exist as a directory.
+
+    A directory is renamed at once (atomic; OSError when `target` exists). In an object store
+    every file is moved by a server-side copy, the file `last` (what readers wait for) after
+    all others, and `target` may already hold the same files from a concurrent writer.
+    """
+    if isinstance(source, Path):
+        assert isinstance(target, Path), (source, target)
+        source.rename(target)
+        return
+    assert isinstance(target, UPath) and target.protocol == source.protocol, (source, target)
+    pending = list(files(source))
+    ordered = ([p for p in pending if p[0] != last] + [p for p in pending if p[0] == last])
+    for relative, _ in ordered:
+        source.fs.mv(source.joinpath(*relative.split("/")).path,
+                     target.joinpath(*relative.split("/")).path)
+    remove(source)
+
+
+def upload(local: Path, target: Path | UPath, last: str | None = None) -> None:
+    """Copy the local directory `local` to `target` (a fresh place), `last` after the rest."""
+    if isinstance(target, Path):
+        shutil.copytree(local, target)
+        return
+    pending = list(files(local))
+    ordered = ([p for p in pending if p[0] != last] + [p for p in pending if p[0] == last])
+    for relative, path in ordered:
+        target.fs.put_file(str(path), target.joinpath(*relative.split("/")).path)
+
+
+def download(source: Path | UPath, local: Path) -> None:
+    """Copy the directory `source` to the local directory `local` (created)."""
+    local.mkdir(parents=True, exist_ok=True)
+    for relative, path in files(source):
+        destination = local / relative
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(path, Path):
+            shutil.copyfile(path, destination)
+        else:
+            path.fs.get_file(path.path, str(destination))
