@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -21,13 +22,13 @@ class Settings(BaseSettings):
     """Bearer token for every user endpoint; generated once into the data dir when unset."""
     backend: Literal["local", "kubernetes"] = "local"
     database_url: str | None = None
+    """SQLAlchemy URL (e.g. postgresql+psycopg://...); SQLite in the data dir when unset."""
     artifacts_url: str | None = None
     """Where checkpoints and models go (trainer.contract.store): `file://...`, `az://container/
     prefix` (Azure Blob) or `s3://bucket/prefix` (S3, MinIO); the data dir's `jobs/` when unset.
     The store's credentials come from its client's standard environment variables
     (AZURE_STORAGE_CONNECTION_STRING; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL),
     which the trainer pods inherit."""
-    """SQLAlchemy URL (e.g. postgresql+psycopg://...); SQLite in the data dir when unset."""
     inputs_dir: Path | None = None
     """Root for local models and datasets named by a relative path; `<data dir>/inputs` if unset."""
     host: str = "127.0.0.1"
@@ -101,7 +102,7 @@ class Settings(BaseSettings):
             location(value)  # raises on a URL that names no store
         return value or None
 
-    @property
+    @cached_property
     def artifacts(self) -> Path | UPath:
         """The root of every job's artifacts (`<job id>/checkpoints`, `<job id>/model`)."""
         return location(self.artifacts_url) if self.artifacts_url else self.jobs_dir

@@ -22,26 +22,23 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    """One PostgreSQL server for the session (a database per test: `create_database`)."""
-    bin_dir = server_bin()
-    if bin_dir is None:
-        message = "PostgreSQL is not installed (Debian: apt-get install postgresql)"
-        if os.environ.get("CI"):
-            pytest.fail(message)  # .ci/run installs it: CI must not skip these tests
-        pytest.skip(message)
-    server = PostgresServer(bin_dir).start()
-    yield server
-    server.stop()
-
-
 def unavailable(message: str) -> NoReturn:
     """A server the tests need is not installed: skip them, but fail under CI, which installs
     everything (`make setup`), so that a broken installation cannot pass as skipped tests."""
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the session (a database per test: `create_database`)."""
+    bin_dir = server_bin()
+    if bin_dir is None:  # .ci/run installs it
+        unavailable("PostgreSQL is not installed (Debian: apt-get install postgresql)")
+    server = PostgresServer(bin_dir).start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import psycopg
 
-from tests.support import accepts, free_port, wait_for
+from tests.support import ThrowawayServer, accepts, free_port, wait_for
 
 BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
 """Debian puts each major version's server programs here, off the PATH."""
@@ -33,7 +33,7 @@ def server_bin() -> Path | None:
     return Path(found).parent if found else None
 
 
-class PostgresServer:
+class PostgresServer(ThrowawayServer):
     def __init__(self, bin_dir: Path) -> None:
         self.bin_dir = bin_dir
         self.port = free_port()
@@ -49,15 +49,8 @@ class PostgresServer:
             command = ["runuser", "-u", "postgres", "--", *command]
         subprocess.run(command, check=True, capture_output=True, timeout=120)
 
-    def start(self) -> PostgresServer:
-        """Initialise and start the cluster; on failure, whatever was started is stopped."""
-        try:
-            return self._start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _start(self) -> PostgresServer:
+    def _start(self) -> None:
+        """Initialise and start the cluster."""
         if self._as_postgres:
             shutil.chown(self.root, "postgres", "postgres")
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust",
@@ -68,7 +61,6 @@ class PostgresServer:
                   "-c fsync=off -c max_connections=200", "start")
         self.pid = self._postmaster_pid()
         wait_for(lambda: accepts(self.port), what="PostgreSQL to listen", timeout=30)
-        return self
 
     def _postmaster_pid(self) -> int | None:
         try:

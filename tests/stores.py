@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.support import free_port, wait_for
+from tests.support import ThrowawayServer, free_port, wait_for
 
 AZURITE_BIN = Path(__file__).resolve().parent / "stores/node_modules/.bin/azurite-blob"
 """Where `npm ci` in tests/stores (`make setup`) puts Azurite's blob service."""
@@ -113,7 +113,7 @@ def _log_tail(log: Path) -> str:
     return ""
 
 
-class AzuriteServer:
+class AzuriteServer(ThrowawayServer):
     """Azurite's blob service, its workspace in a temporary directory."""
 
     def __init__(self, binary: Path) -> None:
@@ -129,15 +129,8 @@ class AzuriteServer:
                 f"AccountKey={AZURITE_KEY};"
                 f"BlobEndpoint=http://127.0.0.1:{self.port}/{AZURITE_ACCOUNT};")
 
-    def start(self) -> AzuriteServer:
-        """Start it and wait until it listens; on failure, whatever was started is stopped."""
-        try:
-            return self._start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _start(self) -> AzuriteServer:
+    def _start(self) -> None:
+        """Start it and wait until it listens."""
         workspace = self.root / "workspace"
         workspace.mkdir()
         self.process = _spawn([str(self.binary), "--blobHost", "127.0.0.1",
@@ -145,7 +138,6 @@ class AzuriteServer:
                                "--skipApiVersionCheck", "--loose", "--silent",
                                "--disableTelemetry"], self.log)
         _wait_until_listening(self.process, self.port, "Azurite", self.log)
-        return self
 
     def create_container(self, name: str) -> None:
         from azure.storage.blob import BlobServiceClient

@@ -12,9 +12,29 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 T = TypeVar("T")
+
+
+class ThrowawayServer:
+    """A server a session fixture starts on a free port and stops by pid (tests/postgres.py,
+    tests/stores.py): `start` runs the subclass's `_start` and, should that fail half-way,
+    stops whatever it had started before raising."""
+
+    def start(self) -> Self:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
 
 
 class Starter(Protocol):

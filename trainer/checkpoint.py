@@ -36,6 +36,7 @@ from trainer.contract.checkpoints import (
     STAGING,
     STATE_FILE,
     CheckpointInfo,
+    apply_retention,
     checkpoint_name,
     latest_checkpoint,
     list_checkpoints,
@@ -170,20 +171,6 @@ def _remove_incomplete(directory: Path | UPath) -> None:
         if incomplete or STAGING.match(path.name):
             logger.info("removing incomplete checkpoint %s", path.name)
             remove(path)
-
-
-def apply_retention(directory: Path | UPath, keep: int) -> list[Path | UPath]:
-    """Delete all but the newest `keep` complete checkpoints and the best by val accuracy."""
-    found = list_checkpoints(directory)
-    kept = {info.path for info in found[-keep:]}
-    scored = [info for info in found if info.val_accuracy is not None]
-    if scored:
-        best = max(scored, key=lambda info: (info.val_accuracy, info.step))
-        kept.add(best.path)
-    removed = [info.path for info in found if info.path not in kept]
-    for path in removed:
-        remove(path, first=MARKER)  # never leaves something that looks complete
-    return removed
 
 
 def cpu_copy(state: Any) -> Any:

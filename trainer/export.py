@@ -93,11 +93,12 @@ def export_model(model: nn.Module, tokenizer: Any, target: Path | UPath, spec: J
     are saved alone in `adapter/` beside the merged `model`.
     """
     staging = target.with_name(f"{target.name}.tmp-{uuid.uuid4().hex[:12]}")
-    with tempfile.TemporaryDirectory(prefix="export-") as scratch:
-        local = staging if isinstance(staging, Path) else Path(scratch) / "model"
-        _save(model, tokenizer, local, spec, metrics, data, adapter)
-        if local != staging:
-            upload(local, staging)
+    if isinstance(staging, Path):
+        _save(model, tokenizer, staging, spec, metrics, data, adapter)
+    else:
+        with tempfile.TemporaryDirectory(prefix="export-") as scratch:
+            _save(model, tokenizer, Path(scratch), spec, metrics, data, adapter)
+            upload(Path(scratch), staging)
     if shared and (target / EXPORTED).is_file():
         remove(staging)
         logger.info("model already exported to %s by a peer", target)

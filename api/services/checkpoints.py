@@ -10,7 +10,13 @@ from upath import UPath
 from api.errors import Conflict, NotFound
 from api.models import CheckpointPublic, Job
 from trainer.contract import store
-from trainer.contract.checkpoints import MARKER, NAME, CheckpointInfo, list_checkpoints
+from trainer.contract.checkpoints import (
+    NAME,
+    CheckpointInfo,
+    apply_retention,
+    list_checkpoints,
+    remove_checkpoint,
+)
 
 
 def _public(job_id: str, info: CheckpointInfo) -> CheckpointPublic:
@@ -37,30 +43,16 @@ def find(directory: Path | UPath, checkpoint_id: str) -> Path | UPath:
     raise NotFound(f"checkpoint {checkpoint_id!r} not found")
 
 
-def remove(path: Path | UPath) -> None:
-    """Delete a checkpoint: its completion marker first, so that no reader (a resume, a
-    download) takes what is left for a whole checkpoint."""
-    store.remove(path, first=MARKER)
-
-
 def delete(job: Job, directory: Path | UPath, checkpoint_id: str) -> None:
     """Delete one checkpoint of `job`; never the newest while the job may resume from it."""
     path = find(directory, checkpoint_id)
     if not job.status.finished and list_checkpoints(directory)[-1].path == path:
         raise Conflict(f"checkpoint {checkpoint_id} is the newest of job {job.id}, which is "
                        f"{job.status.value}: a restart resumes from it")
-    remove(path)
+    remove_checkpoint(path)
 
 
 def prune(directory: Path | UPath) -> list[str]:
     """Delete every checkpoint but the final (newest) and the best (highest validation
     accuracy, the newer of equals); the names deleted."""
-    infos = list_checkpoints(directory)
-    keep = {infos[-1].path} if infos else set()
-    scored = [info for info in infos if info.val_accuracy is not None]
-    if scored:
-        keep.add(max(scored, key=lambda info: (info.val_accuracy or 0.0, info.step)).path)
-    doomed = [info.path for info in infos if info.path not in keep]
-    for path in doomed:
-        remove(path)
-    return [path.name for path in doomed]
+    return [path.name for path in apply_retention(directory, keep=1)]

@@ -87,9 +87,10 @@ import sys, torch
 from trainer.checkpoint import save_checkpoint
 from trainer.contract.store import location
 directory = location(sys.argv[1])
-big = {"w": torch.randn(64, 1024, 1024)}  # 256 MiB: the upload takes a while
-print("writing", flush=True)
-save_checkpoint(directory, int(sys.argv[2]), big, {}, {})
+# The small model file is uploaded first: once it shows, the 256 MiB trainer file is still
+# on its way (seconds), and the kill lands before the move that follows it.
+big = {"w": torch.randn(64, 1024, 1024)}
+save_checkpoint(directory, int(sys.argv[2]), {"w": torch.ones(2)}, big, {})
 """
 
 

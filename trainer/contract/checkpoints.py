@@ -17,6 +17,8 @@ from typing import Any
 
 from upath import UPath
 
+from trainer.contract.store import remove
+
 logger = logging.getLogger(__name__)
 
 MARKER = "COMPLETE"
@@ -87,6 +89,27 @@ def list_checkpoints(directory: Path | UPath) -> list[CheckpointInfo]:
             except (OSError, ValueError) as exc:
                 logger.warning("ignoring unreadable checkpoint %s: %s", path, exc)
     return sorted(found, key=lambda info: info.step)
+
+
+def remove_checkpoint(path: Path | UPath) -> None:
+    """Delete a checkpoint, its marker first: a deletion cut short never leaves something that
+    looks complete to a reader (a resume, a download)."""
+    remove(path, first=MARKER)
+
+
+def apply_retention(directory: Path | UPath, keep: int) -> list[Path | UPath]:
+    """Delete all but the newest `keep` complete checkpoints and the best by validation
+    accuracy (the newer of equals); the paths deleted."""
+    found = list_checkpoints(directory)
+    kept = {info.path for info in found[-keep:]}
+    scored = [info for info in found if info.val_accuracy is not None]
+    if scored:
+        best = max(scored, key=lambda info: (info.val_accuracy, info.step))
+        kept.add(best.path)
+    removed = [info.path for info in found if info.path not in kept]
+    for path in removed:
+        remove_checkpoint(path)
+    return removed
 
 
 def latest_checkpoint(directory: Path | UPath) -> CheckpointInfo | None:

@@ -138,32 +138,23 @@ def move(source: Path | UPath, target: Path | UPath, last: str | None = None) ->
         source.rename(target)
         return
     assert isinstance(target, UPath) and target.protocol == source.protocol, (source, target)
-    pending = list(files(source))
-    ordered = ([p for p in pending if p[0] != last] + [p for p in pending if p[0] == last])
-    for relative, _ in ordered:
-        source.fs.mv(source.joinpath(*relative.split("/")).path,
-                     target.joinpath(*relative.split("/")).path)
+    relatives = sorted((relative for relative, _ in files(source)), key=lambda r: r == last)
+    for relative in relatives:
+        parts = relative.split("/")
+        source.fs.mv(source.joinpath(*parts).path, target.joinpath(*parts).path)
     remove(source)
 
 
-def upload(local: Path, target: Path | UPath, last: str | None = None) -> None:
-    """Copy the local directory `local` to `target` (a fresh place), `last` after the rest."""
-    if isinstance(target, Path):
-        shutil.copytree(local, target)
-        return
-    pending = list(files(local))
-    ordered = ([p for p in pending if p[0] != last] + [p for p in pending if p[0] == last])
-    for relative, path in ordered:
+def upload(local: Path, target: UPath) -> None:
+    """Copy the local directory `local` into the object store at `target`."""
+    for relative, path in files(local):
         target.fs.put_file(str(path), target.joinpath(*relative.split("/")).path)
 
 
-def download(source: Path | UPath, local: Path) -> None:
-    """Copy the directory `source` to the local directory `local` (created)."""
+def download(source: UPath, local: Path) -> None:
+    """Copy `source`, a prefix in an object store, to the local directory `local` (created)."""
     local.mkdir(parents=True, exist_ok=True)
-    for relative, path in files(source):
+    for relative, _ in files(source):
         destination = local / relative
         destination.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(path, Path):
-            shutil.copyfile(path, destination)
-        else:
-            path.fs.get_file(path.path, str(destination))
+        source.fs.get_file(source.joinpath(*relative.split("/")).path, str(destination))
