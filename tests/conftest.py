@@ -13,9 +13,10 @@ import pytest
 
 from tests.factories import make_reviews_csv, make_tiny_model
 from tests.postgres import PostgresServer, server_bin
-from tests.stores import AzuriteServer, Store, azurite_bin
+from tests.stores import AzuriteServer, MotoServer, Store, azurite_bin, moto_bin
 from tests.support import ReportServer
 from trainer.config import JobSpec, Runtime, TrainConfig
+from trainer.contract.store import location
 
 ROOT = Path(__file__).resolve().parent.parent
 # No test may reach the Hugging Face hub (there is no network here); fail fast instead.
@@ -46,10 +47,37 @@ def azurite() -> Iterator[Store]:
     """Azurite's blob service for the session (a container per test: `new_location`)."""
     binary = azurite_bin()
     if binary is None:
-        unavailable("Azurite is not installed (make setup: npm ci in tests/stores; Node.js)")
+        unavailable("Azurite is not installed (make test-setup: npm ci in tests/stores; Node.js)")
     server = AzuriteServer(binary).start()
     yield server.store()
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto() -> Iterator[Store]:
+    """moto's S3 server for the session (a bucket per test: `new_location`)."""
+    binary = moto_bin()
+    if binary is None:
+        unavailable("moto's S3 server is not installed (make test-setup: tests/stores/.venv)")
+    server = MotoServer(binary).start()
+    yield server.store()
+    server.stop()
+
+
+@pytest.fixture(params=["azure", "s3"])
+def object_store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+                 ) -> Iterator[Store]:
+    """Each object store in turn (Azurite, moto), its variables in os.environ for this test,
+    where the client libraries look. fsspec keeps filesystems by their arguments, not by the
+    environment they read: those made here are forgotten afterwards, so that no later test
+    gets one bound to this server."""
+    chosen: Store = request.getfixturevalue({"azure": "azurite", "s3": "moto"}[request.param])
+    for name, value in chosen.env.items():
+        monkeypatch.setenv(name, value)
+    filesystem = type(location(f"{chosen.url_prefix}container").fs)
+    filesystem.clear_instance_cache()
+    yield chosen
+    filesystem.clear_instance_cache()
 
 
 @pytest.fixture(scope="session")

@@ -1,22 +1,27 @@
-"""A real object store for the tests on a free 127.0.0.1 port, stopped by pid: Azurite's blob
-service (Azure's emulator; npm's azurite, pinned in tests/stores/package-lock.json and installed
-by `make setup`). The tests see it through `Store`: the environment variables the client
-libraries (azure-storage-blob, adlfs) read, and a fresh container per `new_location`.
+"""Real object stores for the tests, each on a free 127.0.0.1 port and stopped by pid:
 
-(moto's S3 server cannot be installed beside the kubernetes client, nor can s3fs: their
-botocore wants python-dateutil<3, kubernetes>=36 wants >=3. `Store` stays store-neutral.)
+- Azure Blob: Azurite's blob service (Azure's emulator; npm's azurite, pinned in
+  tests/stores/package-lock.json);
+- S3: moto's server (`moto[server]`, pinned in tests/stores/requirements.txt), in a virtual
+  environment of its own, tests/stores/.venv: its botocore wants python-dateutil<3, which the
+  project's kubernetes client does not allow beside it.
 
-The server keeps nothing worth a clean shutdown (Azurite ignores SIGTERM anyway): it is stopped
-with SIGKILL, its whole process tree, and its workspace goes with it."""
+`make test-setup` installs both. The tests see a server through `Store`: the standard variables
+its client libraries read (adlfs; obstore), and a fresh container or bucket per `new_location`.
+
+The servers keep nothing worth a clean shutdown (Azurite ignores SIGTERM anyway): they are
+stopped with SIGKILL, their whole process tree, and their workspace goes with them."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
 import re
+import secrets
 import shutil
 import subprocess
 import tempfile
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +30,11 @@ import psutil
 
 from tests.support import ThrowawayServer, free_port, wait_for
 
-AZURITE_BIN = Path(__file__).resolve().parent / "stores/node_modules/.bin/azurite-blob"
-"""Where `npm ci` in tests/stores (`make setup`) puts Azurite's blob service."""
+STORES = Path(__file__).resolve().parent / "stores"
+AZURITE_BIN = STORES / "node_modules/.bin/azurite-blob"
+"""Where `npm ci` in tests/stores (`make test-setup`) puts Azurite's blob service."""
+MOTO_BIN = STORES / ".venv/bin/moto_server"
+"""Where `make test-setup` puts moto's server."""
 
 AZURITE_ACCOUNT = "devstoreaccount1"
 AZURITE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
@@ -40,18 +48,25 @@ def azurite_bin() -> Path | None:
     return None
 
 
+def moto_bin() -> Path | None:
+    """moto's server, if installed."""
+    return MOTO_BIN if MOTO_BIN.is_file() else None
+
+
 @dataclass
 class Store:
     """An object store as the tests use it, whichever server is behind it.
 
-    `kind` is `azure`; `url_prefix` is what every location's URL starts with (`az://`,
-    fsspec's protocol); `env` holds the standard variables
-    the client libraries read (set them with monkeypatch.setenv); `new_location` creates an
-    empty container or bucket and returns its URL; `create` makes one of a given name."""
+    `kind` is `azure` or `s3`; `url_prefix` is what every location's URL starts with (`az://`,
+    `s3://`: fsspec's protocol); `env` holds the standard variables the client libraries read
+    (set them with monkeypatch.setenv); `secret` is the part of them that must never show (in
+    an event, a log, a job); `new_location` creates an empty container or bucket and returns
+    its URL; `create` makes one of a given name."""
 
     kind: str
     url_prefix: str
     env: dict[str, str]
+    secret: str
     create: Callable[[str], None] = field(repr=False)
     _numbers: itertools.count[int] = field(default_factory=itertools.count, repr=False)
 
@@ -147,7 +162,44 @@ class AzuriteServer(ThrowawayServer):
 
     def store(self) -> Store:
         return Store("azure", "az://", {"AZURE_STORAGE_CONNECTION_STRING": self.connection_string},
-                     self.create_container)
+                     AZURITE_KEY, self.create_container)
+
+    def stop(self) -> None:
+        _kill_tree(self.process)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class MotoServer(ThrowawayServer):
+    """moto's S3 server. It checks no signatures; the secret key is made up per server, so that a
+    test can look for it where it must not be."""
+
+    def __init__(self, binary: Path) -> None:
+        self.binary = binary
+        self.port = free_port()
+        self.root = Path(tempfile.mkdtemp(prefix="migrator-moto-"))
+        self.log = self.root / "moto.log"
+        self.secret = f"moto-secret-{secrets.token_hex(12)}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _start(self) -> None:
+        self.process = _spawn([str(self.binary), "-H", "127.0.0.1", "-p", str(self.port)],
+                              self.log)
+        _wait_until_listening(self.process, self.port, "moto's S3 server", self.log)
+
+    def create_bucket(self, name: str) -> None:
+        """A PUT on the bucket (S3's CreateBucket; moto takes it unsigned)."""
+        request = urllib.request.Request(f"{self.endpoint}/{name}", method="PUT")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200, response.status
+
+    def store(self) -> Store:
+        env = {"AWS_ACCESS_KEY_ID": "migrator-tests", "AWS_SECRET_ACCESS_KEY": self.secret,
+               "AWS_ENDPOINT_URL": self.endpoint, "AWS_REGION": "us-east-1"}
+        return Store("s3", "s3://", env, self.secret, self.create_bucket)
 
     def stop(self) -> None:
         _kill_tree(self.process)

@@ -15,9 +15,9 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 
 
-def setup_commands(*variables: str) -> list[str]:
-    """What `make setup` would run from scratch (-B: whatever the stamps say)."""
-    result = subprocess.run(["make", "-n", "-B", "-C", str(ROOT), "setup", *variables],
+def setup_commands(*variables: str, target: str = "setup") -> list[str]:
+    """What `make <target>` would run from scratch (-B: whatever the stamps say)."""
+    result = subprocess.run(["make", "-n", "-B", "-C", str(ROOT), target, *variables],
                             capture_output=True, text=True, timeout=60, check=True)
     return result.stdout.splitlines()
 
@@ -41,3 +41,19 @@ def test_by_default_torch_comes_from_pypi_with_the_rest() -> None:
     commands = setup_commands()
     assert not any("index-url" in c for c in commands)
     assert any("install --quiet -e '.[dev]'" in c for c in commands)
+
+
+def test_the_test_servers_are_installed_for_the_tests_only_moto_in_its_own_venv() -> None:
+    demo = setup_commands()
+    assert not any("tests/stores" in c for c in demo)  # `make demo` needs no test server
+    tests = setup_commands(target="test-setup")
+    assert set(demo) <= set(tests)
+    assert "cd tests/stores && npm ci --ignore-scripts --no-audit --no-fund" in tests
+    moto = [c for c in tests if "tests/stores/requirements.txt" in c]
+    assert moto == ["tests/stores/.venv/bin/python -m pip install --quiet -r "
+                    "tests/stores/requirements.txt"]
+    # Every package pinned, as in a lockfile; botocore's python-dateutil<3 stays over there.
+    pins = [line for line in (ROOT / "tests/stores/requirements.txt").read_text().splitlines()
+            if line and not line.startswith("#")]
+    assert all("==" in line for line in pins) and any(p.startswith("moto[server]==")
+                                                        for p in pins)

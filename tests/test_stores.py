@@ -1,53 +1,55 @@
-"""The object-store fixture (tests/stores.py) serves a real store: through fsspec (adlfs),
-configured by nothing but `Store.env`, a file is written, listed and read back, and every
-location starts empty; a server that cannot start says why and leaves nothing behind."""
+"""The object-store fixtures (tests/stores.py) serve real stores: through fsspec (adlfs for
+Azurite, obstore for moto's S3), configured by nothing but `Store.env`, a file is written, listed
+and read back, and every location starts empty; a server that cannot start says why and leaves
+nothing behind."""
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 
 import fsspec
 import pytest
+from upath import UPath
 
 from tests.conftest import unavailable
-from tests.stores import AzuriteServer, Store, azurite_bin
+from tests.stores import AzuriteServer, MotoServer, Store, azurite_bin, moto_bin
+from trainer.contract.store import files as store_files
+from trainer.contract.store import location
 
 
 @pytest.fixture
-def store(azurite: Store, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
-    """The store, its variables in os.environ for this test, where the client libraries look.
-    fsspec keeps filesystems by their arguments, not by the environment they read: those made
-    here are forgotten afterwards, so that no later test gets one bound to this server."""
-    for name, value in azurite.env.items():
-        monkeypatch.setenv(name, value)
-    filesystem = fsspec.get_filesystem_class(azurite.url_prefix.removesuffix("://"))
-    filesystem.clear_instance_cache()
-    yield azurite
-    filesystem.clear_instance_cache()
+def store(object_store: Store) -> Store:
+    return object_store
 
 
-def names(location: str) -> list[str]:
-    """The files under `location`, relative to it."""
-    fs, root = fsspec.url_to_fs(location)
+def names(url: str) -> list[str]:
+    """The files under `url`, relative to it."""
+    fs, root = fs_and_root(url)
     return sorted(path.removeprefix(f"{root}/") for path in fs.find(root))
 
 
+def fs_and_root(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The filesystem and path the product's own `location` gives (with its S3 client)."""
+    path = location(url)
+    assert isinstance(path, UPath)
+    return path.fs, path.path.rstrip("/")  # a bucket's own path ends in "/"
+
+
 def test_a_file_is_written_listed_and_read_back(store: Store) -> None:
-    location = store.new_location("round-trip")
-    assert location.startswith(store.url_prefix)
-    with fsspec.open(f"{location}/dir/hello.txt", "wb") as handle:
+    url = store.new_location("round-trip")
+    assert url.startswith(store.url_prefix)
+    fs, root = fs_and_root(url)
+    with fs.open(f"{root}/dir/hello.txt", "wb") as handle:
         handle.write(b"hello, store")
 
-    assert names(location) == ["dir/hello.txt"]
-    fs, root = fsspec.url_to_fs(location)
+    assert names(url) == ["dir/hello.txt"]
     assert [entry["size"] for entry in fs.ls(f"{root}/dir", detail=True)] == [12]
-    with fsspec.open(f"{location}/dir/hello.txt", "rb") as handle:
+    with fs.open(f"{root}/dir/hello.txt", "rb") as handle:
         assert handle.read() == b"hello, store"
 
     other = store.new_location("round-trip")
-    assert other != location
-    assert names(other) == []
+    assert other != url
+    assert list(store_files(location(other))) == []
 
 
 def test_location_names_are_unique_and_valid(store: Store) -> None:
@@ -60,11 +62,12 @@ def test_location_names_are_unique_and_valid(store: Store) -> None:
         assert name[0].isalnum() and name[-1].isalnum()
 
 
-def test_a_server_that_cannot_listen_fails_and_leaves_nothing_behind() -> None:
-    binary = azurite_bin()
+@pytest.mark.parametrize("kind", ["azure", "s3"])
+def test_a_server_that_cannot_listen_fails_and_leaves_nothing_behind(kind: str) -> None:
+    binary = azurite_bin() if kind == "azure" else moto_bin()
     if binary is None:
-        unavailable("Azurite is not installed (make setup: npm ci in tests/stores; Node.js)")
-    server = AzuriteServer(binary)
+        unavailable(f"the {kind} test server is not installed (make test-setup)")
+    server = AzuriteServer(binary) if kind == "azure" else MotoServer(binary)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", server.port))
         taken.listen()

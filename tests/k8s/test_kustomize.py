@@ -14,10 +14,12 @@ import yaml
 
 from api.backends import manifests
 from api.backends.base import Launch
+from api.backends.kubernetes import cluster_config
 from api.settings import Settings
 from tests.api.backends.k8s_fake import SCHEMA_VERSION
 from tests.api.backends.k8s_fake.store import matches, parse_selector
 from tests.conftest import ROOT
+from trainer.contract.store import is_local, location
 
 K8S = ROOT / "k8s"
 NAMESPACED = {"ConfigMap", "Deployment", "Service", "ServiceAccount", "Role", "RoleBinding",
@@ -217,7 +219,7 @@ def render(directory: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
-@pytest.mark.parametrize("overlay", ["base", "overlays/aks"])
+@pytest.mark.parametrize("overlay", ["base", "overlays/aks", "overlays/object-store"])
 def test_rendered_kustomization_validates_strictly(overlay: str) -> None:
     rendered = render(K8S / overlay)
     for doc in rendered:
@@ -227,7 +229,12 @@ def test_rendered_kustomization_validates_strictly(overlay: str) -> None:
     kinds = sorted(d["kind"] for d in rendered)
     assert kinds.count("PersistentVolumeClaim") == 4 and "Role" in kinds
     assert {d["metadata"]["name"] for d in rendered if d["kind"] == "NetworkPolicy"} == {
-        "migrator-trainers", "migrator-coordinators", "migrator-api"}
+        "migrator-trainers", "migrator-coordinators", "migrator-api",
+        *(["migrator-artifacts-egress"] if overlay == "overlays/object-store" else [])}
+    if overlay == "overlays/object-store":
+        config = next(d for d in rendered if d["kind"] == "ConfigMap")["data"]
+        assert config["MIGRATOR_ARTIFACTS_URL"].startswith("s3://")
+        assert config["MIGRATOR_BACKEND"] == "kubernetes"  # the base's settings stay
     if overlay == "overlays/aks":
         classes = {d["metadata"]["name"]: d["spec"].get("storageClassName") for d in rendered
                    if d["kind"] == "PersistentVolumeClaim"}
@@ -237,3 +244,51 @@ def test_rendered_kustomization_validates_strictly(overlay: str) -> None:
                            "migrator-api-data": None}  # the cluster's default (Azure Disk)
         storage_class = next(d for d in rendered if d["kind"] == "StorageClass")
         assert storage_class["provisioner"] == "file.csi.azure.com"
+
+
+def egress_out_allowed(policies: list[dict[str, Any]], source: dict[str, str], port: int,
+                       ) -> bool:
+    """Whether these policies let a pod labelled `source` connect to `port` of an address
+    outside the cluster (a cloud store): a rule naming no peers, or an ipBlock."""
+    selecting = [p["spec"] for p in policies if selects(p["spec"]["podSelector"], source)
+                 and "Egress" in p["spec"]["policyTypes"]]
+    if not selecting:
+        return True  # not isolated
+    return any((not rule.get("to") or any("ipBlock" in peer for peer in rule["to"]))
+               and (not rule.get("ports") or any(p["port"] == port for p in rule["ports"]))
+               for spec in selecting for rule in spec.get("egress", []))
+
+
+def test_the_object_store_overlay_lets_trainers_and_the_api_reach_the_store() -> None:
+    overlay = K8S / "overlays" / "object-store"
+    objects = base()
+    settings_patch = documents(overlay / "settings.yaml")[0]
+    config = {**objects[("ConfigMap", "migrator-api")]["data"], **settings_patch["data"]}
+    settings = Settings.model_validate({k.removeprefix("MIGRATOR_").lower(): v
+                                        for k, v in config.items()})
+    assert not is_local(settings.artifacts)
+
+    # The API reads the store's credentials from the Secret the trainer pods get.
+    api = objects[("Deployment", "migrator-api")]["spec"]["template"]["spec"]["containers"][0]
+    assert {"secretRef": {"name": settings.k8s_artifacts_secret, "optional": True}} in api[
+        "envFrom"]
+    launch = Launch(job_id="job-1", replicas=2, fault_tolerance="live", spec={},
+                    report_url="http://api", report_token="t",
+                    checkpoint_dir=location(f"{settings.artifacts_url}/job-1/checkpoints"),
+                    model_dir=location(f"{settings.artifacts_url}/job-1/model"),
+                    inputs_dir=Path("i"), cache_dir=Path("x"))
+    trainer = manifests.trainer_container(launch, cluster_config(settings))
+    assert trainer["envFrom"] == [{"secretRef": {"name": settings.k8s_artifacts_secret}}]
+
+    # HTTPS out for the trainers and the API; still nothing for the coordinators.
+    base_policies = [d for d in objects.values() if d["kind"] == "NetworkPolicy"]
+    policies = [*base_policies, *documents(overlay / "network-policy.yaml")]
+    api_labels = objects[("Deployment", "migrator-api")]["spec"]["template"]["metadata"][
+        "labels"]
+    trainer_labels = manifests.labels("job-1", manifests.TRAINER)
+    assert not egress_out_allowed(base_policies, trainer_labels, 443)
+    assert egress_out_allowed(policies, trainer_labels, 443)
+    assert not egress_out_allowed(policies, trainer_labels, 80)
+    assert egress_out_allowed(policies, api_labels, 443)
+    for component in (manifests.LIGHTHOUSE, manifests.STORE):
+        assert not egress_out_allowed(policies, manifests.labels("job-1", component), 443)

@@ -3,10 +3,11 @@ store through fsspec (R50). The trainer writes there; the API lists, streams and
 
 `location()` reads an artifacts URL: a plain path or `file://...` is a directory (a
 `pathlib.Path`, as before stores existed); `az://container/prefix` is Azure Blob (adlfs) and
-`s3://bucket/prefix` S3 or MinIO (s3fs), both with pathlib's interface (universal_pathlib).
-Credentials and endpoints come only from the client libraries' standard environment variables
-(`AZURE_STORAGE_CONNECTION_STRING`; `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
-`AWS_ENDPOINT_URL`), never from a URL, so that no secret reaches a spec, an event or a log.
+`s3://bucket/prefix` S3 or MinIO (obstore's fsspec filesystem), both with pathlib's interface
+(universal_pathlib). Credentials and endpoints come only from the client libraries' standard
+environment variables (`AZURE_STORAGE_CONNECTION_STRING`; `AWS_ACCESS_KEY_ID`,
+`AWS_SECRET_ACCESS_KEY`, `AWS_ENDPOINT_URL`, `AWS_REGION`), never from a URL, so that no secret
+reaches a spec, an event or a log.
 
 An object store differs from a directory in what the writers rely on: nothing is durable before
 an upload completes (there is no fsync), there is no atomic rename, and other processes' writes
@@ -17,22 +18,25 @@ prefix, `move()` file by file with the completion marker last, and delete the ma
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Annotated, Any
+from typing import IO, Annotated, Any, cast
 from urllib.parse import urlsplit
 
 from pydantic import PlainSerializer, PlainValidator
 from upath import UPath
 
-PROTOCOLS = {"az": "adlfs", "abfs": "adlfs", "s3": "s3fs"}
-"""The object stores an artifacts URL may name, besides `file://` and plain paths, and the
-fsspec implementation each needs. adlfs (Azure Blob) is a dependency; s3fs is not: its botocore
-wants python-dateutil<3, which the kubernetes client (>=36) does not allow beside it, so S3
-works where s3fs is installed and the Kubernetes backend is not used."""
+PROTOCOLS = ("az", "abfs", "s3")
+"""The object stores an artifacts URL may name, besides `file://` and plain paths.
+
+S3 goes through obstore (Rust's object_store), not s3fs: s3fs's botocore wants
+python-dateutil<3, which the kubernetes client (>=36) does not allow beside it."""
+
+ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT")
+"""Where an S3-compatible server (MinIO, a test server) is, as the AWS clients read it."""
 
 
 class StoreError(ValueError):
@@ -53,13 +57,30 @@ def location(value: str | os.PathLike[str] | UPath) -> Path | UPath:
     if parts.username or parts.password or parts.query:
         raise StoreError("an artifacts URL carries no credentials or options: the store's "
                          "client reads them from its standard environment variables")
-    if importlib.util.find_spec(PROTOCOLS[parts.scheme]) is None:
-        raise StoreError(f"{parts.scheme}:// needs {PROTOCOLS[parts.scheme]}, which is not "
-                         f"installed (pip install {PROTOCOLS[parts.scheme]})")
     if not parts.netloc:
         raise StoreError(f"artifacts URL {text!r} names no bucket or container")
+    if parts.scheme == "s3":
+        return UPath(text.rstrip("/"), **_s3_options())
     # Every process must see the others' writes at once: no cached listings.
     return UPath(text.rstrip("/"), use_listings_cache=False)
+
+
+@functools.cache
+def _use_obstore_for_s3() -> None:
+    """fsspec's s3:// is obstore's filesystem in this process (once: each registration makes a
+    new class, and with it new clients)."""
+    import obstore.fsspec
+
+    obstore.fsspec.register("s3")
+
+
+def _s3_options() -> dict[str, Any]:
+    """S3 through obstore's fsspec filesystem, which caches no listings. obstore reads the AWS
+    variables itself; it refuses plain HTTP unless told, and an `http://` endpoint the user set
+    is that telling (MinIO in a cluster, a test server)."""
+    _use_obstore_for_s3()
+    endpoint = next((os.environ[name] for name in ENDPOINT_VARIABLES if os.environ.get(name)), "")
+    return {"client_options": {"allow_http": True}} if endpoint.startswith("http://") else {}
 
 
 Location = Annotated[Path | UPath, PlainValidator(location), PlainSerializer(str)]
@@ -87,10 +108,27 @@ def sync_dir(path: Path | UPath) -> None:
 def write_durable(path: Path | UPath, write: Callable[[IO[bytes]], Any]) -> None:
     """Write a file through `write(handle)`; durable on return (fsynced, or fully uploaded)."""
     with path.open("wb") as handle:
-        write(handle)
         if isinstance(path, Path):
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
+        else:
+            write(cast(IO[bytes], _Copying(handle)))
+
+
+class _Copying:
+    """A writable handle that copies what it is given before passing it on. obstore's writer
+    keeps the buffer it is handed until it uploads it, while torch.save hands out memoryviews
+    of a buffer it then reuses: uncopied, the upload would carry later bytes."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self._handle = handle
+
+    def write(self, data: bytes | memoryview) -> int:
+        return self._handle.write(bytes(data))
+
+    def flush(self) -> None:
+        self._handle.flush()
 
 
 def files(directory: Path | UPath) -> Iterator[tuple[str, Path | UPath]]:
