@@ -5,7 +5,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -42,26 +42,28 @@ def postgres() -> Iterator[PostgresServer]:
     server.stop()
 
 
+def _serve(binary: Path | None, server: Callable[[Path], AzuriteServer | MotoServer],
+           missing: str) -> Iterator[Store]:
+    """A store's server for the session, from its installed `binary`."""
+    if binary is None:
+        unavailable(missing)
+    running = server(binary).start()
+    yield running.store()
+    running.stop()
+
+
 @pytest.fixture(scope="session")
 def azurite() -> Iterator[Store]:
     """Azurite's blob service for the session (a container per test: `new_location`)."""
-    binary = azurite_bin()
-    if binary is None:
-        unavailable("Azurite is not installed (make test-setup: npm ci in tests/stores; Node.js)")
-    server = AzuriteServer(binary).start()
-    yield server.store()
-    server.stop()
+    yield from _serve(azurite_bin(), AzuriteServer,
+                      "Azurite is not installed (make test-setup: npm ci in tests/stores; Node.js)")
 
 
 @pytest.fixture(scope="session")
 def moto() -> Iterator[Store]:
     """moto's S3 server for the session (a bucket per test: `new_location`)."""
-    binary = moto_bin()
-    if binary is None:
-        unavailable("moto's S3 server is not installed (make test-setup: tests/stores/.venv)")
-    server = MotoServer(binary).start()
-    yield server.store()
-    server.stop()
+    yield from _serve(moto_bin(), MotoServer,
+                      "moto's S3 server is not installed (make test-setup: tests/stores/.venv)")
 
 
 @pytest.fixture(params=["azure", "s3"])
