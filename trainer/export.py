@@ -92,6 +92,8 @@ def export_model(model: nn.Module, tokenizer: Any, target: Path | UPath, spec: J
     one in place stays and the others are discarded. `adapter`: a LoRA model, whose adapters
     are saved alone in `adapter/` beside the merged `model`.
     """
+    if not shared:
+        _remove_stale_staging(target)
     staging = target.with_name(f"{target.name}.tmp-{uuid.uuid4().hex[:12]}")
     if isinstance(staging, Path):
         _save(model, tokenizer, staging, spec, metrics, data, adapter)
@@ -115,6 +117,18 @@ def export_model(model: nn.Module, tokenizer: Any, target: Path | UPath, spec: J
         return target
     logger.info("model exported to %s", target)
     return target
+
+
+def _remove_stale_staging(target: Path | UPath) -> None:
+    """Remove what exports killed before their move left next to `target`. Only for a lone
+    exporter (not `shared`): then no other export can be under way, while live peers may be
+    staging theirs right now."""
+    if not target.parent.is_dir():  # an object store's prefix exists only once it holds a file
+        return
+    for sibling in target.parent.iterdir():
+        if sibling.name.startswith(f"{target.name}.tmp-"):
+            logger.info("removing %s, left by a killed export", sibling.name)
+            remove(sibling)
 
 
 def _save(model: nn.Module, tokenizer: Any, directory: Path, spec: JobSpec,

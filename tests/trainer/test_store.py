@@ -130,14 +130,19 @@ def test_the_export_is_uploaded_whole_and_loads(blob: UPath, tiny_model_dir: Pat
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     target = blob / "model"
     spec = JobSpec(model="tiny", dataset="reviews.csv")
+    (blob / "model.tmp-killed0000" / "model.safetensors").write_bytes(b"half an upload")
     assert export_model(model, tokenizer, target, spec, {"test": {"accuracy": 0.75}},
                         {"train": 10}) == target
-    assert names(blob) == ["model"]  # no staging prefix left
+    assert names(blob) == ["model"]  # neither its staging prefix nor a killed export's left
     assert {"config.json", "metrics.json", "README.md", "model.safetensors"} <= set(names(target))
-    # A live peer that comes second finds it exported and leaves it as it is.
+    # A live peer that comes second finds it exported and leaves it as it is, and leaves
+    # alone what other peers may be staging.
     assert not LiveRecovery(blob / "checkpoints", target).exports(is_primary=False)
+    (blob / "model.tmp-peer00000000" / "config.json").write_bytes(b"{}")
     export_model(model, tokenizer, target, spec, {}, {}, shared=True)
-    assert names(blob) == ["model"] and "0.75" in (target / "metrics.json").read_text()
+    assert names(blob) == ["model", "model.tmp-peer00000000"]
+    assert "0.75" in (target / "metrics.json").read_text()
+    store.remove(blob / "model.tmp-peer00000000")
 
     store.download(target, tmp_path / "copy")
     loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "copy")
@@ -147,3 +152,18 @@ def test_the_export_is_uploaded_whole_and_loads(blob: UPath, tiny_model_dir: Pat
                                      if p.is_file())
     store.remove(target, first="config.json")
     assert names(blob) == []
+
+
+def test_a_local_export_clears_a_killed_exports_staging(tiny_model_dir: Path,
+                                                        tmp_path: Path) -> None:
+    from trainer.contract.spec import JobSpec
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    killed = tmp_path / "model.tmp-killed0000"
+    killed.mkdir()
+    (killed / "model.safetensors").write_bytes(b"half a file")
+    (tmp_path / "model2.tmp-0").mkdir()  # another target's staging: left alone
+    export_model(model, tokenizer, tmp_path / "model", JobSpec(model="tiny",
+                 dataset="reviews.csv"), {}, {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model2.tmp-0"]
