@@ -32,10 +32,9 @@ from typing import Any
 import torch
 from upath import UPath
 
-from tests.stores import AzuriteServer, MotoServer, azurite_bin, moto_bin
-from tests.support import ThrowawayServer
+from tests.stores import SERVERS, StoreServer
 from trainer.checkpoint import CheckpointWriter, cpu_copy, save_checkpoint
-from trainer.contract.store import location
+from trainer.contract.store import location, size
 from trainer.model import load_model, offline_model_dir
 
 
@@ -64,8 +63,7 @@ def write_seconds(directory: Path | UPath, model: Any, optimizer: Any, writes: i
         started = time.perf_counter()
         info = save_checkpoint(directory, step, state, trainer_state, {}, keep=1)
         times.append(time.perf_counter() - started)
-    size = sum(path.stat().st_size for path in info.path.iterdir())
-    return statistics.median(times), size
+    return statistics.median(times), size(info.path)
 
 
 def loop(directory: Path | UPath | None, model: Any, optimizer: Any, step: Callable[[], None],
@@ -96,23 +94,22 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)  # the second core uploads, as in a pod beside its peers
 
-    azurite, moto = azurite_bin(), moto_bin()
-    if azurite is None or moto is None:
-        raise SystemExit("the test stores are not installed: run `make test-setup`")
-    servers: list[ThrowawayServer] = []
+    servers: list[StoreServer] = []
     try:
-        azure_server = AzuriteServer(azurite).start()
-        servers.append(azure_server)
-        s3_server = MotoServer(moto).start()
-        servers.append(s3_server)
-        azure, s3 = azure_server.store(), s3_server.store()
-        os.environ.update({**azure.env, **s3.env})
+        for server in SERVERS.values():
+            binary = server.installed()
+            if binary is None:
+                raise SystemExit(f"{server.missing}: the bench uses the tests' servers")
+            servers.append(server(binary).start())
+        kinds = {server.kind: server.store() for server in servers}
+        for store in kinds.values():
+            os.environ.update(store.env)
         model, optimizer, step = training()
         with tempfile.TemporaryDirectory(prefix="bench-stores-") as scratch:
             stores: dict[str, Path | UPath] = {
                 "local": Path(scratch) / "checkpoints",
-                "azure": location(azure.new_location("bench") + "/checkpoints"),
-                "s3": location(s3.new_location("bench") + "/checkpoints")}
+                **{kind: location(store.new_location("bench") + "/checkpoints")
+                   for kind, store in kinds.items()}}
             print(f"MiniLM-L6 + AdamW checkpoint, {args.writes} writes per store; loop of "
                   f"{args.steps} steps, a checkpoint every {args.every}; {args.rounds} rounds")
             written = {name: write_seconds(where, model, optimizer, args.writes)
@@ -132,8 +129,8 @@ def main() -> None:
             saved = runs[name][0][2]
             stalls[name] = max(0.0, seconds - bare) / saved
             blocked = statistics.median(b for _, b, _ in runs[name]) / saved
-            size, base = written[name][1], written["local"][0]
-            print(f"{name:<7} {size:>12,} {written[name][0]:>8.2f} "
+            checkpoint_bytes, base = written[name][1], written["local"][0]
+            print(f"{name:<7} {checkpoint_bytes:>12,} {written[name][0]:>8.2f} "
                   f"{written[name][0] / base:>6.2f} {stalls[name]:>13.3f} "
                   f"{stalls[name] / max(stalls['local'], 1e-3):>6.2f} {blocked:>15.3f}")
     finally:

@@ -5,7 +5,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -13,7 +13,7 @@ import pytest
 
 from tests.factories import make_reviews_csv, make_tiny_model
 from tests.postgres import PostgresServer, server_bin
-from tests.stores import AzuriteServer, MotoServer, Store, azurite_bin, moto_bin
+from tests.stores import SERVERS, Store
 from tests.support import ReportServer
 from trainer.config import JobSpec, Runtime, TrainConfig
 from trainer.contract.store import location
@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def unavailable(message: str) -> NoReturn:
     """A server the tests need is not installed: skip them, but fail under CI, which installs
-    everything (`make setup`), so that a broken installation cannot pass as skipped tests."""
+    everything (`make test-setup`), so that a broken installation cannot pass as skipped tests."""
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
@@ -42,38 +42,38 @@ def postgres() -> Iterator[PostgresServer]:
     server.stop()
 
 
-def _serve(binary: Path | None, server: Callable[[Path], AzuriteServer | MotoServer],
-           missing: str) -> Iterator[Store]:
-    """A store's server for the session, from its installed `binary`."""
+def _serve(kind: str) -> Iterator[Store]:
+    """The `kind` of store's server for the session (a container or bucket per test)."""
+    server = SERVERS[kind]
+    binary = server.installed()
     if binary is None:
-        unavailable(missing)
+        unavailable(server.missing)
     running = server(binary).start()
     yield running.store()
     running.stop()
 
 
+# One session fixture per server (`<kind>_server`), started only if a test asks for it.
 @pytest.fixture(scope="session")
-def azurite() -> Iterator[Store]:
-    """Azurite's blob service for the session (a container per test: `new_location`)."""
-    yield from _serve(azurite_bin(), AzuriteServer,
-                      "Azurite is not installed (make test-setup: npm ci in tests/stores; Node.js)")
+def azure_server() -> Iterator[Store]:
+    """Azurite's blob service for the session."""
+    yield from _serve("azure")
 
 
 @pytest.fixture(scope="session")
-def moto() -> Iterator[Store]:
-    """moto's S3 server for the session (a bucket per test: `new_location`)."""
-    yield from _serve(moto_bin(), MotoServer,
-                      "moto's S3 server is not installed (make test-setup: tests/stores/.venv)")
+def s3_server() -> Iterator[Store]:
+    """moto's S3 server for the session."""
+    yield from _serve("s3")
 
 
-@pytest.fixture(params=["azure", "s3"])
+@pytest.fixture(params=list(SERVERS))
 def object_store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
                  ) -> Iterator[Store]:
-    """Each object store in turn (Azurite, moto), its variables in os.environ for this test,
+    """Each object store in turn (tests.stores.SERVERS), its variables in os.environ for this test,
     where the client libraries look. fsspec keeps filesystems by their arguments, not by the
     environment they read: those made here are forgotten afterwards, so that no later test
     gets one bound to this server."""
-    chosen: Store = request.getfixturevalue({"azure": "azurite", "s3": "moto"}[request.param])
+    chosen: Store = request.getfixturevalue(f"{request.param}_server")
     for name, value in chosen.env.items():
         monkeypatch.setenv(name, value)
     filesystem = type(location(f"{chosen.url_prefix}container").fs)

@@ -41,18 +41,6 @@ AZURITE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K
                "KBHBeksoGMGw==")
 """Azurite's well-known development account (public, documented by Microsoft)."""
 
-def azurite_bin() -> Path | None:
-    """Azurite's blob service, if installed (and Node.js, which runs it, is on the PATH)."""
-    if AZURITE_BIN.is_file() and shutil.which("node"):
-        return AZURITE_BIN
-    return None
-
-
-def moto_bin() -> Path | None:
-    """moto's server, if installed."""
-    return MOTO_BIN if MOTO_BIN.is_file() else None
-
-
 @dataclass
 class Store:
     """An object store as the tests use it, whichever server is behind it.
@@ -128,15 +116,44 @@ def _log_tail(log: Path) -> str:
     return ""
 
 
-class AzuriteServer(ThrowawayServer):
-    """Azurite's blob service, its workspace in a temporary directory."""
+class StoreServer(ThrowawayServer):
+    """A store's server process from an installed `binary`, its files in a temporary directory
+    that goes with it. Subclasses name their `kind` (`Store.kind`), say how to install them
+    (`missing`), find their binary (`installed`), start it (`_start`) and describe it as a
+    `Store` (`store`)."""
+
+    kind: str
+    missing: str
 
     def __init__(self, binary: Path) -> None:
         self.binary = binary
         self.port = free_port()
-        self.root = Path(tempfile.mkdtemp(prefix="migrator-azurite-"))
-        self.log = self.root / "azurite.log"
+        self.root = Path(tempfile.mkdtemp(prefix=f"migrator-{self.kind}-"))
+        self.log = self.root / "server.log"
         self.process: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def installed(cls) -> Path | None:
+        raise NotImplementedError
+
+    def store(self) -> Store:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        _kill_tree(self.process)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class AzuriteServer(StoreServer):
+    """Azurite's blob service."""
+
+    kind = "azure"
+    missing = "Azurite is not installed (make test-setup: npm ci in tests/stores; Node.js)"
+
+    @classmethod
+    def installed(cls) -> Path | None:
+        """Its binary, if installed (and Node.js, which runs it, is on the PATH)."""
+        return AZURITE_BIN if AZURITE_BIN.is_file() and shutil.which("node") else None
 
     @property
     def connection_string(self) -> str:
@@ -161,25 +178,25 @@ class AzuriteServer(ThrowawayServer):
             client.create_container(name)
 
     def store(self) -> Store:
-        return Store("azure", "az://", {"AZURE_STORAGE_CONNECTION_STRING": self.connection_string},
-                     AZURITE_KEY, self.create_container)
-
-    def stop(self) -> None:
-        _kill_tree(self.process)
-        shutil.rmtree(self.root, ignore_errors=True)
+        return Store(self.kind, "az://",
+                     {"AZURE_STORAGE_CONNECTION_STRING": self.connection_string}, AZURITE_KEY,
+                     self.create_container)
 
 
-class MotoServer(ThrowawayServer):
+class MotoServer(StoreServer):
     """moto's S3 server. It checks no signatures; the secret key is made up per server, so that a
     test can look for it where it must not be."""
 
+    kind = "s3"
+    missing = "moto's S3 server is not installed (make test-setup: tests/stores/.venv)"
+
     def __init__(self, binary: Path) -> None:
-        self.binary = binary
-        self.port = free_port()
-        self.root = Path(tempfile.mkdtemp(prefix="migrator-moto-"))
-        self.log = self.root / "moto.log"
+        super().__init__(binary)
         self.secret = f"moto-secret-{secrets.token_hex(12)}"
-        self.process: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def installed(cls) -> Path | None:
+        return MOTO_BIN if MOTO_BIN.is_file() else None
 
     @property
     def endpoint(self) -> str:
@@ -199,8 +216,9 @@ class MotoServer(ThrowawayServer):
     def store(self) -> Store:
         env = {"AWS_ACCESS_KEY_ID": "migrator-tests", "AWS_SECRET_ACCESS_KEY": self.secret,
                "AWS_ENDPOINT_URL": self.endpoint, "AWS_REGION": "us-east-1"}
-        return Store("s3", "s3://", env, self.secret, self.create_bucket)
+        return Store(self.kind, "s3://", env, self.secret, self.create_bucket)
 
-    def stop(self) -> None:
-        _kill_tree(self.process)
-        shutil.rmtree(self.root, ignore_errors=True)
+
+SERVERS: dict[str, type[StoreServer]] = {server.kind: server
+                                         for server in (AzuriteServer, MotoServer)}
+"""Each store's server, by `Store.kind`."""

@@ -12,14 +12,9 @@ import pytest
 from upath import UPath
 
 from tests.conftest import unavailable
-from tests.stores import AzuriteServer, MotoServer, Store, azurite_bin, moto_bin
+from tests.stores import SERVERS, Store
 from trainer.contract.store import files as store_files
 from trainer.contract.store import location
-
-
-@pytest.fixture
-def store(object_store: Store) -> Store:
-    return object_store
 
 
 def names(url: str) -> list[str]:
@@ -35,9 +30,9 @@ def fs_and_root(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     return path.fs, path.path.rstrip("/")  # a bucket's own path ends in "/"
 
 
-def test_a_file_is_written_listed_and_read_back(store: Store) -> None:
-    url = store.new_location("round-trip")
-    assert url.startswith(store.url_prefix)
+def test_a_file_is_written_listed_and_read_back(object_store: Store) -> None:
+    url = object_store.new_location("round-trip")
+    assert url.startswith(object_store.url_prefix)
     fs, root = fs_and_root(url)
     with fs.open(f"{root}/dir/hello.txt", "wb") as handle:
         handle.write(b"hello, store")
@@ -47,13 +42,13 @@ def test_a_file_is_written_listed_and_read_back(store: Store) -> None:
     with fs.open(f"{root}/dir/hello.txt", "rb") as handle:
         assert handle.read() == b"hello, store"
 
-    other = store.new_location("round-trip")
+    other = object_store.new_location("round-trip")
     assert other != url
     assert list(store_files(location(other))) == []
 
 
-def test_location_names_are_unique_and_valid(store: Store) -> None:
-    created = [store.new_location(name).removeprefix(store.url_prefix)
+def test_location_names_are_unique_and_valid(object_store: Store) -> None:
+    created = [object_store.new_location(name).removeprefix(object_store.url_prefix)
                for name in ("Checkpoints_Of JOB 7", "x" * 80, "--", "", "a")]
     assert created[0].startswith("checkpoints-of-job-7-")
     assert len(set(created)) == len(created)
@@ -62,12 +57,12 @@ def test_location_names_are_unique_and_valid(store: Store) -> None:
         assert name[0].isalnum() and name[-1].isalnum()
 
 
-@pytest.mark.parametrize("kind", ["azure", "s3"])
+@pytest.mark.parametrize("kind", list(SERVERS))
 def test_a_server_that_cannot_listen_fails_and_leaves_nothing_behind(kind: str) -> None:
-    binary = azurite_bin() if kind == "azure" else moto_bin()
+    binary = SERVERS[kind].installed()
     if binary is None:
-        unavailable(f"the {kind} test server is not installed (make test-setup)")
-    server = AzuriteServer(binary) if kind == "azure" else MotoServer(binary)
+        unavailable(SERVERS[kind].missing)
+    server = SERVERS[kind](binary)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", server.port))
         taken.listen()

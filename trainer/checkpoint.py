@@ -44,7 +44,7 @@ from trainer.contract.checkpoints import (
     shard_files,
     staging_name,
 )
-from trainer.contract.store import move, remove, sync_dir, write_durable
+from trainer.contract.store import entries, move, remove, sync_dir, write_durable
 
 logger = logging.getLogger(__name__)
 
@@ -164,9 +164,7 @@ def load_shard(path: Path | UPath, shard: str, map_location: str | torch.device 
 
 
 def _remove_incomplete(directory: Path | UPath) -> None:
-    if not directory.is_dir():  # an object store's prefix exists only once it holds a file
-        return
-    for path in directory.iterdir():
+    for path in entries(directory):
         incomplete = NAME.match(path.name) and not (path / MARKER).exists()
         if incomplete or STAGING.match(path.name):
             logger.info("removing incomplete checkpoint %s", path.name)

@@ -14,7 +14,7 @@ from upath import UPath
 
 from trainer.contract.checkpoints import ADAPTER_DIR, EXPORTED
 from trainer.contract.spec import JobSpec
-from trainer.contract.store import move, remove, upload
+from trainer.contract.store import entries, move, remove, upload
 from trainer.model import unwrap
 
 logger = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ def export_model(model: nn.Module, tokenizer: Any, target: Path | UPath, spec: J
     """
     if not shared:
         _remove_stale_staging(target)
-    staging = target.with_name(f"{target.name}.tmp-{uuid.uuid4().hex[:12]}")
+    staging = target.with_name(f"{_staging_prefix(target)}{uuid.uuid4().hex[:12]}")
     if isinstance(staging, Path):
         _save(model, tokenizer, staging, spec, metrics, data, adapter)
     else:
@@ -119,14 +119,17 @@ def export_model(model: nn.Module, tokenizer: Any, target: Path | UPath, spec: J
     return target
 
 
+def _staging_prefix(target: Path | UPath) -> str:
+    """What the names of `target`'s exports in progress start with."""
+    return f"{target.name}.tmp-"
+
+
 def _remove_stale_staging(target: Path | UPath) -> None:
     """Remove what exports killed before their move left next to `target`. Only for a lone
     exporter (not `shared`): then no other export can be under way, while live peers may be
     staging theirs right now."""
-    if not target.parent.is_dir():  # an object store's prefix exists only once it holds a file
-        return
-    for sibling in target.parent.iterdir():
-        if sibling.name.startswith(f"{target.name}.tmp-"):
+    for sibling in entries(target.parent):
+        if sibling.name.startswith(_staging_prefix(target)):
             logger.info("removing %s, left by a killed export", sibling.name)
             remove(sibling)
 

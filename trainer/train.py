@@ -18,7 +18,7 @@ from torch.nn import functional
 
 from trainer import checkpoint, lora
 from trainer.config import TrainConfig
-from trainer.contract import records
+from trainer.contract import records, store
 from trainer.contract.spec import JobSpec
 from trainer.data import TokenizedSplit, load_source, make_splits, tokenize
 from trainer.distributed import Group
@@ -544,7 +544,7 @@ class Trainer:
                                  self.config.spec.keep_checkpoints)
 
         def reported(info: checkpoint.CheckpointInfo) -> None:
-            size = sum(p.stat().st_size for p in info.path.iterdir())
+            size = store.size(info.path)
             self.reporter.emit(records.CheckpointSaved(step=step, epoch=epoch, path=info.path.name,
                                                size_bytes=size, epoch_end=epoch_end,
                                                val_accuracy=info.val_accuracy,

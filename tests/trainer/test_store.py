@@ -167,3 +167,17 @@ def test_a_local_export_clears_a_killed_exports_staging(tiny_model_dir: Path,
     export_model(model, tokenizer, tmp_path / "model", JobSpec(model="tiny",
                  dataset="reviews.csv"), {}, {})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model2.tmp-0"]
+
+
+def test_entries_are_the_direct_children_and_none_where_nothing_was_written(blob: UPath,
+                                                                           tmp_path: Path,
+                                                                           ) -> None:
+    for root in (blob, tmp_path / "local"):
+        assert store.entries(root / "missing") == []
+        (root / "a" / "b").mkdir(parents=True, exist_ok=True)  # a no-op in an object store
+        (root / "a" / "b" / "file").write_bytes(b"1")
+        (root / "a" / "top").write_bytes(b"2")
+        assert sorted(path.name for path in store.entries(root / "a")) == ["b", "top"]
+        assert [path.name for path in store.entries(root)] == ["a"]
+        inner = next(path for path in store.entries(root / "a") if path.name == "b")
+        assert (inner / "file").read_bytes() == b"1"  # the entries are paths to go on with

@@ -17,7 +17,7 @@ from typing import Any
 
 from upath import UPath
 
-from trainer.contract.store import remove
+from trainer.contract.store import entries, remove
 
 logger = logging.getLogger(__name__)
 
@@ -79,10 +79,8 @@ def read_info(path: Path | UPath) -> CheckpointInfo:
 
 def list_checkpoints(directory: Path | UPath) -> list[CheckpointInfo]:
     """Complete checkpoints, oldest step first."""
-    if not directory.is_dir():
-        return []
     found = []
-    for path in directory.iterdir():
+    for path in entries(directory):
         if NAME.match(path.name) and (path / MARKER).is_file():
             try:
                 found.append(read_info(path))

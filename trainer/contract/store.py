@@ -131,6 +131,19 @@ class _Copying:
         self._handle.flush()
 
 
+def entries(directory: Path | UPath) -> list[Path | UPath]:
+    """What lies directly in `directory`: none when it does not exist (as an object store's
+    prefix does not until it holds a file). In a store, one listing request."""
+    if isinstance(directory, Path):
+        return list(directory.iterdir()) if directory.is_dir() else []
+    root = directory.path.rstrip("/")
+    try:
+        found = directory.fs.ls(root, detail=False)
+    except FileNotFoundError:
+        return []
+    return [directory / name.rsplit("/", 1)[-1] for name in found if name.rstrip("/") != root]
+
+
 def files(directory: Path | UPath) -> Iterator[tuple[str, Path | UPath]]:
     """(path relative to `directory`, path) of every file below it, sorted; no symlinks."""
     if isinstance(directory, Path):
