@@ -217,8 +217,8 @@ def to_public(session: Session, job: Job) -> JobPublic:
         eta = round(max(remaining, 0) / throughput, 1)
     base, stages = f"/api/v1/jobs/{job.id}", stages_of(job.spec)
     links = {"self": base, "events": f"{base}/events", "stream": f"{base}/stream",
-             "checkpoints": f"{base}/checkpoints", "cancel": f"{base}/cancel",
-             "kill": f"{base}/pods/{{ordinal}}/kill",
+             "stream_link": f"{base}/stream-link", "checkpoints": f"{base}/checkpoints",
+             "cancel": f"{base}/cancel", "kill": f"{base}/pods/{{ordinal}}/kill",
              "migrate": f"{base}/pods/{{ordinal}}/migrate"}
     if job.model_id:
         links["model"] = f"/api/v1/models/{job.model_id}"

@@ -13,7 +13,7 @@ def test_endpoints_need_the_admin_token(client: TestClient) -> None:
     assert missing.json()["error"] == "unauthorized"
     wrong = client.get("/api/v1/jobs", headers={"Authorization": "Bearer nope"})
     assert (wrong.status_code, wrong.json()["error"]) == (403, "forbidden")
-    # ?token= is for the event stream alone (EventSource sends no headers): not for reads.
+    # The token is never taken from a URL (the event stream takes signed links).
     token = AUTH["Authorization"][7:]
     assert client.get(f"/api/v1/jobs?token={token}").status_code == 401
     assert client.post(f"/api/v1/jobs?token={token}", json={}).status_code == 401
