@@ -158,7 +158,7 @@ def test_every_process_of_a_job_listens_on_the_pod_address_only(
         sink: ReportServer) -> None:
     job = f"job-net-{mode}"
     launch = dataclasses.replace(make_launch(job, epochs=50, fault_tolerance=mode),
-                                 fault_tolerance=mode, heal_secret="the-heal-secret")
+                                 fault_tolerance=mode, peer_secret="the-peer-secret")
     backend.launch(launch)
     wait_for(lambda: all(sink.records(f"{job}-{o}", "metric") for o in (0, 1)),
              what="both pods to train")
@@ -171,7 +171,7 @@ def test_every_process_of_a_job_listens_on_the_pod_address_only(
         # Per pod: manager server, heal server, replica store, process group store, gloo.
         assert [len(sockets[f"{job}-{o}"]) for o in (0, 1)] == [5, 5], sockets
         env = psutil.Process(state["pods"][0]["pid"]).environ()
-        assert (env["POD_ADDRESS"], env["HEAL_SECRET"]) == ("127.0.0.1", "the-heal-secret")
+        assert (env["POD_ADDRESS"], env["PEER_SECRET"]) == ("127.0.0.1", "the-peer-secret")
         heal_url = next(line.split("heal server listening on ")[1].strip()
                         for line in backend.tail_logs(job, 0, 500)
                         if "heal server listening on " in line)

@@ -32,7 +32,7 @@ def make_launch(mode: str = "live", replicas: int = 3, resources: Resources | No
                   spec={"replicas": replicas, "model": "tiny", "fault_tolerance": mode},
                   report_url="http://migrator-api.live-migrator.svc:8000/api/v1/jobs/"
                              "job-1a2b3c4d/reports",
-                  report_token="the-report-token", heal_secret="the-heal-secret",
+                  report_token="the-report-token", peer_secret="the-peer-secret",
                   checkpoint_dir=Path("/data/jobs/x/checkpoints"),
                   model_dir=Path("/data/jobs/x/model"), inputs_dir=Path("/data/inputs"),
                   cache_dir=Path("/data/cache"), resources=resources)
@@ -231,7 +231,7 @@ def test_trainer_runs_the_shared_pod_command_and_environment(mode: str) -> None:
     assert names[:4] == ["POD_IP", "POD_NAME", "POD_ORDINAL", "POD_INCARNATION"]
     literal = {e["name"]: e["value"] for e in env if "value" in e}
     secrets = {"REPORT_TOKEN": "report-token"} | (
-        {"HEAL_SECRET": "heal-secret"} if mode == "live" else {})
+        {"PEER_SECRET": "peer-secret"} if mode == "live" else {})
     assert {k: v for k, v in expected.items() if k not in secrets} == {
         k: literal[k] for k in expected if k not in secrets}
     # The job's secrets come from its Secret, never as literals.
@@ -239,7 +239,7 @@ def test_trainer_runs_the_shared_pod_command_and_environment(mode: str) -> None:
         {"name": name, "valueFrom": {"secretKeyRef": {"name": "job-1a2b3c4d-report",
                                                       "key": key}}}
         for name, key in secrets.items()]
-    assert "the-report-token" not in str(trainer) and "the-heal-secret" not in str(trainer)
+    assert "the-report-token" not in str(trainer) and "the-peer-secret" not in str(trainer)
     assert literal["POD_ADDRESS"] == "$(POD_IP)"  # where every process of the pod listens
     assert (literal["HEARTBEAT_FILE"], literal["HF_HOME"]) == ("/tmp/trainer-heartbeat",
                                                                "/cache/huggingface")
@@ -276,7 +276,7 @@ def test_secret_and_headless_service() -> None:
     launch = make_launch()
     secret = manifests.secret(launch, CLUSTER)
     assert secret["stringData"] == {"report-token": "the-report-token",
-                                    "heal-secret": "the-heal-secret"}
+                                    "peer-secret": "the-peer-secret"}
     assert secret["immutable"] is True
     restart = manifests.secret(make_launch("restart"), CLUSTER)  # restart pods never heal
     assert restart["stringData"] == {"report-token": "the-report-token"}

@@ -33,7 +33,7 @@ def lighthouse() -> Iterator[str]:
 def test_every_socket_of_a_live_pod_is_on_its_address(lighthouse: str) -> None:
     before = listening()
     group = LiveGroup(DeviceChoice(torch.device("cpu"), "gloo", None), replica_id="pod-0",
-                      lighthouse=lighthouse, address=POD_ADDRESS, heal_secret="s3cret",
+                      lighthouse=lighthouse, address=POD_ADDRESS, peer_secret="s3cret",
                       quorum_retries=0)
     state: dict[str, Any] = {"weight": torch.zeros(2)}
     try:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import Processes
 from tests.factories import make_reviews_csv
-from tests.support import start_lighthouse, wait_for
+from tests.support import PEER_SECRET, start_lighthouse, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ def start_pod(processes: Processes, tmp_path: Path, inputs_dir: Path, lighthouse
               spec: dict, ordinal: int, incarnation: int = 0, module: str = "trainer"):
     env = {"TRAINER_CONFIG": json.dumps(spec), "JOB_ID": "live", "POD_NAME": f"live-{ordinal}",
            "POD_INCARNATION": str(incarnation), "POD_ADDRESS": "127.0.0.1",
-           "HEAL_SECRET": "the-heal-secret",
+           "PEER_SECRET": PEER_SECRET,
            "TORCHFT_LIGHTHOUSE": lighthouse, "INPUTS_DIR": str(inputs_dir),
            "CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "MODEL_DIR": str(tmp_path / "model"),
            "TRAINER_CACHE_DIR": str(tmp_path / "cache"),
