@@ -46,9 +46,11 @@ def die_with_parent() -> None:
 
 
 def init_process_group(backend: str, rank: int, world_size: int, address: str,
-                       environ: Mapping[str, str], peer_secret: str) -> StoreServer | None:
+                       environ: Mapping[str, str], peer_secret: str,
+                       ) -> tuple[StoreServer | None, MemberStore | None]:
     """torchrun's world, on the pod's address and among the job's members where a pod address
-    is given; the store this worker hosts, if it is the lowest rank.
+    is given; the store this worker hosts (the lowest rank's) and its client, which the caller
+    keeps alive (torch's groups hold only the C++ half of a store written in Python).
 
     By default the lowest rank's store (MASTER_ADDR:MASTER_PORT, hosted by that worker when the
     agents do not share theirs) is a TCPStore that listens on every interface and answers
@@ -56,7 +58,7 @@ def init_process_group(backend: str, rank: int, world_size: int, address: str,
     """
     if not address:  # torchrun run by hand: torch's defaults
         dist.init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
-        return None
+        return None, None
     credential = credentials.store_credential(credentials.require(peer_secret,
                                                                   "a restart-mode pod"))
     port = int(environ["MASTER_PORT"])
@@ -67,7 +69,7 @@ def init_process_group(backend: str, rank: int, world_size: int, address: str,
         backend = register_pod_gloo(address)
     dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size,
                             timeout=COLLECTIVE_TIMEOUT)
-    return hosted
+    return hosted, store
 
 
 def register_pod_gloo(address: str) -> str:
@@ -103,10 +105,10 @@ class Group:
         self.world_size = int(environ.get("WORLD_SIZE", "1"))
         self._rank = int(environ.get("RANK", "0"))
         self.local_rank = int(environ.get("LOCAL_RANK", "0"))
-        self._hosted_store: StoreServer | None = None
+        self._stores: tuple[StoreServer | None, MemberStore | None] = (None, None)
         if self.world_size > 1 and not dist.is_initialized():
-            self._hosted_store = init_process_group(device.backend, self._rank, self.world_size,
-                                                    address, environ, peer_secret)
+            self._stores = init_process_group(device.backend, self._rank, self.world_size,
+                                              address, environ, peer_secret)
             logger.info("joined process group: rank %d of %d (%s)", self._rank, self.world_size,
                         device.backend)
 

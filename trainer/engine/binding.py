@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torchft.manager
-from torch.distributed.distributed_c10d import GroupName
+from torch.distributed.distributed_c10d import GroupName, Work
 from torchft.process_group import (
     ProcessGroupGloo,
     ProcessGroupNCCL,
@@ -29,7 +29,6 @@ from torchft.process_group import (
     _DummyWork,
     _rendezvous,
 )
-from torchft.work import Work
 
 from trainer.engine.store import MemberStore, StoreServer
 from trainer.listen import gloo_backend, url_host
@@ -85,6 +84,7 @@ class MemberGroup(ProcessGroupWrapper):
         super().__init__(timeout=timeout)
         self._address, self._credential = address, credential
         self._member_store: StoreServer | None = None
+        self._store_client: MemberStore | None = None
 
     def get_reconfigure_handle(self) -> str:
         if self._member_store is None:
@@ -100,7 +100,9 @@ class MemberGroup(ProcessGroupWrapper):
         self._global_ranks = rendezvous.global_ranks
         self.abort(errored=False)
         target, _, prefix = rendezvous.store_addr.partition("/")
-        store = dist.PrefixStore(prefix, MemberStore(target, self._credential, self._timeout))
+        # Held here: the group holds only the C++ half of a store written in Python.
+        self._store_client = MemberStore(target, self._credential, self._timeout)
+        store = dist.PrefixStore(prefix, self._store_client)
         self._pg = self._create_pg(store, rendezvous.rank, rendezvous.world_size)
         return _DummyWork(None)
 

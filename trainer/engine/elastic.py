@@ -42,13 +42,21 @@ from trainer.engine.store import MemberStore
 logger = logging.getLogger(__name__)
 
 
+class MemberRendezvous(C10dRendezvousBackend):
+    """torchrun's c10d rendezvous, under the name the pods ask for."""
+
+    @property
+    def name(self) -> str:
+        return RENDEZVOUS_BACKEND
+
+
 def member_rendezvous(params: RendezvousParameters) -> RendezvousHandler:
     """torchrun's c10d rendezvous in the job's store, as a member (PEER_SECRET)."""
     secret = credentials.require(os.environ.get(credentials.SECRET_ENV, ""),
                                  "a restart-mode pod")
     store = MemberStore(params.endpoint, credentials.store_credential(secret),
                         timedelta(seconds=params.get_as_int("read_timeout", 60) or 60))
-    return create_handler(store, C10dRendezvousBackend(store, params.run_id), params)
+    return create_handler(store, MemberRendezvous(store, params.run_id), params)
 
 
 class BadInputIsFinal(LocalElasticAgent):

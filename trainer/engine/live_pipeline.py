@@ -74,7 +74,9 @@ class LivePipelineGroup(LiveGroup, Pipelined):
         # Stage 0 hosts the replica's store; every stage (stage 0 too) is its client.
         self._replica_store = (StoreServer(address, port, credential) if self.stage == 0
                                else None)
-        client = MemberStore(replica_store, credential, COLLECTIVE_TIMEOUT)
+        # Held here: torch's groups hold only the C++ half of a store written in Python.
+        self._replica_client = client = MemberStore(replica_store, credential,
+                                                    COLLECTIVE_TIMEOUT)
         backend = register_pod_gloo(address) if device.backend == "gloo" else device.backend
         dist.init_process_group(backend, store=dist.PrefixStore(PIPELINE_PREFIX, client),
                                 rank=self.stage, world_size=stages, timeout=COLLECTIVE_TIMEOUT)

@@ -167,11 +167,17 @@ def test_every_process_of_a_job_listens_on_the_pod_address_only(
     sockets[state["coordinator"]["name"]] = listening(state["coordinator"]["pid"])
     # Local pods' address is 127.0.0.1: nothing listens on a wildcard (0.0.0.0, ::) or beyond.
     assert {ip for found in sockets.values() for ip, _ in found} == {"127.0.0.1"}, sockets
+    env = psutil.Process(state["pods"][0]["pid"]).environ()
+    assert (env["POD_ADDRESS"], env["PEER_SECRET"]) == ("127.0.0.1", "the-peer-secret")
+    # The coordinator tells members from strangers with the job's secret, which is in its
+    # environment (readable by its user only), never in its command line.
+    coordinator = psutil.Process(state["coordinator"]["pid"])
+    assert coordinator.environ()["PEER_SECRET"] == "the-peer-secret"
+    assert "the-peer-secret" not in " ".join(coordinator.cmdline())
     if mode == "live":
-        # Per pod: manager server, heal server, replica store, process group store, gloo.
-        assert [len(sockets[f"{job}-{o}"]) for o in (0, 1)] == [5, 5], sockets
-        env = psutil.Process(state["pods"][0]["pid"]).environ()
-        assert (env["POD_ADDRESS"], env["PEER_SECRET"]) == ("127.0.0.1", "the-peer-secret")
+        # Per pod: manager server, heal server, process group store, gloo (the replica
+        # group's store, which only the pod's process uses, is in memory).
+        assert [len(sockets[f"{job}-{o}"]) for o in (0, 1)] == [4, 4], sockets
         heal_url = next(line.split("heal server listening on ")[1].strip()
                         for line in backend.tail_logs(job, 0, 500)
                         if "heal server listening on " in line)
@@ -213,7 +219,9 @@ def test_delete_mid_training_stops_everything_and_keeps_checkpoints(
     assert [(e["POD_NAME"], e["POD_INCARNATION"]) for e in env] == [
         ("job-del-0", "0"), ("job-del-1", "0")]
     assert env[0]["REPORT_TOKEN"] == "secret-token"
-    assert not any("MIGRATOR_ADMIN_TOKEN" in e for e in env)
+    store = psutil.Process(json.loads((jobs_dir / "job-del" / "state.json").read_text())[
+        "coordinator"]["pid"])
+    assert not any("MIGRATOR_ADMIN_TOKEN" in e for e in [*env, store.environ()])
     # Each pod is a torchrun agent whose worker joined one elastic world of two.
     workers = [pod.children()[0].environ() for pod in pods]
     assert sorted((w["RANK"], w["WORLD_SIZE"]) for w in workers) == [("0", "2"), ("1", "2")]

@@ -230,8 +230,7 @@ def test_trainer_runs_the_shared_pod_command_and_environment(mode: str) -> None:
     names = [e["name"] for e in env]
     assert names[:4] == ["POD_IP", "POD_NAME", "POD_ORDINAL", "POD_INCARNATION"]
     literal = {e["name"]: e["value"] for e in env if "value" in e}
-    secrets = {"REPORT_TOKEN": "report-token"} | (
-        {"PEER_SECRET": "peer-secret"} if mode == "live" else {})
+    secrets = {"REPORT_TOKEN": "report-token", "PEER_SECRET": "peer-secret"}
     assert {k: v for k, v in expected.items() if k not in secrets} == {
         k: literal[k] for k in expected if k not in secrets}
     # The job's secrets come from its Secret, never as literals.
@@ -263,6 +262,10 @@ def test_coordinators_run_the_shared_commands_behind_a_service() -> None:
         container = deployment["spec"]["template"]["spec"]["containers"][0]
         assert container["env"][0] == {"name": "POD_IP", "valueFrom": {
             "fieldRef": {"fieldPath": "status.podIP"}}}
+        # The job's peer secret, to tell its members from strangers: from the job's Secret.
+        assert {"name": "PEER_SECRET", "valueFrom": {"secretKeyRef": {
+            "name": "job-1a2b3c4d-report", "key": "peer-secret"}}} in container["env"]
+        assert "the-peer-secret" not in str(deployment)
         service = manifests.coordinator_service(launch, CLUSTER)
         assert deployment["spec"]["replicas"] == 1
         assert deployment["spec"]["strategy"] == {"type": "Recreate"}  # never two at once
@@ -278,8 +281,10 @@ def test_secret_and_headless_service() -> None:
     assert secret["stringData"] == {"report-token": "the-report-token",
                                     "peer-secret": "the-peer-secret"}
     assert secret["immutable"] is True
-    restart = manifests.secret(make_launch("restart"), CLUSTER)  # restart pods never heal
-    assert restart["stringData"] == {"report-token": "the-report-token"}
+    # Restart pods never heal, but meet in the job's store as members.
+    restart = manifests.secret(make_launch("restart"), CLUSTER)
+    assert restart["stringData"] == {"report-token": "the-report-token",
+                                     "peer-secret": "the-peer-secret"}
     service = manifests.headless_service(launch, CLUSTER)
     assert service["spec"] == {"clusterIP": "None", "publishNotReadyAddresses": True,
                                "selector": {"live-migrator.io/job": "job-1a2b3c4d",
