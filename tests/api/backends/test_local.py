@@ -26,7 +26,7 @@ from api.backends.local_jobdir import JobDir, same_process
 from tests.api.backends.test_supervisor import SPEC, kill_everything, recorded_processes
 from tests.conftest import ROOT
 from tests.factories import make_reviews_csv
-from tests.support import ReportServer, wait_for
+from tests.support import PEER_SECRET, ReportServer, wait_for
 from trainer.checkpoint import MARKER
 
 
@@ -52,7 +52,7 @@ def make_launch(jobs_dir: Path, inputs_dir: Path, sink: ReportServer,
                       spec={**SPEC, "replicas": replicas, **spec}, report_url=sink.url,
                       report_token="secret-token", checkpoint_dir=job_dir / "checkpoints",
                       model_dir=job_dir / "model", inputs_dir=inputs_dir,
-                      cache_dir=tmp_path / "cache")
+                      cache_dir=tmp_path / "cache", peer_secret=PEER_SECRET)
 
     return build
 
