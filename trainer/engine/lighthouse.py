@@ -38,6 +38,9 @@ from trainer.contract import credentials
 logger = logging.getLogger(__name__)
 
 TORCHFT_SERVICE = "torchft.LighthouseService"
+REFUSALS_LOGGED_EVERY = 10.0
+"""Seconds between two log lines about refused strangers (their clients retry many times a
+second)."""
 LEAVE_SERVICE = "livemigrator.Lighthouse"
 
 
@@ -153,6 +156,7 @@ class Lighthouse:
     def __init__(self, options: Options, secret: str) -> None:
         self.secret = credentials.require(secret, "the lighthouse")
         self.membership = Membership(options)
+        self._refused, self._refusal_logged = 0, -REFUSALS_LOGGED_EVERY
         self.quorum_id = 0
         self._waiting: set[asyncio.Queue[Any]] = set()
         self._reason = ""
@@ -160,8 +164,12 @@ class Lighthouse:
     async def _member(self, replica: str, context: grpc.aio.ServicerContext) -> None:
         """Refuse a request whose replica id is not one of this job's pods'."""
         if credentials.member_pod(self.secret, replica) is None:
-            logger.warning("refused a request from %s: not a member of this job",
-                           context.peer())
+            self._refused += 1
+            now = time.monotonic()
+            if now - self._refusal_logged >= REFUSALS_LOGGED_EVERY:  # a stranger retries
+                logger.warning("refused %d requests from strangers (the last from %s): not "
+                               "members of this job", self._refused, context.peer())
+                self._refused, self._refusal_logged = 0, now
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 "not a member of this job")
 
