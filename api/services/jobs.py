@@ -145,7 +145,7 @@ def _launch(settings: Settings, job: Job, spec: JobCreate, token: str) -> Launch
     return Launch(job_id=job.id, replicas=spec.pods, fault_tolerance=mode,
                   spec=job.spec, resources=resources,
                   report_url=f"{settings.base_url}/api/v1/jobs/{job.id}/reports",
-                  report_token=token, heal_secret=secrets.token_urlsafe(32),
+                  report_token=token, peer_secret=secrets.token_urlsafe(32),
                   checkpoint_dir=checkpoints_dir(settings, job.id),
                   model_dir=model_dir(settings, job.id), inputs_dir=settings.resolved_inputs_dir,
                   cache_dir=settings.cache_dir)

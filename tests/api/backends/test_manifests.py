@@ -32,7 +32,7 @@ def make_launch(mode: str = "live", replicas: int = 3, resources: Resources | No
                   spec={"replicas": replicas, "model": "tiny", "fault_tolerance": mode},
                   report_url="http://migrator-api.live-migrator.svc:8000/api/v1/jobs/"
                              "job-1a2b3c4d/reports",
-                  report_token="the-report-token", heal_secret="the-heal-secret",
+                  report_token="the-report-token", peer_secret="the-peer-secret",
                   checkpoint_dir=Path("/data/jobs/x/checkpoints"),
                   model_dir=Path("/data/jobs/x/model"), inputs_dir=Path("/data/inputs"),
                   cache_dir=Path("/data/cache"), resources=resources)
@@ -230,8 +230,7 @@ def test_trainer_runs_the_shared_pod_command_and_environment(mode: str) -> None:
     names = [e["name"] for e in env]
     assert names[:4] == ["POD_IP", "POD_NAME", "POD_ORDINAL", "POD_INCARNATION"]
     literal = {e["name"]: e["value"] for e in env if "value" in e}
-    secrets = {"REPORT_TOKEN": "report-token"} | (
-        {"HEAL_SECRET": "heal-secret"} if mode == "live" else {})
+    secrets = {"REPORT_TOKEN": "report-token", "PEER_SECRET": "peer-secret"}
     assert {k: v for k, v in expected.items() if k not in secrets} == {
         k: literal[k] for k in expected if k not in secrets}
     # The job's secrets come from its Secret, never as literals.
@@ -239,7 +238,7 @@ def test_trainer_runs_the_shared_pod_command_and_environment(mode: str) -> None:
         {"name": name, "valueFrom": {"secretKeyRef": {"name": "job-1a2b3c4d-report",
                                                       "key": key}}}
         for name, key in secrets.items()]
-    assert "the-report-token" not in str(trainer) and "the-heal-secret" not in str(trainer)
+    assert "the-report-token" not in str(trainer) and "the-peer-secret" not in str(trainer)
     assert literal["POD_ADDRESS"] == "$(POD_IP)"  # where every process of the pod listens
     assert (literal["HEARTBEAT_FILE"], literal["HF_HOME"]) == ("/tmp/trainer-heartbeat",
                                                                "/cache/huggingface")
@@ -263,6 +262,10 @@ def test_coordinators_run_the_shared_commands_behind_a_service() -> None:
         container = deployment["spec"]["template"]["spec"]["containers"][0]
         assert container["env"][0] == {"name": "POD_IP", "valueFrom": {
             "fieldRef": {"fieldPath": "status.podIP"}}}
+        # The job's peer secret, to tell its members from strangers: from the job's Secret.
+        assert {"name": "PEER_SECRET", "valueFrom": {"secretKeyRef": {
+            "name": "job-1a2b3c4d-report", "key": "peer-secret"}}} in container["env"]
+        assert "the-peer-secret" not in str(deployment)
         service = manifests.coordinator_service(launch, CLUSTER)
         assert deployment["spec"]["replicas"] == 1
         assert deployment["spec"]["strategy"] == {"type": "Recreate"}  # never two at once
@@ -276,10 +279,12 @@ def test_secret_and_headless_service() -> None:
     launch = make_launch()
     secret = manifests.secret(launch, CLUSTER)
     assert secret["stringData"] == {"report-token": "the-report-token",
-                                    "heal-secret": "the-heal-secret"}
+                                    "peer-secret": "the-peer-secret"}
     assert secret["immutable"] is True
-    restart = manifests.secret(make_launch("restart"), CLUSTER)  # restart pods never heal
-    assert restart["stringData"] == {"report-token": "the-report-token"}
+    # Restart pods never heal, but meet in the job's store as members.
+    restart = manifests.secret(make_launch("restart"), CLUSTER)
+    assert restart["stringData"] == {"report-token": "the-report-token",
+                                     "peer-secret": "the-peer-secret"}
     service = manifests.headless_service(launch, CLUSTER)
     assert service["spec"] == {"clusterIP": "None", "publishNotReadyAddresses": True,
                                "selector": {"live-migrator.io/job": "job-1a2b3c4d",

@@ -49,10 +49,10 @@ def test_create_with_defaults_launches_the_pods(client: TestClient,
     assert launch.report_url == f"http://127.0.0.1:8123/api/v1/jobs/{job['id']}/reports"
     assert len(launch.report_token) > 30 and launch.report_token not in response.text
     # A heal secret of its own, which no response shows and no other job shares.
-    assert len(launch.heal_secret) > 30 and launch.heal_secret not in response.text
-    assert launch.heal_secret != launch.report_token
+    assert len(launch.peer_secret) > 30 and launch.peer_secret not in response.text
+    assert launch.peer_secret != launch.report_token
     assert client.post("/api/v1/jobs", json={}, headers=AUTH).status_code == 201
-    assert backend.launches[1].heal_secret not in (launch.heal_secret, "")
+    assert backend.launches[1].peer_secret not in (launch.peer_secret, "")
 
 
 PIPELINE = {"parallelism": "pipeline", "fault_tolerance": "restart"}
