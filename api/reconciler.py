@@ -33,10 +33,12 @@ from api.models import (
     utc_now,
 )
 from api.services import checkpoints
+from api.services.artifacts import checkpoints_dir, model_dir
 from api.services.events import EventLog, new_event
-from api.services.jobs import REMOVED, checkpoints_dir, model_dir, pods_of, still_active
+from api.services.jobs import REMOVED, pods_of, still_active
 from api.services.models import register_model
 from api.settings import Settings
+from trainer.contract import store
 from trainer.contract.checkpoints import EXPORTED
 from trainer.contract.spec import pod_count
 
@@ -118,7 +120,11 @@ class Reconciler:
             if job.id in self._pruned:
                 continue
             self._pruned.add(job.id)
-            removed = checkpoints.prune(checkpoints_dir(self.settings, job.id))
+            try:
+                removed = checkpoints.prune(checkpoints_dir(self.settings, job.id))
+            except store.UnlistableKey as exc:
+                logger.warning("job %s: checkpoints not pruned: %s", job.id, exc)
+                continue
             if removed:
                 events.append(new_event(
                     job.id, "job", type="checkpoints_pruned", removed=removed,
@@ -264,7 +270,7 @@ class Reconciler:
             if not (everyone or time.time() - first > COMPLETION_GRACE):
                 return None
         expected = model_dir(self.settings, job.id)
-        return expected if (expected / EXPORTED).is_file() else None
+        return expected if store.has_file(expected, EXPORTED) else None
 
     def _delete_workload(self, job_id: str) -> None:
         try:

@@ -104,8 +104,10 @@ class Settings(BaseSettings):
 
     @cached_property
     def artifacts(self) -> Path | UPath:
-        """The root of every job's artifacts (`<job id>/checkpoints`, `<job id>/model`)."""
-        return location(self.artifacts_url) if self.artifacts_url else self.jobs_dir
+        """The root of every job's artifacts (`<job id>/checkpoints`, `<job id>/model`); a
+        directory with its links resolved, as the store layer follows none below it."""
+        root = location(self.artifacts_url) if self.artifacts_url else self.jobs_dir
+        return root.resolve() if isinstance(root, Path) else root
 
     @property
     def jobs_dir(self) -> Path:
