@@ -35,6 +35,7 @@ from api.models import (
 from api.services import checkpoints
 from api.services.artifacts import checkpoints_dir, model_dir
 from api.services.events import EventLog, new_event
+from api.services.job_credentials import Renewals
 from api.services.jobs import REMOVED, pods_of, still_active
 from api.services.models import register_model
 from api.settings import Settings
@@ -65,6 +66,7 @@ class Reconciler:
         self._pruned_at = -PRUNE_EVERY
         self._pruned: set[str] = set()
         """Jobs whose checkpoints were pruned by this process (each is pruned once)."""
+        self.credentials = Renewals(settings) if settings.artifacts_per_job else None
 
     def start(self) -> None:
         self.fail_unlaunched()
@@ -102,6 +104,8 @@ class Reconciler:
                     logger.warning("job %s: cannot observe pods: %s", job.id, exc)
                     continue
                 self.reconcile_job(session, job, status)
+            if self.credentials is not None:
+                self.credentials.keep(session)
             if time.monotonic() - self._orphans_checked >= ORPHANS_EVERY:
                 self._orphans_checked = time.monotonic()
                 self.delete_orphans(session)

@@ -247,8 +247,8 @@ IDENTITY = (POD_NAME, "POD_ORDINAL", Runtime.env_name("incarnation"))
 
 def trainer_env(launch: Launch, config: ClusterConfig) -> list[Manifest]:
     """pod_env() with the pod's IP from the downward API and the job's secrets (report token,
-    heal secret) from its Secret, never as literals in the manifest; each pod adds its identity
-    (`identity_env`)."""
+    heal secret, store credential) from its Secret, never as literals in the manifest; each pod
+    adds its identity (`identity_env`)."""
     cpu = trainer_resources(launch, config)["limits"]["cpu"]
     values = pod_env(pod_launch(launch), pod_name="", coordinator=coordinator_endpoint(launch),
                      pod_address="$(POD_IP)", threads=cpu_count(cpu),
@@ -257,9 +257,9 @@ def trainer_env(launch: Launch, config: ClusterConfig) -> list[Manifest]:
     for name, value in values.items():
         if name in IDENTITY:
             continue  # each pod's own
-        if name in SECRET_KEYS:
+        if name in SECRET_KEYS or name in launch.store_env:
             env.append({"name": name, "valueFrom": {"secretKeyRef": {
-                "name": secret_name(launch.job_id), "key": SECRET_KEYS[name]}}})
+                "name": secret_name(launch.job_id), "key": SECRET_KEYS.get(name, name)}}})
         else:
             env.append({"name": name, "value": value})
     env += [{"name": "HF_HOME", "value": str(CACHE_MOUNT / "huggingface")},
@@ -274,8 +274,9 @@ def trainer_container(launch: Launch, config: ClusterConfig) -> Manifest:
     artifacts = [] if in_store(launch) else [
         {"name": "checkpoints", "mountPath": str(CHECKPOINTS_MOUNT), "subPath": launch.job_id},
         {"name": "models", "mountPath": str(MODELS_MOUNT), "subPath": launch.job_id}]
+    # The store's own credentials only where the job has none of its own (job_credentials).
     secret = ({"envFrom": [{"secretRef": {"name": config.artifacts_secret}}]}
-              if in_store(launch) and config.artifacts_secret else {})
+              if in_store(launch) and config.artifacts_secret and not launch.store_env else {})
     return {
         "name": TRAINER, "image": config.image, "imagePullPolicy": config.image_pull_policy,
         "command": ["sh", "-c", HOLD_SCRIPT, TRAINER, *argv],
@@ -394,8 +395,9 @@ def trainer_pod(template: Manifest, owner: Manifest, ordinal: int, incarnation: 
 
 
 def secret(launch: Launch, config: ClusterConfig) -> Manifest:
-    """The job's secrets: its report token and (live) the secret its pods heal with."""
-    data = {REPORT_TOKEN_KEY: launch.report_token}
+    """The job's secrets: its report token, (live) the secret its pods heal with, and its own
+    store credential if it has one (keyed by variable)."""
+    data = {REPORT_TOKEN_KEY: launch.report_token, **launch.store_env}
     if launch.fault_tolerance == "live":
         data[HEAL_SECRET_KEY] = launch.heal_secret
     return {"apiVersion": "v1", "kind": "Secret",

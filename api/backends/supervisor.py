@@ -53,6 +53,7 @@ from api.backends.standby import SETTLE_SECONDS, Standby
 from api.backends.supervised import POLL_SECONDS, Adopted, Extra, Pod, Watched, spawn
 from trainer.contract.process import ExitCode, failure_reason
 from trainer.contract.spec import stages_of
+from trainer.contract.store import STORE_VARIABLES
 from trainer.engine import lighthouse
 
 logger = logging.getLogger(__name__)
@@ -251,8 +252,10 @@ class Supervisor:
         if self.replica_ports and ordinal is not None:
             store = f"{commands.LOOPBACK}:{self.replica_ports[ordinal // self.stages]}"
         # The control plane's own settings (its admin token, database URL) stay out of the pods:
-        # a pod holds only its job's report token.
-        inherited = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_PREFIX)}
+        # a pod holds only its job's report token; and, given one, its job's store credential
+        # rather than the store's.
+        withheld = (SETTINGS_PREFIX, *(STORE_VARIABLES if self.launch.store_env else ()))
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith(withheld)}
         threads = (os.cpu_count() or 1) // max(self.replicas, 1)
         return {**inherited, **commands.pod_env(self.launch, name, self.coordinator_endpoint,
                                                 commands.LOOPBACK, threads,

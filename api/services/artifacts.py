@@ -17,7 +17,7 @@ from pathlib import Path
 from upath import UPath
 
 from api.settings import Settings
-from trainer.contract.store import remove
+from trainer.contract.store import location, remove
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,10 @@ def job_dir(settings: Settings, job_id: str) -> Path:
 
 
 def artifacts_dir(settings: Settings, job_id: str) -> Path | UPath:
-    """Where the job's checkpoints and model are: its directory, or its prefix in the store."""
+    """Where the job's checkpoints and model are: its directory, its prefix in the store, or
+    its own container (`artifacts_per_job`: `<container>-<job id>`)."""
+    if settings.artifacts_per_job and settings.artifacts_url:
+        return location(f"{settings.artifacts_url.rstrip('/')}-{job_id}")
     return settings.artifacts / job_id
 
 

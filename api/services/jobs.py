@@ -49,6 +49,7 @@ from api.models import (
 )
 from api.services.artifacts import checkpoints_dir, delete_files, model_dir
 from api.services.events import EventLog, new_event
+from api.services.job_credentials import CredentialError, grant
 from api.settings import Settings
 from trainer.contract.spec import (
     DATASET_ALIASES,
@@ -128,7 +129,8 @@ def _launch(settings: Settings, job: Job, spec: JobCreate, token: str) -> Launch
                   report_token=token, heal_secret=secrets.token_urlsafe(32),
                   checkpoint_dir=checkpoints_dir(settings, job.id),
                   model_dir=model_dir(settings, job.id), inputs_dir=settings.resolved_inputs_dir,
-                  cache_dir=settings.cache_dir)
+                  cache_dir=settings.cache_dir,
+                  store_env=grant(settings, job.id) if settings.artifacts_per_job else {})
 
 
 def create_job(session: Session, settings: Settings, backend: Backend, events: EventLog,
@@ -145,12 +147,12 @@ def create_job(session: Session, settings: Settings, backend: Backend, events: E
                          for ordinal in range(spec.pods)])
         created.append(new_event(job.id, "job", status="pending", message="job created",
                                  spec=job.spec))
-    launch = _launch(settings, job, spec, token)
     try:
+        launch = _launch(settings, job, spec, token)
         backend.launch(launch)
     except Exception as exc:
         # Whatever failed, the job must not stay pending: it ends here, with the reason.
-        known = isinstance(exc, BackendError | OSError)
+        known = isinstance(exc, BackendError | OSError | CredentialError)
         reason = f"launch failed: {exc}" if known else "launch failed: internal error"
         job.status, job.reason, job.finished_at = JobStatus.failed, reason, utc_now()
         events.commit(session, [new_event(job.id, "job", status="failed", message=reason)])

@@ -18,7 +18,7 @@ from upath import UPath
 from api.errors import NotFound
 from api.models import Job, Model, ModelPublic, ModelsPublic, Prediction
 from api.services.archive import refuse_links
-from api.services.artifacts import in_data_dir
+from api.services.artifacts import artifacts_dir, in_data_dir
 from api.settings import Settings
 from trainer.contract import store
 from trainer.contract.checkpoints import ADAPTER_DIR, EXPORTED
@@ -101,7 +101,8 @@ def _files(settings: Settings, model: Model) -> Path | UPath | None:
     there), or under the artifacts store's root; None for a path that leads elsewhere (never
     followed)."""
     if urlsplit(model.path).scheme in store.PROTOCOLS:
-        prefix = f"{settings.artifacts}/"
+        # The model's job's own prefix (a container's root reads with a "/" already).
+        prefix = f"{str(artifacts_dir(settings, model.job_id)).rstrip('/')}/"
         inside = settings.artifacts_url and model.path.startswith(prefix)
         return store.location(model.path) if inside and ".." not in model.path else None
     return in_data_dir(settings, model.path)

@@ -51,6 +51,9 @@ PROTOCOLS = ("az", "abfs", "s3")
 S3 goes through obstore (Rust's object_store), not s3fs: s3fs's botocore wants
 python-dateutil<3, which the kubernetes client (>=36) does not allow beside it."""
 
+STORE_VARIABLES = ("AZURE_", "AWS_")
+"""Prefixes of the variables the stores' clients take credentials and endpoints from."""
+
 ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT")
 """Where an S3-compatible server (MinIO, a test server) is, as the AWS clients read it."""
 
