@@ -12,6 +12,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from trainer.contract.store import UnlistableKey
+
 logger = logging.getLogger(__name__)
 
 
@@ -140,6 +142,11 @@ def add_exception_handlers(app: FastAPI) -> None:
     async def domain_error(_request: Request, exc: DomainError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
         return JSONResponse(_body(exc.error, exc.detail), exc.status_code, headers=headers)
+
+    @app.exception_handler(UnlistableKey)
+    async def unlistable(_request: Request, exc: UnlistableKey) -> JSONResponse:
+        # What a pod wrote in its job's prefix: the job's artifacts cannot be read, nothing broke.
+        return JSONResponse(_body(Conflict.error, str(exc)), Conflict.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -33,10 +33,13 @@ from api.models import (
     utc_now,
 )
 from api.services import checkpoints
+from api.services.artifacts import checkpoints_dir, model_dir
 from api.services.events import EventLog, new_event
-from api.services.jobs import REMOVED, checkpoints_dir, model_dir, pods_of, still_active
+from api.services.job_credentials import Renewals
+from api.services.jobs import REMOVED, pods_of, still_active
 from api.services.models import register_model
 from api.settings import Settings
+from trainer.contract import store
 from trainer.contract.checkpoints import EXPORTED
 from trainer.contract.spec import pod_count
 
@@ -63,6 +66,7 @@ class Reconciler:
         self._pruned_at = -PRUNE_EVERY
         self._pruned: set[str] = set()
         """Jobs whose checkpoints were pruned by this process (each is pruned once)."""
+        self.credentials = Renewals(settings) if settings.artifacts_per_job else None
 
     def start(self) -> None:
         self.fail_unlaunched()
@@ -100,6 +104,8 @@ class Reconciler:
                     logger.warning("job %s: cannot observe pods: %s", job.id, exc)
                     continue
                 self.reconcile_job(session, job, status)
+            if self.credentials is not None:
+                self.credentials.keep(session)
             if time.monotonic() - self._orphans_checked >= ORPHANS_EVERY:
                 self._orphans_checked = time.monotonic()
                 self.delete_orphans(session)
@@ -118,7 +124,11 @@ class Reconciler:
             if job.id in self._pruned:
                 continue
             self._pruned.add(job.id)
-            removed = checkpoints.prune(checkpoints_dir(self.settings, job.id))
+            try:
+                removed = checkpoints.prune(checkpoints_dir(self.settings, job.id))
+            except store.UnlistableKey as exc:
+                logger.warning("job %s: checkpoints not pruned: %s", job.id, exc)
+                continue
             if removed:
                 events.append(new_event(
                     job.id, "job", type="checkpoints_pruned", removed=removed,
@@ -264,7 +274,7 @@ class Reconciler:
             if not (everyone or time.time() - first > COMPLETION_GRACE):
                 return None
         expected = model_dir(self.settings, job.id)
-        return expected if (expected / EXPORTED).is_file() else None
+        return expected if store.has_file(expected, EXPORTED) else None
 
     def _delete_workload(self, job_id: str) -> None:
         try:

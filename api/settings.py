@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from upath import UPath
 
 from trainer.contract.store import location
+
+CONTAINER = re.compile(r"[a-z0-9](?:-?[a-z0-9]){2,49}")
+"""An Azure container name short enough for `-<job id>` after it (63 characters at most)."""
 
 
 class Settings(BaseSettings):
@@ -28,7 +33,14 @@ class Settings(BaseSettings):
     prefix` (Azure Blob) or `s3://bucket/prefix` (S3, MinIO); the data dir's `jobs/` when unset.
     The store's credentials come from its client's standard environment variables
     (AZURE_STORAGE_CONNECTION_STRING; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL),
-    which the trainer pods inherit."""
+    which the trainer pods inherit (unless `artifacts_per_job`)."""
+    artifacts_per_job: bool = False
+    """Azure Blob only (`artifacts_url` = `az://<container>`): each job's artifacts go to a
+    container of its own, `<container>-<job id>`, and its pods get a SAS for that container
+    alone instead of the store's credentials (api/services/job_credentials.py)."""
+    artifacts_credential_lifetime: float = Field(default=86400, ge=60)
+    """Seconds a job's SAS stays valid without the control plane: it extends it while the job
+    runs and revokes it when the job ends."""
     inputs_dir: Path | None = None
     """Root for local models and datasets named by a relative path; `<data dir>/inputs` if unset."""
     host: str = "127.0.0.1"
@@ -105,10 +117,25 @@ class Settings(BaseSettings):
             location(value)  # raises on a URL that names no store
         return value or None
 
+    @model_validator(mode="after")
+    def _per_job_in_azure(self) -> Settings:
+        if not self.artifacts_per_job:
+            return self
+        parts = urlsplit(self.artifacts_url or "")
+        if parts.scheme not in ("az", "abfs"):
+            raise ValueError("artifacts_per_job needs an Azure Blob artifacts_url (az://"
+                             "container): S3 has no per-job credential here (see the README)")
+        if parts.path.strip("/") or not CONTAINER.fullmatch(parts.netloc):
+            raise ValueError("with artifacts_per_job, artifacts_url names a container alone: "
+                             "az://<3 to 50 lowercase letters, digits, single hyphens>")
+        return self
+
     @cached_property
     def artifacts(self) -> Path | UPath:
-        """The root of every job's artifacts (`<job id>/checkpoints`, `<job id>/model`)."""
-        return location(self.artifacts_url) if self.artifacts_url else self.jobs_dir
+        """The root of every job's artifacts (`<job id>/checkpoints`, `<job id>/model`); a
+        directory with its links resolved, as the store layer follows none below it."""
+        root = location(self.artifacts_url) if self.artifacts_url else self.jobs_dir
+        return root.resolve() if isinstance(root, Path) else root
 
     @property
     def jobs_dir(self) -> Path:

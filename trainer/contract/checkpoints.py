@@ -17,7 +17,7 @@ from typing import Any
 
 from upath import UPath
 
-from trainer.contract.store import entries, remove
+from trainer.contract.store import entries, has_file, read_file, remove
 
 logger = logging.getLogger(__name__)
 
@@ -74,14 +74,14 @@ def read_info(path: Path | UPath) -> CheckpointInfo:
     match = NAME.match(path.name)
     if match is None:
         raise ValueError(f"{path} is not a step-N checkpoint directory")
-    return CheckpointInfo(path, int(match.group(1)), json.loads((path / META_FILE).read_text()))
+    return CheckpointInfo(path, int(match.group(1)), json.loads(read_file(path, META_FILE)))
 
 
 def list_checkpoints(directory: Path | UPath) -> list[CheckpointInfo]:
-    """Complete checkpoints, oldest step first."""
+    """Complete checkpoints, oldest step first; a link is none (trainer.contract.store)."""
     found = []
     for path in entries(directory):
-        if NAME.match(path.name) and (path / MARKER).is_file():
+        if NAME.match(path.name) and has_file(path, MARKER):
             try:
                 found.append(read_info(path))
             except (OSError, ValueError) as exc:

@@ -48,7 +48,7 @@ def test_create_with_defaults_launches_the_pods(client: TestClient,
     assert launch.job_id == job["id"] and launch.replicas == 2
     assert launch.report_url == f"http://127.0.0.1:8123/api/v1/jobs/{job['id']}/reports"
     assert len(launch.report_token) > 30 and launch.report_token not in response.text
-    # A heal secret of its own, which no response shows and no other job shares.
+    # A peer secret of its own, which no response shows and no other job shares.
     assert len(launch.peer_secret) > 30 and launch.peer_secret not in response.text
     assert launch.peer_secret != launch.report_token
     assert client.post("/api/v1/jobs", json={}, headers=AUTH).status_code == 201
