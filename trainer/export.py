@@ -12,7 +12,7 @@ from typing import Any
 from torch import nn
 from upath import UPath
 
-from trainer.contract.checkpoints import ADAPTER_DIR, EXPORTED
+from trainer.contract.checkpoints import ADAPTER_DIR, EXPORTED, METRICS_FILE
 from trainer.contract.spec import JobSpec
 from trainer.contract.store import entries, move, remove, upload
 from trainer.model import unwrap
@@ -119,6 +119,19 @@ def export_model(model: nn.Module, tokenizer: Any, target: Path | UPath, spec: J
     return target
 
 
+def exported_metrics(target: Path | UPath, step: int) -> dict[str, Any] | None:
+    """The metrics saved with the whole export at `target` if it holds the model of `step`
+    (its test evaluation's step), else None."""
+    if not (target / EXPORTED).is_file():
+        return None
+    try:
+        metrics = json.loads((target / METRICS_FILE).read_text())["metrics"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    test = metrics.get("test") if isinstance(metrics, dict) else None
+    return metrics if isinstance(test, dict) and test.get("step") == step else None
+
+
 def _staging_prefix(target: Path | UPath) -> str:
     """What the names of `target`'s exports in progress start with."""
     return f"{target.name}.tmp-"
@@ -140,6 +153,6 @@ def _save(model: nn.Module, tokenizer: Any, directory: Path, spec: JobSpec,
     if adapter is not None:
         adapter.save_pretrained(directory / ADAPTER_DIR)  # type: ignore[operator]
     tokenizer.save_pretrained(directory)
-    (directory / "metrics.json").write_text(json.dumps(
+    (directory / METRICS_FILE).write_text(json.dumps(
         {"metrics": metrics, "samples": data, "spec": spec.model_dump(mode="json")}, indent=2))
     (directory / "README.md").write_text(model_card(spec, metrics, data))

@@ -19,7 +19,7 @@ from api.errors import NotFound
 from api.models import Job, Model, ModelPublic, ModelsPublic, Prediction
 from api.settings import Settings
 from trainer.contract import store
-from trainer.contract.checkpoints import ADAPTER_DIR, EXPORTED
+from trainer.contract.checkpoints import ADAPTER_DIR, EXPORTED, METRICS_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def register_model(session: Session, settings: Settings, job: Job,
     if existing is not None:
         return existing
     metrics: dict[str, Any] = {}
-    metrics_file = model_dir / "metrics.json"
+    metrics_file = model_dir / METRICS_FILE
     if metrics_file.is_file():
         metrics = json.loads(metrics_file.read_text()).get("metrics", {})
     model = Model(id=model_id, job_id=job.id, name=job.name or job.id,

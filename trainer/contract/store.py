@@ -18,6 +18,7 @@ prefix, `move()` file by file with the completion marker last, and delete the ma
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -174,7 +175,8 @@ def remove(directory: Path | UPath, first: str | None = None) -> None:
     if isinstance(directory, Path):
         shutil.rmtree(directory, ignore_errors=True)
     elif directory.exists():
-        directory.fs.rm(directory.path.rstrip("/"), recursive=True)
+        with contextlib.suppress(FileNotFoundError):  # another writer deleted it meanwhile
+            directory.fs.rm(directory.path.rstrip("/"), recursive=True)
 
 
 def move(source: Path | UPath, target: Path | UPath, last: str | None = None) -> None:
