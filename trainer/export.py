@@ -12,9 +12,15 @@ from typing import Any
 from torch import nn
 from upath import UPath
 
-from trainer.contract.checkpoints import ADAPTER_DIR, EXPORTED, METRICS_FILE
+from trainer.contract.checkpoints import (
+    ADAPTER_DIR,
+    EXPORTED,
+    METRICS_FILE,
+    export_staging,
+    remove_export_staging,
+)
 from trainer.contract.spec import JobSpec
-from trainer.contract.store import entries, move, remove, upload
+from trainer.contract.store import move, remove, upload
 from trainer.model import unwrap
 
 logger = logging.getLogger(__name__)
@@ -93,8 +99,10 @@ def export_model(model: nn.Module, tokenizer: Any, target: Path | UPath, spec: J
     are saved alone in `adapter/` beside the merged `model`.
     """
     if not shared:
-        _remove_stale_staging(target)
-    staging = target.with_name(f"{_staging_prefix(target)}{uuid.uuid4().hex[:12]}")
+        # A lone exporter: no other export can be under way, while live peers may be staging
+        # theirs right now (the control plane clears theirs once the job's workload is gone).
+        remove_export_staging(target)
+    staging = target.with_name(f"{export_staging(target)}{uuid.uuid4().hex[:12]}")
     if isinstance(staging, Path):
         _save(model, tokenizer, staging, spec, metrics, data, adapter)
     else:
@@ -130,21 +138,6 @@ def exported_metrics(target: Path | UPath, step: int) -> dict[str, Any] | None:
         return None
     test = metrics.get("test") if isinstance(metrics, dict) else None
     return metrics if isinstance(test, dict) and test.get("step") == step else None
-
-
-def _staging_prefix(target: Path | UPath) -> str:
-    """What the names of `target`'s exports in progress start with."""
-    return f"{target.name}.tmp-"
-
-
-def _remove_stale_staging(target: Path | UPath) -> None:
-    """Remove what exports killed before their move left next to `target`. Only for a lone
-    exporter (not `shared`): then no other export can be under way, while live peers may be
-    staging theirs right now."""
-    for sibling in entries(target.parent):
-        if sibling.name.startswith(_staging_prefix(target)):
-            logger.info("removing %s, left by a killed export", sibling.name)
-            remove(sibling)
 
 
 def _save(model: nn.Module, tokenizer: Any, directory: Path, spec: JobSpec,

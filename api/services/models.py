@@ -17,9 +17,10 @@ from upath import UPath
 
 from api.errors import NotFound
 from api.models import Job, Model, ModelPublic, ModelsPublic, Prediction
+from api.services.jobs import model_dir
 from api.settings import Settings
 from trainer.contract import store
-from trainer.contract.checkpoints import ADAPTER_DIR, EXPORTED, METRICS_FILE
+from trainer.contract.checkpoints import ADAPTER_DIR, EXPORTED, METRICS_FILE, remove_export_staging
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,17 @@ def register_model(session: Session, settings: Settings, job: Job,
     job.model_id = model.id
     session.add(job)
     return model
+
+
+def clear_export_staging(settings: Settings, job_id: str) -> list[str]:
+    """Remove what the job's killed exports left staged next to its model: for a job whose
+    workload is gone (a live pod killed while exporting leaves its staging to this, as its
+    peers may export at the same time). The link to a Kubernetes job's model is read, never
+    followed further: its pods own what it points into."""
+    target = model_dir(settings, job_id)
+    if isinstance(target, Path) and target.is_symlink():
+        target = target.readlink()
+    return remove_export_staging(target)
 
 
 def to_public(model: Model) -> ModelPublic:

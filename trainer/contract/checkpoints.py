@@ -46,6 +46,25 @@ ADAPTER_DIR = "adapter"
 model, as peft's `save_pretrained` writes them."""
 
 
+def export_staging(target: Path | UPath) -> str:
+    """What the names of the exports to `target` that are under way start with: each is staged
+    next to it, then moved in."""
+    return f"{target.name}.tmp-"
+
+
+def remove_export_staging(target: Path | UPath) -> list[str]:
+    """Remove what exports to `target` killed before their move left next to it (never a link);
+    the names removed. Only for when no export to `target` can be under way."""
+    removed = []
+    for sibling in entries(target.parent):
+        link = isinstance(sibling, Path) and sibling.is_symlink()  # stores have no links
+        if sibling.name.startswith(export_staging(target)) and not link:
+            logger.info("removing %s, left by a killed export", sibling)
+            remove(sibling)
+            removed.append(sibling.name)
+    return removed
+
+
 def shard_files(shard: str) -> tuple[str, str]:
     """The model and trainer files of one shard (a pipeline stage) of a checkpoint."""
     return f"model-{shard}.pt", f"trainer-{shard}.pt"
