@@ -55,7 +55,7 @@ def clear_export_staging(settings: Settings, job_id: str) -> list[str]:
     followed further: its pods own what it points into."""
     target = model_dir(settings, job_id)
     if isinstance(target, Path) and target.is_symlink():
-        target = target.readlink()
+        target = target.parent / target.readlink()  # (an absolute target stays as it is)
     return remove_export_staging(target)
 
 

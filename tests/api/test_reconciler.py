@@ -165,6 +165,25 @@ def test_an_ended_jobs_export_staging_goes_with_its_workload(
         assert (staging.parent / "model" / "config.json").is_file()
 
 
+def test_a_kubernetes_jobs_export_staging_goes_from_its_volume_only(
+        client: TestClient, backend: FakeBackend, tmp_path: Path) -> None:
+    """The job's model is a link to its volume (as the Kubernetes backend makes it): its
+    staging is cleared there, and a link its pods planted is not followed out of it."""
+    job = create_job(client)
+    volume = tmp_path / "volumes" / "models" / job["id"]
+    elsewhere = tmp_path / "another-job"
+    for directory in (volume / "model.tmp-0123456789ab", elsewhere / "model.tmp-ba9876543210"):
+        directory.mkdir(parents=True)
+    (volume / "model").symlink_to(elsewhere / "model")
+    link = backend.launches[0].model_dir
+    link.parent.mkdir(parents=True)
+    link.symlink_to(volume / "model")
+    assert client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=AUTH).status_code == 202
+    reconcile(client, backend)
+    assert [p.name for p in volume.iterdir()] == ["model"]
+    assert [p.name for p in elsewhere.iterdir()] == ["model.tmp-ba9876543210"]
+
+
 @pytest.fixture
 def in_a_store(settings: Settings, backend: FakeBackend,
                object_store: Store) -> Iterator[TestClient]:
