@@ -37,7 +37,7 @@ from api.services.artifacts import checkpoints_dir, model_dir
 from api.services.events import EventLog, new_event
 from api.services.job_credentials import Renewals
 from api.services.jobs import REMOVED, pods_of, still_active
-from api.services.models import register_model
+from api.services.models import clear_export_staging, register_model
 from api.settings import Settings
 from trainer.contract import store
 from trainer.contract.checkpoints import EXPORTED
@@ -52,6 +52,9 @@ COMPLETION_GRACE = 15.0
 """Seconds the other pods get to report completion after the primary did."""
 PRUNE_EVERY = 60.0
 """Seconds between two looks for finished jobs whose checkpoints have outlived their TTL."""
+SWEEPS_PER_PASS = 20
+"""Finished jobs whose export staging one pass looks for at most (a restarted control plane
+looks at each once: spread over passes, each a listing in the artifacts store)."""
 MIGRATION_TIMEOUT = 120.0
 """Seconds after which a migration whose replacement the backend no longer runs, and that
 never took part, has failed."""
@@ -67,6 +70,8 @@ class Reconciler:
         self._pruned: set[str] = set()
         """Jobs whose checkpoints were pruned by this process (each is pruned once)."""
         self.credentials = Renewals(settings) if settings.artifacts_per_job else None
+        self._swept: set[str] = set()
+        """Finished jobs whose export staging this process cleared (each is cleared once)."""
 
     def start(self) -> None:
         self.fail_unlaunched()
@@ -149,6 +154,25 @@ class Reconciler:
         for job_id in finished:
             logger.info("job %s has finished but its workload runs: deleting it", job_id)
             self._delete_workload(job_id)
+        self.sweep_export_staging(session, set(running))
+
+    def sweep_export_staging(self, session: Session, running: set[str]) -> None:
+        """Clear the export staging of finished jobs whose workload is gone: no pod is left
+        to finish (or to start) an export then."""
+        ended = session.exec(select(Job.id).where(col(Job.status).in_(FINISHED_STATUSES))).all()
+        for job_id in [j for j in ended if j not in self._swept and j not in running][
+                :SWEEPS_PER_PASS]:
+            try:
+                if not self.backend.gone(job_id):
+                    continue
+                removed = clear_export_staging(self.settings, job_id)
+            except (BackendError, OSError) as exc:
+                logger.warning("job %s: cannot clear its export staging yet: %s", job_id, exc)
+                continue
+            self._swept.add(job_id)
+            if removed:
+                logger.info("job %s: removed %s, left by killed exports", job_id,
+                            ", ".join(removed))
 
     def reconcile_job(self, session: Session, job: Job, status: WorkloadStatus) -> None:
         events = self._sync_pods(session, job, status) + self._settle_migrations(

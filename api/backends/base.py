@@ -152,3 +152,7 @@ class Backend(Protocol):
 
     def active_jobs(self) -> list[str]:
         """Ids of jobs whose workload exists, for re-adoption after a control-plane restart."""
+
+    def gone(self, job_id: str) -> bool:
+        """Whether no process of the job's workload is left (a deleted one's pods have ended),
+        so that nothing writes its artifacts any more. Observes only."""

@@ -18,10 +18,11 @@ from upath import UPath
 from api.errors import NotFound
 from api.models import Job, Model, ModelPublic, ModelsPublic, Prediction
 from api.services.archive import refuse_links
+from api.services import artifacts
 from api.services.artifacts import artifacts_dir, in_data_dir
 from api.settings import Settings
 from trainer.contract import store
-from trainer.contract.checkpoints import ADAPTER_DIR, EXPORTED
+from trainer.contract.checkpoints import ADAPTER_DIR, EXPORTED, METRICS_FILE, remove_export_staging
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +36,8 @@ def register_model(session: Session, settings: Settings, job: Job,
     if existing is not None:
         return existing
     metrics: dict[str, Any] = {}
-    if store.has_file(model_dir, "metrics.json"):
-        metrics = json.loads(store.read_file(model_dir, "metrics.json")).get("metrics", {})
+    if store.has_file(model_dir, METRICS_FILE):
+        metrics = json.loads(store.read_file(model_dir, METRICS_FILE)).get("metrics", {})
     # `model_dir` is real up to the pods' part (api.services.artifacts): never resolved, so
     # that a link the pods put there is not registered as this job's model.
     model = Model(id=model_id, job_id=job.id, name=job.name or job.id,
@@ -56,6 +57,14 @@ def _size(model_dir: Path | UPath) -> int:
     except store.UnlistableKey as exc:  # registered all the same: downloads will say why not
         logger.warning("%s", exc)
         return 0
+
+
+def clear_export_staging(settings: Settings, job_id: str) -> list[str]:
+    """Remove what the job's killed exports left staged next to its model: for a job whose
+    workload is gone (a live pod killed while exporting leaves its staging to this, as its
+    peers may export at the same time). `model_dir` follows the Kubernetes backend's own link
+    to the volumes and no other (api.services.artifacts)."""
+    return remove_export_staging(artifacts.model_dir(settings, job_id))
 
 
 def to_public(model: Model) -> ModelPublic:

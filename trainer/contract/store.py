@@ -335,7 +335,8 @@ def remove(directory: Path | UPath, first: str | None = None) -> None:
     if isinstance(directory, UPath):
         if first is not None:
             (directory / first).unlink(missing_ok=True)
-        with _listing(directory):
+        with _listing(directory), contextlib.suppress(FileNotFoundError):
+            # (another writer may delete it meanwhile)
             if directory.exists():
                 directory.fs.rm(directory.path.rstrip("/"), recursive=True)
         return

@@ -1,4 +1,5 @@
 import io
+import shutil
 import tarfile
 import urllib.parse
 import urllib.request
@@ -37,6 +38,24 @@ def test_list_and_download(client: TestClient, backend: FakeBackend, tmp_path) -
     assert client.get(link["url"]).status_code == 200
     assert client.get(listed[0]["links"]["download"]).status_code == 401
     assert client.post(f"{base}/step-99/download-link", headers=AUTH).status_code == 404
+
+
+def test_of_a_steps_revisions_only_the_newest_is_listed_and_served(
+        client: TestClient, backend: FakeBackend, tmp_path) -> None:
+    job = create_job(client)
+    directory = backend.launches[0].checkpoint_dir
+    meta = {"epoch": 1, "emergency": True, "epoch_end": False, "metrics": {"val_accuracy": None}}
+    save_checkpoint(directory, 7, {"w": torch.zeros(3)}, {}, meta, shared=True)
+    shutil.copytree(directory / "step-7", tmp_path / "emergency")
+    save_checkpoint(directory, 7, {"w": torch.zeros(3)}, {},
+                    {**meta, "epoch_end": True, "metrics": {"val_accuracy": 0.9}})
+    shutil.copytree(tmp_path / "emergency", directory / "step-7")  # its deletion cut short
+    base = f"/api/v1/jobs/{job['id']}/checkpoints"
+    listed = client.get(base, headers=AUTH).json()
+    assert [(c["id"], c["step"], c["epoch_end"], c["val_accuracy"]) for c in listed] == [
+        ("step-7.r1", 7, True, 0.9)]
+    assert client.get(listed[0]["links"]["download"], headers=AUTH).status_code == 200
+    assert client.get(f"{base}/step-7/download", headers=AUTH).status_code == 404
 
 
 def test_unknown_or_malicious_ids_are_404(client: TestClient) -> None:
