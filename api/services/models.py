@@ -17,8 +17,8 @@ from upath import UPath
 
 from api.errors import NotFound
 from api.models import Job, Model, ModelPublic, ModelsPublic, Prediction
-from api.services.archive import refuse_links
 from api.services import artifacts
+from api.services.archive import refuse_links
 from api.services.artifacts import artifacts_dir, in_data_dir
 from api.settings import Settings
 from trainer.contract import store
