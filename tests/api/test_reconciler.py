@@ -166,11 +166,11 @@ def test_an_ended_jobs_export_staging_goes_with_its_workload(
 
 
 def test_a_kubernetes_jobs_export_staging_goes_from_its_volume_only(
-        client: TestClient, backend: FakeBackend, tmp_path: Path) -> None:
+        client: TestClient, backend: FakeBackend, settings: Settings, tmp_path: Path) -> None:
     """The job's model is a link to its volume (as the Kubernetes backend makes it): its
     staging is cleared there, and a link its pods planted is not followed out of it."""
     job = create_job(client)
-    volume = tmp_path / "volumes" / "models" / job["id"]
+    volume = settings.resolved_volumes_dir / "models" / job["id"]
     elsewhere = tmp_path / "another-job"
     for directory in (volume / "model.tmp-0123456789ab", elsewhere / "model.tmp-ba9876543210"):
         directory.mkdir(parents=True)
