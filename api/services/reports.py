@@ -11,8 +11,8 @@ One batch must not fail the others: when a group's transaction fails, the group 
 with a savepoint around each batch's own statements, and a batch that fails there is rolled back
 to its savepoint and its changes to the job's and pod's views undone, while the others commit.
 Its sender alone gets the error: a 422 for data the database refused (retrying would not help),
-else a 500. Savepoints cost each batch a few statements (half the ingestion rate on PostgreSQL),
-so the group tries without them first.
+else a 500. Savepoints cost each batch a few statements (twice the writer's time per record on
+PostgreSQL, measured), so the group tries without them first.
 
 Each job's reports may store `max_job_event_bytes` of events (report_rows.admit). Past that, a
 batch's other records still move the job's progress but are not stored, its sender gets a 429,
