@@ -55,6 +55,10 @@ class PayloadTooLarge(DomainError):
     status_code, error = 413, "payload_too_large"
 
 
+class QuotaExceeded(DomainError):
+    status_code, error = 429, "quota_exceeded"
+
+
 class BackendUnavailable(DomainError):
     status_code, error = 503, "backend_unavailable"
 
@@ -68,7 +72,7 @@ class ErrorBody(BaseModel):
 
     error: str
     """`unauthorized`, `forbidden`, `not_found`, `conflict`, `invalid`, `payload_too_large`,
-    `backend_unavailable`, ..."""
+    `quota_exceeded`, `backend_unavailable`, ..."""
     detail: Any
     """A message; for `invalid`, a list of `{loc, msg, type}`, `loc` naming the field."""
 
@@ -82,6 +86,7 @@ MEANINGS = {
     413: "The body is too large (one declared too large by its Content-Length is refused "
          "unread, by the framework, in plain text)",
     422: "A value is invalid; `detail` names the field",
+    429: "A quota is used up; `detail` says which",
     501: "The job's backend cannot do this",
     503: "The backend (supervisor or Kubernetes) could not carry it out",
 }

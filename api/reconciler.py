@@ -34,7 +34,7 @@ from api.models import (
 )
 from api.services import checkpoints
 from api.services.artifacts import checkpoints_dir, model_dir
-from api.services.events import EventLog, new_event
+from api.services.events import EventLog, completions, new_event
 from api.services.job_credentials import Renewals
 from api.services.jobs import REMOVED, pods_of, still_active
 from api.services.models import clear_export_staging, register_model
@@ -289,12 +289,10 @@ class Reconciler:
         if not (status.finished and not status.reason):
             if job.completed_model_dir is None:
                 return None
-            completions = [e for e in session.exec(select(Event).where(
-                Event.job_id == job.id, Event.type == "job"))
-                if e.data.get("type") == "completed"]
-            everyone = {e.data.get("pod") for e in completions} >= {
+            completed = completions(session, job.id)
+            everyone = {pod for pod, _ in completed} >= {
                 f"{job.id}-{o}" for o in range(pod_count(job.spec))}
-            first = min((e.time for e in completions), default=time.time())
+            first = min((time_ for _, time_ in completed), default=time.time())
             if not (everyone or time.time() - first > COMPLETION_GRACE):
                 return None
         expected = model_dir(self.settings, job.id)

@@ -48,7 +48,7 @@ from api.models import (
     utc_now,
 )
 from api.services.artifacts import checkpoints_dir, delete_files, model_dir
-from api.services.events import EventLog, new_event
+from api.services.events import EventLog, event_page, new_event
 from api.services.job_credentials import CredentialError, grant
 from api.settings import Settings
 from trainer.contract.spec import (
@@ -386,10 +386,5 @@ def migrate_pod(session: Session, backend: Backend, events: EventLog, job_id: st
 def list_events(session: Session, job_id: str, after: int, limit: int,
                 types: list[str] | None) -> EventsPublic:
     get_job(session, job_id)
-    query = select(Event).where(Event.job_id == job_id, col(Event.id) > after)
-    if types:
-        query = query.where(col(Event.type).in_(types))
-    events = list(session.exec(query.order_by(col(Event.id)).limit(limit + 1)))
-    page = events[:limit]
-    return EventsPublic(data=[EventPublic.model_validate(e) for e in page],
-                        next_after=page[-1].id if len(events) > limit and page else None)
+    page, next_after = event_page(session, job_id, after, limit, types)
+    return EventsPublic(data=[EventPublic.model_validate(e) for e in page], next_after=next_after)

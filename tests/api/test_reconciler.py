@@ -1,9 +1,14 @@
+import re
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 from upath import UPath
 
 from api.app import create_app
@@ -16,6 +21,7 @@ from tests.api.fakes import FakeBackend
 from tests.factories import completed, record
 from tests.stores import Store
 from trainer.contract import store
+from trainer.contract.records import Quorum
 
 
 def reconcile(client: TestClient, backend: FakeBackend) -> list[tuple[str, list[dict]]]:
@@ -204,8 +210,6 @@ def test_an_ended_jobs_export_staging_goes_with_its_workload_from_a_store(
 
 def test_completion_waits_for_every_pod_to_report(client: TestClient, backend: FakeBackend,
                                                   tiny_model_dir: Path) -> None:
-    import time
-
     job = create_job(client)
     shutil.copytree(tiny_model_dir, backend.launches[0].model_dir)
 
@@ -273,3 +277,39 @@ def test_a_failed_deletion_is_retried_by_the_reconciler(client: TestClient,
     backend.delete = delete  # type: ignore[method-assign]
     reconcile(client, backend)
     assert backend.active_jobs() == [] and backend.deleted == [job["id"]]
+
+
+def test_a_finishing_job_is_read_by_its_completions_alone(client: TestClient,
+                                                          backend: FakeBackend,
+                                                          tiny_model_dir: Path) -> None:
+    """While a job waits for its pods' completions, each pass looks them up with an indexed
+    query, and reads none of the job's other events."""
+    job = create_job(client)
+    shutil.copytree(tiny_model_dir, backend.launches[0].model_dir)
+    history = [record(seq, Quorum(message="q", quorum_id=seq, participants=2, step=seq))
+               for seq in range(1, 2_001)]
+    report(client, backend, job["id"], [*history, record(2_001, completed("x"), time.time())])
+    engine: Engine = client.app.state.engine  # type: ignore[attr-defined]
+    reads: list[tuple[str, Any]] = []
+
+    def capture(_connection: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if re.search(r"\bFROM event\b", statement):
+            reads.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", capture)
+    try:
+        reconcile(client, backend)
+    finally:
+        event.remove(engine, "before_cursor_execute", capture)
+    assert job_state(client, job["id"])["status"] == "running"  # pod 1 has not completed yet
+    assert len(reads) == 1
+    statement, parameters = reads[0]
+    selected = statement.split("FROM")[0]
+    assert not re.search(r"(SELECT|,)\s+event\.data\s*(,|$)", selected)  # no event read whole
+    with engine.connect() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.exec_driver_sql("SET enable_seqscan = off")  # a small table, else
+        plan = " ".join(str(row) for row in connection.exec_driver_sql(
+            f"EXPLAIN {'QUERY PLAN ' if connection.dialect.name == 'sqlite' else ''}"
+            f"{statement}", parameters))
+    assert "ix_event_job_id_type" in plan, plan
