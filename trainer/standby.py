@@ -4,14 +4,15 @@ know which pod it is (imports, tokenizer, tokenized data, the model), and waits 
 A live job's local supervisor keeps one ready beside its pods (api/backends/standby.py). A pod
 that (re)starts after a failure or a graceful leave, a new ordinal of a scale-up or a
 migration's replacement becomes the standby instead of a fresh process, so it takes part after a
-heal rather than after seconds of Python start-up and model loading.
+heal rather than after seconds of Python start-up and model loading. A restart-mode pod's agent
+keeps one for its next round's worker (trainer.engine.warm_worker).
 
-    python -m trainer.standby --ready-file PATH
+    python -m trainer.standby --ready-file PATH [--die-with-parent]
 
 Its environment is a pod's without the pod's identity. It creates the ready file once loaded and
 then reads one JSON line on stdin, `{"environ": {...}, "log": "path"}`: the whole environment of
-the pod it becomes and the log its output goes to from then on. End of input (its supervisor is
-gone) ends it with code 0.
+the pod it becomes and the log its output goes to from then on (null: where it goes already).
+End of input (its supervisor is gone) ends it with code 0.
 """
 
 from __future__ import annotations
@@ -35,14 +36,15 @@ logger = logging.getLogger("trainer.standby")
 NAME = "standby"
 
 
-def read_assignment(line: str) -> tuple[dict[str, str], Path]:
-    """The pod's environment and log from the supervisor's line; ValueError if malformed."""
+def read_assignment(line: str) -> tuple[dict[str, str], Path | None]:
+    """The pod's environment and log (None: this process's output already goes there) from
+    its starter's line; ValueError if malformed."""
     data: Any = json.loads(line)
     environ, log = data.get("environ"), data.get("log")
-    if not isinstance(environ, dict) or not isinstance(log, str) or not all(
+    if not isinstance(environ, dict) or not isinstance(log, str | None) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in environ.items()):
-        raise ValueError("expected {\"environ\": {name: value}, \"log\": path}")
-    return environ, Path(log)
+        raise ValueError("expected {\"environ\": {name: value}, \"log\": path or null}")
+    return environ, None if log is None else Path(log)
 
 
 def redirect_output(log: Path) -> None:
@@ -66,8 +68,12 @@ def become(environ: dict[str, str]) -> None:
         torch.set_num_threads(int(threads))  # read at import: the pod's may differ (scaled)
 
 
-def run(ready_file: Path) -> int:
+def run(ready_file: Path, die_with_parent: bool = False) -> int:
     started = time.monotonic()
+    if die_with_parent:
+        from trainer.distributed import die_with_parent as with_parent
+
+        with_parent()
     try:
         config = load_config([], os.environ)
     except ConfigError as exc:
@@ -94,7 +100,8 @@ def run(ready_file: Path) -> int:
     except ValueError as exc:
         logger.error("unreadable assignment: %s", exc)
         return ExitCode.FAILED
-    redirect_output(log)
+    if log is not None:
+        redirect_output(log)
     become(environ)
     logger.info("standby pid %d becomes pod %s (started %.1f s ago)", os.getpid(),
                 environ.get(Runtime.env_name("pod_name"), "?"), time.monotonic() - started)
@@ -107,11 +114,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                  "become one of its pods.")
     parser.add_argument("--ready-file", type=Path, required=True,
                         help="created once everything is loaded")
+    parser.add_argument("--die-with-parent", action="store_true",
+                        help="end with the process that started it (a restart-mode pod's agent)")
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
-    code = run(parse_args(None).ready_file)
+    args = parse_args(None)
+    code = run(args.ready_file, args.die_with_parent)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -95,7 +95,7 @@ def standby_argv(ready_file: Path, python: str = "python") -> list[str]:
 def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: str,
             threads: int, incarnation: str = "", ready_file: Path | None = None,
             replica_file: Path | None = None, replica_store: str | None = None,
-            ) -> dict[str, str]:
+            warm_worker: bool = True) -> dict[str, str]:
     """A trainer pod's environment, the job's secrets included (REPORT_TOKEN, PEER_SECRET, its
     store credential).
 
@@ -103,7 +103,8 @@ def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: s
     `incarnation` tells this process's reports apart (empty: the trainer makes one up);
     `ready_file` is created once the pod participates in a step (it holds the live state);
     a live pod writes its lighthouse replica id to `replica_file`; a live pipeline pod meets
-    its replica's other stages at `replica_store` (host:port).
+    its replica's other stages at `replica_store` (host:port); a restart-mode pod keeps a warm
+    worker for its next round unless `warm_worker` is false.
     """
     live = launch.fault_tolerance == "live"
     runtime = Runtime(job_id=launch.job_id, pod_name=pod_name, incarnation=incarnation,
@@ -114,7 +115,8 @@ def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: s
                       replica_file=replica_file if live else None,
                       replica_store=replica_store if live else None,
                       peer_secret=launch.peer_secret,
-                      lighthouse=f"http://{coordinator}" if live else None)
+                      lighthouse=f"http://{coordinator}" if live else None,
+                      **({} if live or warm_worker else {"warm_worker": False}))
     env = {SPEC_ENV: json.dumps(launch.spec), **runtime.to_env(), **launch.store_env,
            "OMP_NUM_THREADS": str(max(1, threads))}
     if not live:

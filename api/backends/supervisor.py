@@ -115,6 +115,8 @@ class Supervisor:
         self.standby = (Standby(job_dir) if self.live and document.standby and self.stages == 1
                         else None)
         """The warm process the next pod to start becomes (live jobs)."""
+        self.warm_workers = document.standby
+        """Whether restart-mode pods keep a warm worker for their next round."""
         self._sigterm = False
         self._written: StateDocument | None = None
 
@@ -266,7 +268,8 @@ class Supervisor:
         return {**inherited, **commands.pod_env(self.launch, name, self.coordinator_endpoint,
                                                 commands.LOOPBACK, threads,
                                                 incarnation=incarnation, ready_file=ready,
-                                                replica_file=replica, replica_store=store)}
+                                                replica_file=replica, replica_store=store,
+                                                warm_worker=self.warm_workers)}
 
     def keep_standby(self) -> None:
         """Keep a standby warm while the job runs, started once the job is quiet: every pod

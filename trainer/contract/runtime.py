@@ -92,6 +92,10 @@ class Runtime(BaseModel):
     """Created once this process participates in a step (it holds the live state): a migration
     retires the pod's old incarnation when its replacement's file appears."""
 
+    warm_worker: bool = Field(default=True, alias="WARM_WORKER")
+    """Restart mode: the pod's agent keeps a warm worker (imported, data and model loaded) for
+    the next round, at the cost of one more process's memory."""
+
     replica_file: Path | None = Field(default=None, alias="REPLICA_FILE")
     """Where a live pod writes its replica id once it joined the lighthouse: should the process
     die, its supervisor tells the lighthouse at once instead of letting heartbeats expire."""

@@ -4,7 +4,9 @@ Takes torchrun's own flags (`python -m trainer.engine.elastic --nnodes 1:3 ... -
 When a peer dies the survivors' workers fail their collective, write an emergency checkpoint,
 and the agents restart them in a new rendezvous round from the newest complete checkpoint; a
 recreated pod joining makes them restart once more. A worker exiting with the trainer's
-bad-input code ends the pod at once with that code: no retry fixes a missing dataset.
+bad-input code ends the pod at once with that code: no retry fixes a missing dataset. A round's
+worker is a warm one where it can be (trainer.engine.warm_worker): a restart then costs the
+rendezvous and the checkpoint load, not a Python start-up and a model load.
 
 The agents meet in the job's own store (trainer.engine.store), which answers only holders of the
 job's peer secret: torchrun's `c10d` rendezvous, over a MemberStore instead of a TCPStore
@@ -13,15 +15,18 @@ job's peer secret: torchrun's `c10d` rendezvous, over a MemberStore instead of a
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
+from typing import Any
 
+from pydantic import ValidationError
 from torch.distributed import run as torchrun
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -36,8 +41,11 @@ from torch.distributed.launcher import api as launcher_api
 
 from trainer.contract import credentials
 from trainer.contract.process import ExitCode
-from trainer.contract.runtime import RENDEZVOUS_BACKEND
+from trainer.contract.runtime import RENDEZVOUS_BACKEND, SPEC_ENV, Runtime
+from trainer.contract.spec import stages_of
+from trainer.engine import warm_worker
 from trainer.engine.store import MemberStore
+from trainer.engine.warm_worker import WarmWorker
 
 logger = logging.getLogger(__name__)
 
@@ -59,21 +67,35 @@ def member_rendezvous(params: RendezvousParameters) -> RendezvousHandler:
     return create_handler(store, MemberRendezvous(store, params.run_id), params)
 
 
-class BadInputIsFinal(LocalElasticAgent):
-    """Torchrun's agent; a worker failure with the bad-input exit code leaves no restarts."""
+class PodAgent(LocalElasticAgent):
+    """Torchrun's agent; a worker failure with the bad-input exit code leaves no restarts, and
+    a round's worker is the warm one (trainer.engine.warm_worker) where one is ready."""
+
+    warm: WarmWorker | None = None
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        pids = super()._start_workers(worker_group)
+        if self.warm is not None:
+            self.warm.round_started()
+        return pids
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result = super()._monitor_workers(worker_group)
         if result.is_failed() and any(failure.exitcode == ExitCode.BAD_INPUT
                                       for failure in result.failures.values()):
             self._remaining_restarts = 0
+        elif self.warm is not None and result.state == WorkerState.HEALTHY:
+            self.warm.poll()
         return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = torchrun.parse_args(list(argv) if argv is not None else None)
     rendezvous_handler_registry.register(RENDEZVOUS_BACKEND, member_rendezvous)
-    launcher_api.LocalElasticAgent = BadInputIsFinal  # type: ignore[misc]  # torchrun's agent class
+    launcher_api.LocalElasticAgent = PodAgent  # type: ignore[misc]  # torchrun's agent class
+    if warm_worker_wanted(os.environ):
+        PodAgent.warm = WarmWorker()
+        warm_worker.use(PodAgent.warm)
     try:
         torchrun.run(args)
     except ChildFailedError as exc:
@@ -86,7 +108,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         # recreates it, where it should, without counting a failure.
         logger.info("stopped by %s", exc.sigval.name)
         return ExitCode.OK if exc.sigval == signal.SIGTERM else 128 + int(exc.sigval)
+    finally:
+        if PodAgent.warm is not None:
+            PodAgent.warm.close()
     return 0
+
+
+def warm_worker_wanted(environ: Mapping[str, str]) -> bool:
+    """Whether this pod keeps a warm worker: unless its backend says not to (WARM_WORKER), and
+    never for a pipeline stage (which one a worker holds is known only once it runs)."""
+    try:
+        runtime = Runtime(**Runtime.fields_from_env(environ))
+        pipeline = stages_of(json.loads(environ.get(SPEC_ENV) or "{}")) > 1
+    except (ValidationError, ValueError, AttributeError):
+        return False  # the worker says what is wrong
+    return runtime.warm_worker and not pipeline
 
 
 if __name__ == "__main__":
