@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import uvicorn
@@ -13,6 +14,7 @@ from api.db import init_db, make_engine
 from api.logs import configure_logging
 from api.migrations import SchemaError
 from api.settings import Settings
+from trainer.contract.process import PRIVATE_UMASK
 
 
 def login_hint(url: str, token: AdminToken, terminal: bool) -> str:
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"invalid settings: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_format)
+    os.umask(PRIVATE_UMASK)  # the database, the token, the job directories: this user's alone
     engine = make_engine(settings)
     try:
         init_db(engine)

@@ -4,6 +4,7 @@ the API's report endpoint."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -56,9 +57,25 @@ def wait_for(condition: Callable[[], T], *, what: str = "condition", timeout: fl
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def not_private(root: Path) -> list[str]:
+    """What under `root`, itself included, a group or other users may read, write or enter, as
+    `mode path` lines (links left out: their own mode means nothing; what vanishes meanwhile,
+    too)."""
+    found = []
+    for directory, _, files in os.walk(root):
+        for path in (Path(directory), *(Path(directory) / name for name in files)):
+            try:
+                mode = path.lstat().st_mode
+            except FileNotFoundError:
+                continue
+            if not path.is_symlink() and mode & 0o077:
+                found.append(f"{oct(mode & 0o777)} {path}")
+    return found
 
 
 def accepts(port: int, host: str = "127.0.0.1") -> bool:

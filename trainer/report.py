@@ -55,7 +55,7 @@ class JsonlSink:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._stamp = {"pod": pod, "incarnation": incarnation}
         # One os.write per line on an O_APPEND descriptor: lines of processes never interleave.
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
     def write(self, record: Record) -> None:
         line = json.dumps({**self._stamp, **record}, separators=(",", ":")) + "\n"

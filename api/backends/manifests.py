@@ -84,7 +84,9 @@ SECRET_KEYS = {Runtime.env_name("report_token"): REPORT_TOKEN_KEY,
                Runtime.env_name("heal_secret"): HEAL_SECRET_KEY}
 """The trainer's environment variables whose values come from the job's Secret, by key."""
 USER_ID = 10001
-"""The non-root user of both images (Dockerfile.api, Dockerfile.trainer)."""
+"""The non-root user of both images (Dockerfile.api, Dockerfile.trainer) and of every pod, the
+API's (k8s/base/api.yaml) too: files are created private (PRIVATE_UMASK), so the API reads what
+the trainers write on the shared volumes only as their user."""
 INPUTS_MOUNT = Path("/inputs")
 CHECKPOINTS_MOUNT = Path("/checkpoints")
 MODELS_MOUNT = Path("/models")

@@ -16,7 +16,7 @@ from tests.conftest import Processes
 from tests.factories import make_reviews_csv
 from tests.postgres import PostgresServer
 from tests.stores import Store
-from tests.support import wait_for
+from tests.support import not_private, wait_for
 from trainer.checkpoint import latest_checkpoint, list_checkpoints
 from trainer.contract.checkpoints import NAME
 from trainer.contract.store import location
@@ -53,6 +53,14 @@ def test_job_runs_to_a_downloadable_model(control_plane: ControlPlane, tmp_path:
     assert [p["label"] for p in predictions["predictions"]] == ["positive", "negative"]
     checkpoints = control_plane.http.get(f"/api/v1/jobs/{job_id}/checkpoints").json()
     assert checkpoints and checkpoints[0]["epoch_end"]
+    # What the control plane, the supervisor and the pods wrote is this user's alone: the
+    # database (its WAL too), the job's directory (launch.json, logs, checkpoints, the model)
+    # and the tokenization cache.
+    written = {path.relative_to(control_plane.data_dir).as_posix()
+               for path in control_plane.data_dir.rglob("*")}
+    assert {"migrator.db-wal", f"jobs/{job_id}/launch.json", f"jobs/{job_id}/model/config.json",
+            f"jobs/{job_id}/logs", "cache/tokens"} <= written
+    assert not_private(control_plane.data_dir) == []
 
 
 def test_killed_pod_is_recreated_and_the_job_succeeds(control_plane: ControlPlane) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from api.__main__ import parse_settings
 from tests.conftest import ROOT
-from tests.support import free_port
+from tests.support import free_port, not_private
 
 
 def test_the_environment_wins_unless_a_flag_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,3 +78,14 @@ def test_a_generated_token_is_printed_only_to_a_terminal(tmp_path: Path) -> None
     assert f"/?token={token}" in printed
     # The next start read it from the file, not generated it: not printed again.
     assert token not in first_lines([], env, terminal=True)
+
+
+def test_the_data_dir_is_this_users_alone(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)  # as an earlier version left it, with the default umask
+    data.chmod(0o755)
+    first_lines([], {"MIGRATOR_DATA_DIR": str(data)}, terminal=False)
+    assert oct(data.stat().st_mode & 0o777) == "0o700"
+    made = {path.name for path in data.iterdir()}
+    assert {"admin_token", "migrator.db"} <= made
+    assert not_private(data) == []
