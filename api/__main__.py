@@ -15,6 +15,7 @@ from api.logs import configure_logging
 from api.migrations import SchemaError
 from api.settings import Settings
 from trainer.contract.process import PRIVATE_UMASK
+from trainer.contract.runtime import host_port
 
 
 def login_hint(url: str, token: AdminToken, terminal: bool) -> str:
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         engine.dispose()
     app = create_app(settings)
-    url = f"http://{settings.host}:{settings.port}"
+    url = f"http://{host_port(settings.host, settings.port)}"
     print(f"Live Migrator control plane on {url} ({settings.backend} backend, data in "
           f"{settings.data_dir.resolve()})", flush=True)
     print(login_hint(url, app.state.admin_token, sys.stdout.isatty()), flush=True)

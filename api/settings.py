@@ -10,6 +10,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from upath import UPath
 
+from trainer.contract.runtime import host_port
 from trainer.contract.store import location
 
 
@@ -131,4 +132,4 @@ class Settings(BaseSettings):
 
     @property
     def base_url(self) -> str:
-        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+        return (self.public_url or f"http://{host_port(self.host, self.port)}").rstrip("/")

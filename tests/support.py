@@ -62,6 +62,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
 def not_private(root: Path) -> list[str]:
     """What under `root`, itself included, a group or other users may read, write or enter, as
     `mode path` lines (links left out: their own mode means nothing; what vanishes meanwhile,
@@ -87,18 +96,19 @@ def accepts(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def start_lighthouse(processes: Starter, log: Path, **flags: int) -> str:
+def start_lighthouse(processes: Starter, log: Path, host: str = "127.0.0.1",
+                     **flags: int) -> str:
     """A job's lighthouse process, started as the backends start it (`flags` override its
-    `--name value` options), on a free port; its address once it listens."""
-    from api.backends.commands import lighthouse_argv
+    `--name value` options), on a free port of `host`; its address once it listens."""
+    from api.backends.commands import Endpoint, lighthouse_argv
 
-    port = free_port()
-    argv = lighthouse_argv(f"127.0.0.1:{port}", python=sys.executable)
+    port = free_port(host)
+    argv = lighthouse_argv(host, port, python=sys.executable)
     for name, value in flags.items():
         argv[argv.index(f"--{name}") + 1] = str(value)
     processes.start(argv, {}, log)
-    wait_for(lambda: accepts(port), what="the lighthouse to listen", timeout=30)
-    return f"http://127.0.0.1:{port}"
+    wait_for(lambda: accepts(port, host), what="the lighthouse to listen", timeout=30)
+    return f"http://{Endpoint(host, port)}"
 
 
 class ReportServer:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from api.backends.base import Launch
-from trainer.contract.runtime import LOOPBACK, SPEC_ENV, Runtime
+from trainer.contract.runtime import LOOPBACK, SPEC_ENV, Runtime, host_port
 from trainer.contract.spec import stages_of
 
 LIGHTHOUSE_PORT = 29510
@@ -45,12 +45,20 @@ class Endpoint:
     port: int
 
     def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
+        return host_port(self.host, self.port)
+
+    @classmethod
+    def parse(cls, text: str) -> Endpoint:
+        """The endpoint `str` gave (`host:port`, `[ipv6]:port`)."""
+        host, _, port = text.rpartition(":")
+        return cls(host.removeprefix("[").removesuffix("]"), int(port))
 
 
-def lighthouse_argv(bind: str, python: str = "python") -> list[str]:
-    """The lighthouse of a live job (trainer.engine.lighthouse), listening on `bind`."""
-    return [python, "-m", "trainer.engine.lighthouse", "--min_replicas", "1", "--bind", bind,
+def lighthouse_argv(host: str, port: int, python: str = "python") -> list[str]:
+    """The lighthouse of a live job (trainer.engine.lighthouse), listening on `host:port`.
+    Apart, as the store's: a Kubernetes pod's `$(POD_IP)` may be an IPv6 address."""
+    return [python, "-m", "trainer.engine.lighthouse", "--min_replicas", "1", "--host", host,
+            "--port", str(port),
             "--quorum_tick_ms", "100",
             "--join_timeout_ms", str(JOIN_TIMEOUT_MS),
             "--heartbeat_timeout_ms", str(HEARTBEAT_TIMEOUT_MS)]

@@ -436,7 +436,8 @@ def coordinator_deployment(launch: Launch, config: ClusterConfig) -> Manifest:
     listening on its pod IP like every process of a job."""
     job, component = launch.job_id, coordinator_component(launch)
     endpoint = coordinator_endpoint(launch)
-    argv = (lighthouse_argv(f"$(POD_IP):{endpoint.port}") if component == LIGHTHOUSE
+    # The kubelet expands $(POD_IP), an IPv4 or IPv6 address: each program joins it to its port.
+    argv = (lighthouse_argv("$(POD_IP)", endpoint.port) if component == LIGHTHOUSE
             else store_argv(endpoint.port, host="$(POD_IP)"))
     container = {
         "name": component, "image": config.image, "imagePullPolicy": config.image_pull_policy,

@@ -36,6 +36,14 @@ def test_without_either_the_defaults_hold(monkeypatch: pytest.MonkeyPatch) -> No
     assert (settings.host, settings.port) == ("127.0.0.1", 8000)
 
 
+def test_an_ipv6_host_is_bracketed_in_urls(tmp_path: Path) -> None:
+    settings = parse_settings(["--host", "::1", "--port", "9000"])
+    assert settings.base_url == "http://[::1]:9000"  # where local pods post their reports
+    printed = first_lines(["--host", "::1", "--port", "9000"],
+                          {"MIGRATOR_DATA_DIR": str(tmp_path)}, terminal=False)
+    assert "control plane on http://[::1]:9000 " in printed
+
+
 def first_lines(args: list[str], env: dict[str, str], terminal: bool) -> str:
     """What `python -m api` prints on start, to a pipe or to a pseudo-terminal."""
     read_end, write_end = pty.openpty() if terminal else os.pipe()

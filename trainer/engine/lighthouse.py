@@ -26,6 +26,8 @@ from typing import Any
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
 
+from trainer.contract.runtime import host_port
+
 logger = logging.getLogger(__name__)
 
 TORCHFT_SERVICE = "torchft.LighthouseService"
@@ -249,7 +251,8 @@ def leave(lighthouse: str, replica_id: str, timeout: float = 5.0) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bind", required=True, help="host:port to listen on")
+    parser.add_argument("--host", required=True, help="address to listen on (the pod's)")
+    parser.add_argument("--port", type=int, required=True, help="TCP port to listen on")
     parser.add_argument("--min_replicas", type=int, default=1)
     parser.add_argument("--join_timeout_ms", type=int, default=1000)
     parser.add_argument("--heartbeat_timeout_ms", type=int, default=500)
@@ -259,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     options = Options(min_replicas=args.min_replicas, join_timeout=args.join_timeout_ms / 1000,
                       heartbeat_timeout=args.heartbeat_timeout_ms / 1000,
                       tick=args.quorum_tick_ms / 1000)
-    asyncio.run(serve(args.bind, options))
+    asyncio.run(serve(host_port(args.host, args.port), options))
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def write_job(job_dir: Path, inputs_dir: Path, sink: ReportServer, max_restarts:
         "spec": {**SPEC, "replicas": replicas, **spec}, "report_url": sink.url,
         "report_token": "t",
         "checkpoint_dir": str(job_dir / "checkpoints"), "model_dir": str(job_dir / "model"),
-        "inputs_dir": str(inputs_dir), "cache_dir": str(job_dir / "cache")}, mode=0o600)
+        "inputs_dir": str(inputs_dir), "cache_dir": str(job_dir / "cache")})
 
 
 class Supervisors:
