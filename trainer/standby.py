@@ -76,7 +76,7 @@ def run(ready_file: Path) -> int:
     configure_logging(config.runtime.job_id, NAME)
     from trainer.data import DataError
     from trainer.engine import live  # noqa: F401  (imported now, not when the pod starts)
-    from trainer.train import prepare
+    from trainer.prepare import prepare
 
     try:
         prepared = prepare(config, choose_device().device)

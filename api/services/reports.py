@@ -35,6 +35,7 @@ from trainer.contract.records import (
     RecordData,
     ReportBatch,
     Started,
+    StepSkipped,
 )
 from trainer.contract.spec import pod_count
 
@@ -87,6 +88,9 @@ class JobView:
             case Completed() if data.model_dir:
                 # The primary's export, or a live pod's that outlived it.
                 self.completed_model_dir = data.model_dir
+            case StepSkipped():  # every participant counts the job's skipped steps alike
+                skipped = max(data.skipped, self.metrics.get("skipped_steps", 0))
+                self.metrics = {**self.metrics, "skipped_steps": skipped}
             case _:
                 return
         self.changed = True

@@ -13,7 +13,8 @@ class ExitCode(IntEnum):
     FAILED = 1
     """Training failed; the backend recreates the pod (within the job's restart budget)."""
     BAD_INPUT = 2
-    """The job cannot run as specified (unknown dataset, bad config): no restart helps."""
+    """The job cannot run as specified (unknown dataset, bad config, a loss that is not finite
+    where the spec says to fail): no restart helps."""
     PEER_STOPPED = 3
     """Stopped because another participant got SIGTERM: not done, so never 0 (torchrun would
     take a 0 for the end of training)."""

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Processes
-from tests.factories import make_reviews_csv
+from tests.factories import make_poisoned_csv, make_poisoned_model, make_reviews_csv
 from tests.support import has_ipv6_loopback, start_lighthouse, wait_for
 
 pytestmark = pytest.mark.slow
@@ -120,6 +120,41 @@ def test_a_live_job_runs_on_ipv6_addresses(inputs_dir: Path, tmp_path: Path,
     assert len(completed) == 1
     metrics = [r["data"] for r in records(tmp_path / "reports.jsonl") if r["kind"] == "metric"]
     assert max(m["participants"] for m in metrics) == 2
+
+
+def test_replicas_skip_a_step_that_one_of_them_made_nan_together(
+        inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
+    """One replica's NaN loss spreads to every replica's gradients through their all-reduce:
+    all of them skip that step (committed, no update), or none would hold the same weights."""
+    make_poisoned_model(inputs_dir / "poisoned")
+    make_poisoned_csv(inputs_dir / "poisoned.csv")
+    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log")
+    spec = live_spec(model="poisoned", dataset="poisoned.csv", epochs=2, nonfinite_loss="skip")
+    pods = [start_pod(processes, tmp_path, inputs_dir, lighthouse, spec, ordinal)
+            for ordinal in (0, 1)]
+    for ordinal, pod in enumerate(pods):
+        assert pod.wait(timeout=240) == 0, (tmp_path / f"pod-{ordinal}-0.log").read_text()[-3000:]
+    everything = records(tmp_path / "reports.jsonl")
+    skipped = {pod: [(r["data"]["step"], r["data"]["skipped"]) for r in everything
+                     if r["pod"] == pod and r["kind"] == "event"
+                     and r["data"]["type"] == "step_skipped"] for pod in ("live-0", "live-1")}
+    assert len(skipped["live-0"]) == 2 and skipped["live-0"] == skipped["live-1"]  # each epoch
+    # The replica that held the poisoned text saw its loss become NaN; the other, only the
+    # gradients it got from it.
+    losses = sorted((r["data"]["loss"] is None) for r in everything
+                    if r["kind"] == "event" and r["data"]["type"] == "step_skipped"
+                    and r["data"]["step"] == skipped["live-0"][0][0])
+    assert losses == [False, True]
+    completed = {r["data"]["checksum"] for r in everything
+                 if r["kind"] == "event" and r["data"]["type"] == "completed"}
+    assert len(completed) == 1  # identical replicas
+    windows: dict[tuple[int, int], list[int]] = {}
+    for r in everything:
+        if r["kind"] == "samples":
+            windows.setdefault((r["data"]["epoch"], r["data"]["step"]), r["data"]["window"])
+    for epoch in (1, 2):  # the skipped steps' samples count as used, once
+        used = Counter(i for (e, _), window in windows.items() if e == epoch for i in window)
+        assert set(used.values()) == {1}
 
 
 def test_a_survivor_takes_over_checkpoints_and_export_when_the_primary_dies(
