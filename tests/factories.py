@@ -91,8 +91,10 @@ def make_poisoned_csv(path: Path, rows: int = 200, at: int = 3) -> Path:
     return path
 
 
-def poisoned_steps(spec: JobSpec, inputs_dir: Path, epochs: int) -> list[int]:
-    """The steps of one participant whose window holds the training text with UNKNOWN_WORD."""
+def poisoned_steps(spec: JobSpec, inputs_dir: Path, epochs: int,
+                   participants: int = 1) -> list[int]:
+    """The steps whose window holds the training text with UNKNOWN_WORD, with `participants`
+    in every step."""
     import numpy as np
 
     from trainer.data import load_source, make_splits
@@ -101,10 +103,11 @@ def poisoned_steps(spec: JobSpec, inputs_dir: Path, epochs: int) -> list[int]:
     train = make_splits(load_source(spec, inputs_dir, None), spec).train
     poisoned = [i for i, text in enumerate(train.texts) if UNKNOWN_WORD in text]
     assert len(poisoned) == 1, "the poisoned row must land in the training split"
-    sampler = GlobalSampler(len(train), spec.batch_size, spec.seed)
-    per_epoch = math.ceil(len(train) / spec.batch_size)
+    sampler, window = GlobalSampler(len(train), spec.batch_size, spec.seed), \
+        spec.batch_size * participants
+    per_epoch = math.ceil(len(train) / window)
     return [epoch * per_epoch + 1 + int(np.flatnonzero(sampler.order(epoch) == poisoned[0])[0])
-            // spec.batch_size for epoch in range(epochs)]
+            // window for epoch in range(epochs)]
 
 
 def record(seq: int, data: RecordData, time: float | None = None) -> dict:
