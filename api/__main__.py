@@ -1,4 +1,4 @@
-"""`python -m api`: start the control plane and print the login URL."""
+"""`python -m api`: start the control plane and print how to log in."""
 
 from __future__ import annotations
 
@@ -13,21 +13,27 @@ from api.app import AdminToken, create_app
 from api.db import init_db, make_engine
 from api.logs import configure_logging
 from api.migrations import SchemaError
+from api.services.login import LOGIN_CODE_SECONDS, LoginCodes
 from api.settings import Settings
 from trainer.contract.process import PRIVATE_UMASK
 from trainer.contract.runtime import host_port
 
 
-def login_hint(url: str, token: AdminToken, terminal: bool) -> str:
-    """Where to find the admin token. The token itself only when this start generated it and
-    a person reads the terminal: never into `kubectl logs` or a log collector."""
-    if token.source == "generated" and terminal:
-        return (f"Log in: {url}/?token={token.value}\n"
-                f"API token for curl: -H 'Authorization: Bearer {token.value}'")
+def login_hint(url: str, token: AdminToken, codes: LoginCodes, terminal: bool) -> str:
+    """How to log in. A person at the terminal gets a login URL with a single-use code (no URL
+    carries the token itself), and the token only when this start generated it; a log
+    (`kubectl logs`, a log collector) gets neither, only where to find them."""
     if token.source == "settings":
-        return "Admin token: the one set in MIGRATOR_ADMIN_TOKEN"
-    return (f"Admin token: in {token.path} (readable by this user only); log in at "
-            f"{url}/?token=$(cat {token.path})")
+        where = "Admin token: the one set in MIGRATOR_ADMIN_TOKEN"
+    elif token.source == "generated" and terminal:
+        where = f"API token for curl: -H 'Authorization: Bearer {token.value}'"
+    else:
+        where = f"Admin token: in {token.path} (readable by this user only)"
+    if not terminal:
+        return f"{where}; a dashboard login URL: `migrator login-url`"
+    code, _ = codes.issue(LOGIN_CODE_SECONDS)
+    return (f"Log in: {url}/#login={code} (once, within {LOGIN_CODE_SECONDS // 60} minutes; "
+            f"`migrator login-url` prints a new one)\n{where}")
 
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
@@ -59,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     url = f"http://{host_port(settings.host, settings.port)}"
     print(f"Live Migrator control plane on {url} ({settings.backend} backend, data in "
           f"{settings.data_dir.resolve()})", flush=True)
-    print(login_hint(url, app.state.admin_token, sys.stdout.isatty()), flush=True)
+    print(login_hint(url, app.state.admin_token, app.state.login_codes, sys.stdout.isatty()),
+          flush=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
     return 0
 

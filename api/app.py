@@ -23,10 +23,11 @@ from api.errors import add_exception_handlers, document_schemas
 from api.metrics import LatencyMiddleware, install_collector
 from api.private import private_dir
 from api.reconciler import Reconciler
-from api.routes import checkpoints, downloads, health, jobs, models, pods, reports, stream
+from api.routes import checkpoints, downloads, health, jobs, login, models, pods, reports, stream
 from api.routes.web import mount_web
-from api.services.downloads import link_signer
 from api.services.events import EventLog
+from api.services.links import link_signer
+from api.services.login import LoginCodes
 from api.services.models import Predictor
 from api.services.reports import ReportWriter
 from api.settings import Settings
@@ -115,12 +116,14 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     token = admin_token(settings)
     app.state.admin_token = token
     app.state.link_signer = link_signer(token.value)
+    app.state.login_codes = LoginCodes()
     app.state.report_tokens = ReportTokens(engine)
     app.state.predictor = Predictor(settings.predict_cache_size, settings.cache_dir / "models")
     add_exception_handlers(app)
     app.add_middleware(LatencyMiddleware)
-    for module in (jobs, pods, stream, checkpoints, models, downloads):
+    for module in (jobs, pods, stream, checkpoints, models, downloads, login):
         app.include_router(module.router)
+    app.include_router(login.exchange)
     app.include_router(reports.router, max_body_size=settings.max_report_bytes)
     document_schemas(app, ReportBatch)
     app.include_router(health.router)

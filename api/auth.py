@@ -6,8 +6,8 @@ below, which authenticate in front of FastAPI's handler; each class also adds to
 the dependency that declares its scheme in OpenAPI (it checks nothing: the class has).
 
 - `AdminRoute`: the admin token as a bearer header.
-- `StreamRoute`: the same, or `?token=` (an EventSource cannot send headers).
-- `DownloadRoute`: the same, or a signed link (an HMAC of the path and an expiry), so the admin
+- `LinkRoute` (downloads, the event stream): the same, or a signed link (an HMAC of the path and
+  an expiry) for what cannot send a header (a browser's download, an EventSource), so the admin
   token never sits in a URL, a browser history or a proxy log.
 - `ReportRoute`: the job's own report token (its hash cached: reports are the hot path).
 """
@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, ClassVar
 
-from fastapi import Depends, Request, Response
+from fastapi import Depends, Query, Request, Response
 from fastapi.routing import APIRoute
-from fastapi.security import APIKeyQuery, HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
@@ -36,6 +37,10 @@ ADMIN = "admin"
 LINK_SECONDS = 300
 """How long a signed download link works."""
 
+# Read by LinkRoute before the handler; handlers declare them so that OpenAPI shows them.
+Expires = Annotated[int | None, Query(description="Expiry of a signed link (Unix time)")]
+Signature = Annotated[str | None, Query(max_length=128, description="Signature of the link")]
+
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
@@ -47,7 +52,8 @@ def bearer(request: Request) -> str | None:
 
 
 class LinkSigner:
-    """Signed, expiring URLs for downloads: `path?expires=T&signature=HMAC(path, T)`."""
+    """Signed, expiring URLs: `path?expires=T&signature=HMAC(path, T)`, good for that path only
+    (a download link opens no stream, a job's stream link no other job's)."""
 
     def __init__(self, key: bytes) -> None:
         self._key = key
@@ -56,8 +62,9 @@ class LinkSigner:
         return hmac.new(self._key, f"{path}\n{expires}".encode(), hashlib.sha256).hexdigest()
 
     def sign(self, path: str, seconds: int = LINK_SECONDS) -> tuple[str, int]:
-        """The signed URL of `path` and its expiry (Unix time)."""
-        expires = int(time.time()) + seconds
+        """The signed URL of `path` and its expiry (Unix time), `seconds` from now or a little
+        more (never less: the expiry is a whole second)."""
+        expires = math.ceil(time.time() + seconds)
         return f"{path}?expires={expires}&signature={self._signature(path, expires)}", expires
 
     def verify(self, path: str, expires: str | None, signature: str | None) -> bool:
@@ -110,8 +117,6 @@ Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
 admin_scheme = HTTPBearer(auto_error=False, scheme_name="AdminToken",
                           description="The admin token")
-stream_token = APIKeyQuery(name="token", auto_error=False, scheme_name="StreamToken",
-                           description="The admin token, for EventSource (it sends no headers)")
 report_scheme = HTTPBearer(auto_error=False, scheme_name="ReportToken",
                            description="The job's report token (handed to its pods)")
 BearerCredentials = HTTPAuthorizationCredentials | None
@@ -119,11 +124,6 @@ BearerCredentials = HTTPAuthorizationCredentials | None
 
 def admin_documented(_: Annotated[BearerCredentials, Depends(admin_scheme)]) -> None:
     """OpenAPI: the admin token as a bearer header."""
-
-
-def stream_documented(_header: Annotated[BearerCredentials, Depends(admin_scheme)],
-                      _query: Annotated[str | None, Depends(stream_token)]) -> None:
-    """OpenAPI: the admin token as a bearer header or `?token=`."""
 
 
 def report_documented(_: Annotated[BearerCredentials, Depends(report_scheme)]) -> None:
@@ -159,14 +159,7 @@ class AdminRoute(_AuthenticatedRoute):
         require_admin_token(request, bearer(request))
 
 
-class StreamRoute(_AuthenticatedRoute):
-    documented = stream_documented
-
-    async def authenticate(self, request: Request) -> None:
-        require_admin_token(request, bearer(request) or request.query_params.get("token"))
-
-
-class DownloadRoute(_AuthenticatedRoute):
+class LinkRoute(_AuthenticatedRoute):
     documented = admin_documented  # a signed link's query parameters are the handlers'
 
     async def authenticate(self, request: Request) -> None:

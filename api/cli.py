@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 import httpx
 
 from api.client import BadInput, Client, CliError, resolve_token
+from api.terminal import echo, printable
 from api.watch import progress_line, watch
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -52,13 +53,15 @@ def human_size(size: float) -> str:
     return f"{size:.1f} GB"
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
-    """Columns padded to their widest cell; the columns in `right` aligned right (numbers)."""
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.rjust(width) if i in right else cell.ljust(width)
-                  for i, (cell, width) in enumerate(zip(row, widths, strict=True))).rstrip()
-        for row in [header, *rows])
+def table(header: Sequence[str], rows: Sequence[Sequence[str]],
+          right: Sequence[int] = ()) -> list[str]:
+    """Lines of columns padded to their widest cell; the columns in `right` aligned right
+    (numbers). Cells are made printable first, so that escapes do not skew the widths."""
+    cells = [[printable(cell) for cell in row] for row in [header, *rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return ["  ".join(cell.rjust(width) if i in right else cell.ljust(width)
+                      for i, (cell, width) in enumerate(zip(row, widths, strict=True))).rstrip()
+            for row in cells]
 
 
 def build_parser() -> Parser:
@@ -95,6 +98,8 @@ def build_parser() -> Parser:
     logs.add_argument("job_id")
     logs.add_argument("ordinal", type=int)
     logs.add_argument("--lines", type=int, default=200)
+    commands.add_parser("login-url", help="a dashboard login URL that works once, for 10 "
+                                          "minutes")
     commands.add_parser("models", help="list trained models")
     predict = commands.add_parser("predict", help="classify texts with a model")
     predict.add_argument("model_id")
@@ -112,10 +117,10 @@ def main(argv: list[str] | None = None, http: httpx.Client | None = None) -> int
         client = Client(args.url, resolve_token(args.token), http)
         return run(client, args)
     except CliError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        echo(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print(file=sys.stderr)
+        echo("", file=sys.stderr)
         return 130
 
 
@@ -124,12 +129,12 @@ def follow(client: Client, job_id: str) -> int:
         job = watch(client, job_id)
     except KeyboardInterrupt:
         # Supervisors are detached on purpose: leaving the watch leaves the job running.
-        print(f"\nstopped watching; {job_id} goes on (migrator cancel {job_id} stops it)",
-              file=sys.stderr)
+        echo("", f"stopped watching; {job_id} goes on (migrator cancel {job_id} stops it)",
+             file=sys.stderr)
         return 130
     if job["status"] != "succeeded":
-        print(f"{job_id} {job['status']}" + (f": {job['reason']}" if job["reason"] else ""),
-              file=sys.stderr)
+        echo(f"{job_id} {job['status']}" + (f": {job['reason']}" if job["reason"] else ""),
+             file=sys.stderr)
         return 1
     return 0
 
@@ -137,55 +142,58 @@ def follow(client: Client, job_id: str) -> int:
 def run(client: Client, args: argparse.Namespace) -> int:
     if args.command == "submit":
         job = client.request("POST", "/api/v1/jobs", json=read_spec(args.spec))
-        print(job["id"], flush=True)
+        echo(job["id"])
         return follow(client, job["id"]) if args.watch else 0
     if args.command == "list":
         for job in client.request("GET", "/api/v1/jobs")["data"]:
-            print(progress_line(job))
+            echo(progress_line(job))
     elif args.command == "get":
-        print(json.dumps(client.request("GET", f"/api/v1/jobs/{args.job_id}"), indent=2))
+        echo(*json.dumps(client.request("GET", f"/api/v1/jobs/{args.job_id}"),
+                         indent=2).splitlines())
     elif args.command == "watch":
         return follow(client, args.job_id)
     elif args.command == "cancel":
-        print(client.cancel(args.job_id)["detail"])
+        echo(client.cancel(args.job_id)["detail"])
     elif args.command == "delete":
         params = {"delete_artifacts": "true"} if args.artifacts else {}
         client.request("DELETE", f"/api/v1/jobs/{args.job_id}", params=params)
-        print(f"deleted {args.job_id}" + (" with its checkpoints, logs and model"
-                                          if args.artifacts else
-                                          "; its checkpoints, logs and model are kept"))
+        echo(f"deleted {args.job_id}" + (" with its checkpoints, logs and model"
+                                         if args.artifacts else
+                                         "; its checkpoints, logs and model are kept"))
     elif args.command == "kill":
         answer = client.request("POST", f"/api/v1/jobs/{args.job_id}/pods/{args.ordinal}/kill",
                                 json={"grace_seconds": args.grace_seconds})
-        print(answer["detail"])
+        echo(answer["detail"])
     elif args.command == "scale":
         job = client.request("PATCH", f"/api/v1/jobs/{args.job_id}",
                              json={"replicas": args.replicas})
-        print(f"{job['id']}: {job['spec']['replicas']} pods (at most "
-              f"{job['spec'].get('max_replicas', job['spec']['replicas'])})")
+        echo(f"{job['id']}: {job['spec']['replicas']} pods (at most "
+             f"{job['spec'].get('max_replicas', job['spec']['replicas'])})")
     elif args.command == "migrate":
         body = {"node": args.node} if args.node else {}
         answer = client.request(
             "POST", f"/api/v1/jobs/{args.job_id}/pods/{args.ordinal}/migrate", json=body)
-        print(answer["detail"])
+        echo(answer["detail"])
     elif args.command == "logs":
         answer = client.request("GET", f"/api/v1/jobs/{args.job_id}/pods/{args.ordinal}/logs",
                                 params={"lines": args.lines})
-        for line in answer["lines"]:
-            print(line)
+        echo(*answer["lines"])
+    elif args.command == "login-url":
+        link = client.request("POST", "/api/v1/login-codes")
+        echo(args.url.rstrip("/") + link["url"])
     elif args.command == "models":
         print_models(client.request("GET", "/api/v1/models")["data"])
     elif args.command == "predict":
         answer = client.request("POST", f"/api/v1/models/{args.model_id}/predict",
                                 json={"texts": args.texts})
         predictions = answer["predictions"]
-        print(table(["LABEL", "SCORE", "TEXT"],
+        echo(*table(["LABEL", "SCORE", "TEXT"],
                     [[p["label"], f"{p['score']:.3f}", text]
                      for p, text in zip(predictions, args.texts, strict=True)], right=[1]))
     elif args.command == "download":
         target = args.output or Path(f"{args.model_id}.tar.gz")
         client.download(f"/api/v1/models/{args.model_id}/download", target)
-        print(target)
+        echo(target)
     return 0
 
 
@@ -196,7 +204,7 @@ def print_models(models: list[dict[str, Any]]) -> None:
         rows.append([model["id"], model["job_id"], model["base_model"], model["dataset"],
                      "-" if accuracy is None else f"{100 * accuracy:.1f}%",
                      human_size(model["size_bytes"])])
-    print(table(["ID", "JOB", "BASE MODEL", "DATASET", "TEST ACC", "SIZE"], rows, right=[4, 5]))
+    echo(*table(["ID", "JOB", "BASE MODEL", "DATASET", "TEST ACC", "SIZE"], rows, right=[4, 5]))
 
 
 if __name__ == "__main__":

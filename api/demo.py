@@ -18,6 +18,7 @@ import httpx
 from api.cli import read_spec
 from api.client import BadInput, Client, CliError, configured_token, load_settings
 from api.settings import Settings
+from api.terminal import echo
 from api.watch import watch
 
 DEMO_SPEC = {"name": "demo: MiniLM on Rotten Tomatoes", "model": "minilm",
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         # Checked here: the control plane would only say it exited.
         settings = load_settings()
     except CliError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        echo(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     host = settings.host if args.host is None else args.host
     port = settings.port if args.port is None else args.port
@@ -70,22 +71,22 @@ def main(argv: list[str] | None = None) -> int:
         job = client.request("POST", "/api/v1/jobs", json=spec)
         job_id = job["id"]
         named = f": {job['name']}" if job["name"] else ""
-        print(f"\nSubmitted {job_id}{named}, {job['spec']['replicas']} pods. "
-              f"Kill a pod while it trains:\n  curl -X POST -H \"Authorization: Bearer {shown}\" "
-              f"{url}/api/v1/jobs/{job_id}/pods/1/kill\n", flush=True)
+        echo("", f"Submitted {job_id}{named}, {job['spec']['replicas']} pods. Kill a pod while "
+             "it trains:", f"  curl -X POST -H \"Authorization: Bearer {shown}\" "
+             f"{url}/api/v1/jobs/{job_id}/pods/1/kill", "")
         final = watch(client, job_id)
         job_id = None  # finished: nothing left to cancel
         if final["status"] != "succeeded":
             reason = f": {final['reason']}" if final["reason"] else ""
-            print(f"\nThe demo job {final['status']}{reason}")
+            echo("", f"The demo job {final['status']}{reason}")
             return 1
         metrics = final["metrics"]
-        print(f"\nDone: test accuracy {100 * metrics.get('test_accuracy', 0):.1f}%, "
-              f"F1 {100 * metrics.get('test_f1', 0):.1f}%. Model {final['model_id']}:\n"
-              f"  curl -H \"Authorization: Bearer {shown}\" -o model.tar.gz "
-              f"{url}/api/v1/models/{final['model_id']}/download")
+        echo("", f"Done: test accuracy {100 * metrics.get('test_accuracy', 0):.1f}%, "
+             f"F1 {100 * metrics.get('test_f1', 0):.1f}%. Model {final['model_id']}:",
+             f"  curl -H \"Authorization: Bearer {shown}\" -o model.tar.gz "
+             f"{url}/api/v1/models/{final['model_id']}/download")
         if sys.stdin.isatty():
-            print(f"\nThe control plane keeps running on {url}; Ctrl-C stops it.")
+            echo("", f"The control plane keeps running on {url}; Ctrl-C stops it.")
             server.wait()
         return 0
     except KeyboardInterrupt:
@@ -93,11 +94,11 @@ def main(argv: list[str] | None = None) -> int:
             cancel(client, job_id)
         return 130
     except CliError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        echo(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     finally:
         if server.poll() is None:
-            print("Stopping the control plane.", flush=True)
+            echo("Stopping the control plane.")
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(timeout=30)
 
@@ -114,14 +115,14 @@ def shown_token(settings: Settings, token: str, terminal: bool) -> str:
 
 def cancel(client: Client, job_id: str) -> None:
     """Cancel the demo's job: its supervisor is detached and would otherwise train on."""
-    print(f"\nInterrupted: cancelling {job_id} ...", flush=True)
+    echo("", f"Interrupted: cancelling {job_id} ...")
     try:
         answer = client.cancel(job_id)
     except (CliError, KeyboardInterrupt) as exc:
         reason = str(exc) or "interrupted again"
-        print(f"error: {job_id} was not cancelled ({reason}); it trains on", file=sys.stderr)
+        echo(f"error: {job_id} was not cancelled ({reason}); it trains on", file=sys.stderr)
         return
-    print(f"Cancelled {job_id}: {answer['detail']}", flush=True)
+    echo(f"Cancelled {job_id}: {answer['detail']}")
 
 
 if __name__ == "__main__":

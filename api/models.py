@@ -157,6 +157,34 @@ class DownloadLink(BaseModel):
     """Unix time."""
 
 
+class StreamLink(BaseModel):
+    url: str
+    """The job's event stream with `expires` and `signature`: open it without a token before it
+    expires (an open stream goes on after); reconnect with a new link."""
+    expires_at: int
+    """Unix time."""
+
+
+class LoginLink(BaseModel):
+    url: str
+    """The dashboard with a login code in the URL's fragment (which no browser sends to a
+    server): it logs in once, before `expires_at`."""
+    expires_at: int
+    """Unix time."""
+
+
+class LoginRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    code: str = Field(min_length=1, max_length=64)
+    """A code from a login URL."""
+
+
+class LoginToken(BaseModel):
+    token: str
+    """The admin token, for the dashboard to send as a bearer header."""
+
+
 class Accepted(BaseModel):
     id: str
     status: str

@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     port: int = 8000
     public_url: str | None = None
     """Base URL the pods use to reach the API; `http://<host>:<port>` when unset."""
+    stream_link_seconds: int = Field(default=60, ge=1, le=3600)
+    """How long a signed link to a job's event stream can be opened (an open stream is never
+    cut); the dashboard asks for a new one each time it connects."""
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     """Largest request body accepted, but for reports (413 above, before it is read whole)."""
     max_report_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)

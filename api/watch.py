@@ -3,7 +3,6 @@ terminal (rich) or, when the output is a log, as a plain line at most every few 
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -15,6 +14,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 from rich.text import Text
 
 from api.client import Client
+from api.terminal import echo, printable
 
 FINISHED = ("succeeded", "failed", "cancelled")
 EVENT_TYPES = ["job", "pod", "checkpoint"]
@@ -108,8 +108,7 @@ class PlainDisplay:
         self.status = job["status"]
 
     def _print(self, line: str) -> None:
-        # sys.stdout at the time of printing (a test's capture replaces it after import).
-        print(line, file=self.out or sys.stdout, flush=True)
+        echo(line, file=self.out)
 
 
 class TerminalDisplay:
@@ -118,9 +117,11 @@ class TerminalDisplay:
 
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or Console()
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-                            TextColumn("{task.fields[position]}"),
-                            TextColumn("{task.fields[eta]}"), console=self.console)
+        # Text from the API is never rich markup (`[red]`, or a `[/]` that raises).
+        self.bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                            TaskProgressColumn(),
+                            TextColumn("{task.fields[position]}", markup=False),
+                            TextColumn("{task.fields[eta]}", markup=False), console=self.console)
         self.task = self.bar.add_task("", total=None, position="", eta="")
         self.details = Text()
         self.live = Live(Group(self.bar, self.details), console=self.console,
@@ -135,7 +136,7 @@ class TerminalDisplay:
         self.live.stop()
 
     def event(self, line: str) -> None:
-        self.live.console.print(Text(line))  # Text: brackets in messages are not markup
+        self.live.console.print(Text(printable(line)))  # Text: never markup
 
     def update(self, job: dict[str, Any]) -> None:
         progress = job["progress"]
@@ -143,11 +144,11 @@ class TerminalDisplay:
         done = progress["samples_seen"]
         if job["status"] == "succeeded" and total:
             done = total
-        self.bar.update(self.task, description=f"{job['id']} {job['status']}", total=total,
-                        completed=done, position=position_text(job),
+        self.bar.update(self.task, description=printable(f"{job['id']} {job['status']}"),
+                        total=total, completed=done, position=printable(position_text(job)),
                         eta=eta_text(progress.get("eta_seconds")))
-        self.details.plain = "  ".join(part for part in (training_text(job),
-                                                         f"pods {pod_phases(job)}") if part)
+        self.details.plain = printable("  ".join(
+            part for part in (training_text(job), f"pods {pod_phases(job)}") if part))
         self.live.refresh()
 
 

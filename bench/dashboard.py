@@ -34,6 +34,8 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 CHARTS = ("loss", "speed", "participants")
 
+# Each page starts logged in, as the login URL leaves it: the token in the tab's session storage.
+LOGGED_IN = f"sessionStorage.setItem('migrator.token', {json.dumps(TOKEN)});"
 # Installed before the page's own scripts: note when each chart first shows `target` points.
 WATCH = """
 window.__rendered = {};
@@ -117,7 +119,7 @@ def first_render(browser: Any, url: str, points: int) -> float:
     page = context.new_page()
     errors: list[str] = []
     page.on("console", lambda m: m.type == "error" and errors.append(m.text))
-    page.add_init_script(f"window.__target = {points};\n{WATCH}")
+    page.add_init_script(f"{LOGGED_IN}\nwindow.__target = {points};\n{WATCH}")
     page.goto(url)
     deadline = time.monotonic() + 60
     while len(rendered := page.evaluate("() => window.__rendered")) < len(CHARTS):
@@ -149,7 +151,7 @@ def live_frames(browser: Any, client: httpx.Client, url: str, seeded: tuple[str,
     job_id, pod, token = seeded
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
-    page.add_init_script(f"window.__target = {points};\n{WATCH}")
+    page.add_init_script(f"{LOGGED_IN}\nwindow.__target = {points};\n{WATCH}")
     page.goto(url)
     while len(page.evaluate("() => window.__rendered")) < len(CHARTS):
         time.sleep(0.05)
@@ -180,7 +182,7 @@ def main() -> None:
             with httpx.Client(base_url=url, timeout=60) as client, \
                     sync_playwright() as playwright:
                 seeded = seed(client, Path(scratch), args.points)
-                page_url = f"{url}/?token={TOKEN}#/jobs/{seeded[0]}"
+                page_url = f"{url}/#/jobs/{seeded[0]}"
                 browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
                 renders = [first_render(browser, page_url, args.points) for _ in range(args.runs)]
                 frames = live_frames(browser, client, page_url, seeded, args.points,

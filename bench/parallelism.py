@@ -27,6 +27,7 @@ from typing import Any
 
 from torch import nn
 
+from trainer.contract.credentials import SECRET_ENV
 from trainer.contract.runtime import SPEC_ENV
 from trainer.model import load_model, resolve_model
 from trainer.pipeline import Stage
@@ -73,7 +74,8 @@ def run(setup: Setup, steps: int, warmup: int, work: Path) -> float:
         env = {**os.environ, SPEC_ENV: json.dumps(spec), "OMP_NUM_THREADS": "1",
                "WORLD_SIZE": "2", "RANK": str(pod), "LOCAL_RANK": "0",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "POD_ADDRESS": "127.0.0.1",
-               "JOB_ID": "bench", "POD_NAME": f"bench-{pod}", "MAX_STEPS": str(steps),
+               SECRET_ENV: "bench", "JOB_ID": "bench", "POD_NAME": f"bench-{pod}",
+               "MAX_STEPS": str(steps),
                "METRICS_FILE": str(work / f"metrics-{pod}.jsonl"),
                "CHECKPOINT_DIR": str(work / "checkpoints"), "MODEL_DIR": str(work / "model"),
                "TRAINER_CACHE_DIR": str(CACHE)}

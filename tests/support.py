@@ -17,6 +17,9 @@ from typing import Any, Protocol, Self, TypeVar
 
 T = TypeVar("T")
 
+PEER_SECRET = "the-peer-secret"
+"""The peer secret of the jobs that tests start by hand (trainer.contract.credentials)."""
+
 
 class ThrowawayServer:
     """A server a session fixture starts on a free port and stops by pid (tests/postgres.py,
@@ -96,17 +99,19 @@ def accepts(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def start_lighthouse(processes: Starter, log: Path, host: str = "127.0.0.1",
-                     **flags: int) -> str:
+def start_lighthouse(processes: Starter, log: Path, secret: str = PEER_SECRET,
+                     host: str = "127.0.0.1", **flags: int) -> str:
     """A job's lighthouse process, started as the backends start it (`flags` override its
-    `--name value` options), on a free port of `host`; its address once it listens."""
+    `--name value` options), on a free port of `host`, for the job whose peer secret is
+    `secret`; its address once it listens."""
     from api.backends.commands import Endpoint, lighthouse_argv
+    from trainer.contract.credentials import SECRET_ENV
 
     port = free_port(host)
     argv = lighthouse_argv(host, port, python=sys.executable)
     for name, value in flags.items():
         argv[argv.index(f"--{name}") + 1] = str(value)
-    processes.start(argv, {}, log)
+    processes.start(argv, {SECRET_ENV: secret}, log)
     wait_for(lambda: accepts(port, host), what="the lighthouse to listen", timeout=30)
     return f"http://{Endpoint(host, port)}"
 

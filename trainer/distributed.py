@@ -21,7 +21,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer.listen import bound_store, gloo_backend
+from trainer.contract import credentials
+from trainer.engine.store import MemberStore, StoreServer
+from trainer.listen import gloo_backend, url_host
 from trainer.model import DeviceChoice
 from trainer.recovery import Recovery
 
@@ -44,25 +46,30 @@ def die_with_parent() -> None:
 
 
 def init_process_group(backend: str, rank: int, world_size: int, address: str,
-                       environ: Mapping[str, str]) -> None:
-    """torchrun's world, listening on the pod's address where one is given.
+                       environ: Mapping[str, str], peer_secret: str,
+                       ) -> tuple[StoreServer | None, MemberStore | None]:
+    """torchrun's world, on the pod's address and among the job's members where a pod address
+    is given; the store this worker hosts (the lowest rank's) and its client, which the caller
+    keeps alive (torch's groups hold only the C++ half of a store written in Python).
 
     By default the lowest rank's store (MASTER_ADDR:MASTER_PORT, hosted by that worker when the
-    agents do not share theirs) listens on every interface and gloo on the host name's address.
+    agents do not share theirs) is a TCPStore that listens on every interface and answers
+    anyone, and gloo listens on the host name's address.
     """
     if not address:  # torchrun run by hand: torch's defaults
         dist.init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
-        return
+        return None, None
+    credential = credentials.store_credential(credentials.require(peer_secret,
+                                                                  "a restart-mode pod"))
     port = int(environ["MASTER_PORT"])
-    if rank == 0 and environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        store: dist.Store = bound_store(address, port, world_size, COLLECTIVE_TIMEOUT)
-    else:
-        store = dist.TCPStore(environ["MASTER_ADDR"], port, world_size, is_master=False,
-                              timeout=COLLECTIVE_TIMEOUT)
+    hosted = StoreServer(address, port, credential) if rank == 0 else None
+    store = MemberStore(f"{url_host(environ['MASTER_ADDR'])}:{port}", credential,
+                        COLLECTIVE_TIMEOUT)
     if backend == "gloo":
         backend = register_pod_gloo(address)
     dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size,
                             timeout=COLLECTIVE_TIMEOUT)
+    return hosted, store
 
 
 def register_pod_gloo(address: str) -> str:
@@ -90,15 +97,18 @@ class Group:
     """The fault-tolerance rules the training loop follows in this group."""
 
     def __init__(self, device: DeviceChoice, environ: Mapping[str, str] = os.environ,
-                 address: str = "") -> None:
+                 address: str = "", peer_secret: str = "") -> None:
         """`environ` holds torchrun's world (WORLD_SIZE, RANK, MASTER_ADDR...); `address` is the
-        pod's (Runtime.pod_address), the only one its stores and gloo listen on."""
+        pod's (Runtime.pod_address), the only one its stores and gloo listen on, and its store
+        answers holders of `peer_secret` only."""
         self.device = device
         self.world_size = int(environ.get("WORLD_SIZE", "1"))
         self._rank = int(environ.get("RANK", "0"))
         self.local_rank = int(environ.get("LOCAL_RANK", "0"))
+        self._stores: tuple[StoreServer | None, MemberStore | None] = (None, None)
         if self.world_size > 1 and not dist.is_initialized():
-            init_process_group(device.backend, self._rank, self.world_size, address, environ)
+            self._stores = init_process_group(device.backend, self._rank, self.world_size,
+                                              address, environ, peer_secret)
             logger.info("joined process group: rank %d of %d (%s)", self._rank, self.world_size,
                         device.backend)
 

@@ -68,25 +68,25 @@ def make_group(config: TrainConfig, pod: str, environ: Mapping[str, str]) -> Gro
                 raise PipelineError("a live pipeline pod needs POD_NAME <job>-<ordinal> and "
                                   "REPLICA_STORE")
             return LivePipelineGroup(device, config.spec.pipeline_stages, int(ordinal),
-                                     runtime.replica_store, replica_id=pod,
+                                     runtime.replica_store, pod=pod,
                                      lighthouse=runtime.lighthouse,
                                      address=runtime.pod_address,
-                                     heal_secret=runtime.heal_secret,
+                                     peer_secret=runtime.peer_secret,
                                      quorum_retries=runtime.quorum_retries,
                                      replica_file=runtime.replica_file)
         from trainer.pipeline import PipelineGroup
 
         return PipelineGroup(device, config.spec.pipeline_stages, environ,
-                             address=runtime.pod_address,
+                             address=runtime.pod_address, peer_secret=runtime.peer_secret,
                              ordinal=int(ordinal) if ordinal.isdigit() else None)
     if config.spec.fault_tolerance == "live" and runtime.lighthouse:
         from trainer.engine.live import LiveGroup
 
-        return LiveGroup(device, replica_id=pod, lighthouse=runtime.lighthouse,
-                         address=runtime.pod_address, heal_secret=runtime.heal_secret,
+        return LiveGroup(device, pod=pod, lighthouse=runtime.lighthouse,
+                         address=runtime.pod_address, peer_secret=runtime.peer_secret,
                          quorum_retries=runtime.quorum_retries,
                          replica_file=runtime.replica_file)
-    return Group(device, environ, address=runtime.pod_address)
+    return Group(device, environ, address=runtime.pod_address, peer_secret=runtime.peer_secret)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ,

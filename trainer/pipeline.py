@@ -214,8 +214,8 @@ class PipelineGroup(Group, Pipelined):
 
     def __init__(self, device: DeviceChoice, stages: int,
                  environ: Mapping[str, str] = os.environ, address: str = "",
-                 ordinal: int | None = None) -> None:
-        super().__init__(device, environ, address)
+                 ordinal: int | None = None, peer_secret: str = "") -> None:
+        super().__init__(device, environ, address, peer_secret)
         world = self.world_size
         if world % stages or world < stages:
             raise PipelineError(f"a world of {world} pods does not make pipelines of "

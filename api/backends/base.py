@@ -64,7 +64,7 @@ class Launch:
     cache_dir: Path
     resources: Resources | None = None
     """Per-pod resources from the job spec (not part of `spec`: the trainer does not take them)."""
-    heal_secret: str = ""
+    peer_secret: str = ""
     """The per-job secret a live pod must present to fetch a peer's state (the API keeps none)."""
 
 

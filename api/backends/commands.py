@@ -8,7 +8,7 @@ and environment, so a job behaves alike on one machine and on a cluster:
   death takes it down), and pods that run torchrun's elastic agent (`trainer.engine.elastic`)
   around `python -m trainer`.
 Every process listens on its pod's address only (127.0.0.1 locally, the pod IP on Kubernetes);
-live pods serve their state to peers that hold the job's heal secret.
+the job's processes accept only each other (each holds the job's peer secret).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from api.backends.base import Launch
-from trainer.contract.runtime import LOOPBACK, SPEC_ENV, Runtime, host_port
+from trainer.contract.credentials import SECRET_ENV
+from trainer.contract.runtime import LOOPBACK, RENDEZVOUS_BACKEND, SPEC_ENV, Runtime, host_port
 from trainer.contract.spec import stages_of
 
 LIGHTHOUSE_PORT = 29510
@@ -30,8 +31,8 @@ REPLICA_STORE_PORT = 29520
 # node after 5 missed 1 s keep-alives and waits 2 s for late joiners.
 HEARTBEAT_TIMEOUT_MS = 500
 JOIN_TIMEOUT_MS = 1000
-RENDEZVOUS_CONF = ("is_host=false,keep_alive_interval=1,keep_alive_max_attempt=5,"
-                   "last_call_timeout=2,join_timeout=600")
+RENDEZVOUS_CONF = ("keep_alive_interval=1,keep_alive_max_attempt=5,last_call_timeout=2,"
+                   "join_timeout=600")
 ELASTIC_MAX_RESTARTS = 100
 """Worker restarts one restart-mode pod's agent allows; every peer failure costs survivors one.
 The job's own restart budget is enforced on pod restarts by the backend."""
@@ -52,6 +53,12 @@ class Endpoint:
         """The endpoint `str` gave (`host:port`, `[ipv6]:port`)."""
         host, _, port = text.rpartition(":")
         return cls(host.removeprefix("[").removesuffix("]"), int(port))
+
+
+def coordinator_env(launch: Launch) -> dict[str, str]:
+    """What a job's lighthouse or rendezvous store needs in its environment: the job's secret,
+    to tell its members from strangers."""
+    return {SECRET_ENV: launch.peer_secret}
 
 
 def lighthouse_argv(host: str, port: int, python: str = "python") -> list[str]:
@@ -80,7 +87,8 @@ def pod_argv(launch: Launch, coordinator: Endpoint, local_addr: str,
     nodes = (f"{launch.replicas}:{launch.replicas}" if stages_of(launch.spec) > 1
              else f"1:{max_nodes}")
     return [python, "-m", "trainer.engine.elastic", f"--nnodes={nodes}",
-            "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={coordinator}",
+            "--nproc-per-node=1", f"--rdzv-backend={RENDEZVOUS_BACKEND}",
+            f"--rdzv-endpoint={coordinator}",
             f"--rdzv-id={launch.job_id}", f"--rdzv-conf={RENDEZVOUS_CONF}",
             f"--max-restarts={ELASTIC_MAX_RESTARTS}", "--monitor-interval=0.2",
             f"--local-addr={local_addr}", "-m", "trainer"]
@@ -96,7 +104,7 @@ def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: s
             threads: int, incarnation: str = "", ready_file: Path | None = None,
             replica_file: Path | None = None, replica_store: str | None = None,
             ) -> dict[str, str]:
-    """A trainer pod's environment, the job's secrets included (REPORT_TOKEN, HEAL_SECRET).
+    """A trainer pod's environment, the job's secrets included (REPORT_TOKEN, PEER_SECRET).
 
     `pod_address` is how peers reach this pod, and the only address its processes listen on;
     `incarnation` tells this process's reports apart (empty: the trainer makes one up);
@@ -112,8 +120,8 @@ def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: s
                       cache_dir=launch.cache_dir, ready_file=ready_file,
                       replica_file=replica_file if live else None,
                       replica_store=replica_store if live else None,
-                      **({"lighthouse": f"http://{coordinator}",
-                          "heal_secret": launch.heal_secret} if live else {}))
+                      peer_secret=launch.peer_secret,
+                      lighthouse=f"http://{coordinator}" if live else None)
     env = {SPEC_ENV: json.dumps(launch.spec), **runtime.to_env(),
            "OMP_NUM_THREADS": str(max(1, threads))}
     if not live:

@@ -244,6 +244,8 @@ def _nest_launch(data: Any) -> Any:
     if not isinstance(data, dict):
         return data
     policy = {k: data[k] for k in ("max_restarts", "restart_backoff", "standby") if k in data}
+    if "heal_secret" in data:  # a live job's secret, as the previous version named it
+        data = {"peer_secret": data["heal_secret"], **data}
     return {"launch": data, **policy}
 
 

@@ -29,6 +29,7 @@ from api.backends.commands import (
     REPLICA_STORE_PORT,
     STORE_PORT,
     Endpoint,
+    coordinator_env,
     lighthouse_argv,
     pod_argv,
     pod_env,
@@ -79,9 +80,9 @@ is gone (two pods of one ordinal cannot share a restart-mode job)."""
 READY_FILE = "/tmp/trainer-ready"
 
 REPORT_TOKEN_KEY = "report-token"
-HEAL_SECRET_KEY = "heal-secret"
+PEER_SECRET_KEY = "peer-secret"
 SECRET_KEYS = {Runtime.env_name("report_token"): REPORT_TOKEN_KEY,
-               Runtime.env_name("heal_secret"): HEAL_SECRET_KEY}
+               Runtime.env_name("peer_secret"): PEER_SECRET_KEY}
 """The trainer's environment variables whose values come from the job's Secret, by key."""
 USER_ID = 10001
 """The non-root user of both images (Dockerfile.api, Dockerfile.trainer) and of every pod, the
@@ -249,7 +250,7 @@ IDENTITY = (POD_NAME, "POD_ORDINAL", Runtime.env_name("incarnation"))
 
 def trainer_env(launch: Launch, config: ClusterConfig) -> list[Manifest]:
     """pod_env() with the pod's IP from the downward API and the job's secrets (report token,
-    heal secret) from its Secret, never as literals in the manifest; each pod adds its identity
+    peer secret) from its Secret, never as literals in the manifest; each pod adds its identity
     (`identity_env`)."""
     cpu = trainer_resources(launch, config)["limits"]["cpu"]
     values = pod_env(pod_launch(launch), pod_name="", coordinator=coordinator_endpoint(launch),
@@ -259,16 +260,19 @@ def trainer_env(launch: Launch, config: ClusterConfig) -> list[Manifest]:
     for name, value in values.items():
         if name in IDENTITY:
             continue  # each pod's own
-        if name in SECRET_KEYS:
-            env.append({"name": name, "valueFrom": {"secretKeyRef": {
-                "name": secret_name(launch.job_id), "key": SECRET_KEYS[name]}}})
-        else:
-            env.append({"name": name, "value": value})
+        env.append(secret_env(launch, name) if name in SECRET_KEYS
+                   else {"name": name, "value": value})
     env += [{"name": "HF_HOME", "value": str(CACHE_MOUNT / "huggingface")},
             {"name": "HOME", "value": "/tmp"},
             {"name": Runtime.env_name("heartbeat_file"), "value": HEARTBEAT_FILE},
             {"name": "HEARTBEAT_MAX_AGE", "value": str(HEARTBEAT_MAX_AGE)}]
     return env
+
+
+def secret_env(launch: Launch, name: str) -> Manifest:
+    """The environment variable `name`, filled from the job's Secret by the kubelet."""
+    return {"name": name, "valueFrom": {"secretKeyRef": {
+        "name": secret_name(launch.job_id), "key": SECRET_KEYS[name]}}}
 
 
 def trainer_container(launch: Launch, config: ClusterConfig) -> Manifest:
@@ -396,10 +400,9 @@ def trainer_pod(template: Manifest, owner: Manifest, ordinal: int, incarnation: 
 
 
 def secret(launch: Launch, config: ClusterConfig) -> Manifest:
-    """The job's secrets: its report token and (live) the secret its pods heal with."""
-    data = {REPORT_TOKEN_KEY: launch.report_token}
-    if launch.fault_tolerance == "live":
-        data[HEAL_SECRET_KEY] = launch.heal_secret
+    """The job's secrets: its report token, and the peer secret its pods and coordinator
+    prove to each other."""
+    data = {REPORT_TOKEN_KEY: launch.report_token, PEER_SECRET_KEY: launch.peer_secret}
     return {"apiVersion": "v1", "kind": "Secret",
             "metadata": _metadata(secret_name(launch.job_id), launch.job_id, TRAINER,
                                   config.namespace),
@@ -446,7 +449,8 @@ def coordinator_deployment(launch: Launch, config: ClusterConfig) -> Manifest:
         "readinessProbe": {"tcpSocket": {"port": component}, "periodSeconds": 5},
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
                       "limits": {"memory": "1Gi"}},
-        "env": [pod_ip_env(), {"name": "HOME", "value": "/tmp"}],
+        "env": [pod_ip_env(), {"name": "HOME", "value": "/tmp"},
+                *(secret_env(launch, name) for name in coordinator_env(launch))],
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": _container_security(),
     }

@@ -72,6 +72,12 @@ def free_port() -> int:
         return port
 
 
+def inherited_env() -> dict[str, str]:
+    """This supervisor's environment without the control plane's own settings (its admin
+    token, database URL): a job's processes hold only their job's secrets."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_PREFIX)}
+
+
 class Supervisor:
     def __init__(self, job_dir: JobDir, document: LaunchDocument,
                  previous: StateDocument | None = None) -> None:
@@ -212,7 +218,8 @@ class Supervisor:
         argv = (commands.lighthouse_argv(endpoint.host, endpoint.port, python=sys.executable)
                 if self.live else
                 commands.store_argv(endpoint.port, python=sys.executable, host=endpoint.host))
-        self.coordinator = spawn(argv, self.job_dir.path, self.job_dir.log(name))
+        self.coordinator = spawn(argv, self.job_dir.path, self.job_dir.log(name),
+                                 env={**inherited_env(), **commands.coordinator_env(self.launch)})
         self.coordinator_starts += 1
         logger.info("%s on %s (pid %d)", name, endpoint, self.coordinator.pid)
         self.write_state()  # listed at once: should this supervisor die, it is found again
@@ -251,11 +258,8 @@ class Supervisor:
         if self.replica_ports and ordinal is not None:
             store = str(commands.Endpoint(commands.LOOPBACK,
                                           self.replica_ports[ordinal // self.stages]))
-        # The control plane's own settings (its admin token, database URL) stay out of the pods:
-        # a pod holds only its job's report token.
-        inherited = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_PREFIX)}
         threads = (os.cpu_count() or 1) // max(self.replicas, 1)
-        return {**inherited, **commands.pod_env(self.launch, name, self.coordinator_endpoint,
+        return {**inherited_env(), **commands.pod_env(self.launch, name, self.coordinator_endpoint,
                                                 commands.LOOPBACK, threads,
                                                 incarnation=incarnation, ready_file=ready,
                                                 replica_file=replica, replica_store=store)}

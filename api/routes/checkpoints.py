@@ -10,8 +10,8 @@ from api.errors import error_responses
 from api.models import CheckpointPublic, DownloadLink
 from api.routes import API_PREFIX
 from api.services import checkpoints as service
-from api.services.downloads import signed_link
 from api.services.jobs import checkpoints_dir, get_job
+from api.services.links import signed_link
 
 router = APIRouter(prefix=API_PREFIX + "/jobs/{job_id}/checkpoints", tags=["checkpoints"],
                    route_class=AdminRoute,

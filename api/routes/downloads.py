@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 from upath import UPath
 
-from api.auth import DownloadRoute
+from api.auth import Expires, LinkRoute, Signature
 from api.deps import SessionDep, SettingsDep
 from api.errors import error_responses
 from api.routes import API_PREFIX
@@ -20,11 +20,8 @@ from api.services.archive import iter_tar_gz
 from api.services.jobs import checkpoints_dir, get_job
 
 router = APIRouter(prefix=API_PREFIX, tags=["downloads"],
-                   route_class=DownloadRoute, responses=error_responses(401, 403, 404, 422))
+                   route_class=LinkRoute, responses=error_responses(401, 403, 404, 422))
 
-# Read by DownloadRoute before the handler; declared here so OpenAPI shows them.
-Expires = Annotated[int | None, Query(description="Expiry of a signed link (Unix time)")]
-Signature = Annotated[str | None, Query(max_length=128, description="Signature of the link")]
 Format = Annotated[Literal["model", "adapter"], Query(
     description="`model` (the merged model), or `adapter`: a LoRA job's adapters alone")]
 

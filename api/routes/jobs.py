@@ -17,9 +17,11 @@ from api.models import (
     JobsPublic,
     JobStatus,
     JobUpdate,
+    StreamLink,
 )
 from api.routes import API_PREFIX
 from api.services import jobs as service
+from api.services.links import stream_link
 from trainer.contract.spec import MAX_INT
 
 router = APIRouter(prefix=API_PREFIX + "/jobs", tags=["jobs"],
@@ -82,3 +84,12 @@ def list_events(job_id: str, session: SessionDep,
                 limit: Annotated[int, Query(ge=1, le=1000)] = 200,
                 type: Annotated[list[str] | None, Query()] = None) -> EventsPublic:
     return service.list_events(session, job_id, after, limit, type)
+
+
+@router.post("/{job_id}/stream-link", response_model=StreamLink, responses=error_responses(404))
+def create_stream_link(job_id: str, request: Request, session: SessionDep,
+                       settings: SettingsDep) -> StreamLink:
+    """A URL that opens the job's event stream without a token (an EventSource sends no
+    headers), for `stream_link_seconds`; an open stream is never cut, a reconnect takes a new
+    link."""
+    return stream_link(request, settings, service.get_job(session, job_id).id)

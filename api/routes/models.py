@@ -11,7 +11,7 @@ from api.models import DownloadLink, ModelPublic, ModelsPublic, PredictRequest, 
 from api.routes import API_PREFIX
 from api.routes.downloads import Format
 from api.services import models as service
-from api.services.downloads import signed_link
+from api.services.links import signed_link
 
 router = APIRouter(prefix=API_PREFIX + "/models", tags=["models"],
                    route_class=AdminRoute, responses=error_responses(401, 403, 422))

@@ -1,4 +1,5 @@
-"""Server-sent events of a job: history from Last-Event-ID, then live."""
+"""Server-sent events of a job: history from Last-Event-ID, then live. An EventSource sends no
+headers: it opens the stream with a signed link from `POST .../stream-link`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 from starlette.concurrency import run_in_threadpool
 
-from api.auth import StreamRoute
+from api.auth import Expires, LinkRoute, Signature
 from api.db import session_scope
 from api.deps import BrokerDep, EngineDep
 from api.errors import error_responses
@@ -29,7 +30,7 @@ def job_exists(job_id: str, engine: EngineDep) -> None:
 
 
 router = APIRouter(prefix=API_PREFIX + "/jobs/{job_id}/stream", tags=["stream"],
-                   dependencies=[Depends(job_exists)], route_class=StreamRoute,
+                   dependencies=[Depends(job_exists)], route_class=LinkRoute,
                    responses=error_responses(401, 403, 404, 422))
 
 REPLAY_PAGE = 1000
@@ -51,6 +52,7 @@ def _sse(item: dict[str, Any]) -> ServerSentEvent:
 async def stream(job_id: str, engine: EngineDep, broker: BrokerDep,
                  last_event_id: Annotated[str | None, Header()] = None,
                  after: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None,
+                 expires: Expires = None, signature: Signature = None,
                  ) -> AsyncIterator[ServerSentEvent]:
     last = after or 0
     if last_event_id is not None and last_event_id.strip().isdigit():

@@ -27,7 +27,7 @@ PAGE_HEADERS = {
                                "img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
                                "object-src 'none'; base-uri 'none'; form-action 'self'; "
                                "frame-ancestors 'none'",
-    # The login URL carries the token: never send it on to another site.
+    # Nothing of the page's address goes on to another site.
     "Referrer-Policy": "no-referrer",
     "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-cache",

@@ -145,7 +145,7 @@ def _launch(settings: Settings, job: Job, spec: JobCreate, token: str) -> Launch
     return Launch(job_id=job.id, replicas=spec.pods, fault_tolerance=mode,
                   spec=job.spec, resources=resources,
                   report_url=f"{settings.base_url}/api/v1/jobs/{job.id}/reports",
-                  report_token=token, heal_secret=secrets.token_urlsafe(32),
+                  report_token=token, peer_secret=secrets.token_urlsafe(32),
                   checkpoint_dir=checkpoints_dir(settings, job.id),
                   model_dir=model_dir(settings, job.id), inputs_dir=settings.resolved_inputs_dir,
                   cache_dir=settings.cache_dir)
@@ -217,8 +217,8 @@ def to_public(session: Session, job: Job) -> JobPublic:
         eta = round(max(remaining, 0) / throughput, 1)
     base, stages = f"/api/v1/jobs/{job.id}", stages_of(job.spec)
     links = {"self": base, "events": f"{base}/events", "stream": f"{base}/stream",
-             "checkpoints": f"{base}/checkpoints", "cancel": f"{base}/cancel",
-             "kill": f"{base}/pods/{{ordinal}}/kill",
+             "stream_link": f"{base}/stream-link", "checkpoints": f"{base}/checkpoints",
+             "cancel": f"{base}/cancel", "kill": f"{base}/pods/{{ordinal}}/kill",
              "migrate": f"{base}/pods/{{ordinal}}/migrate"}
     if job.model_id:
         links["model"] = f"/api/v1/models/{job.model_id}"

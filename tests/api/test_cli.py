@@ -20,6 +20,7 @@ from tests.api.test_reconciler import reconcile
 from tests.conftest import ROOT
 from tests.factories import completed, record
 from tests.support import free_port
+from trainer.contract.records import Joined
 
 Run = Callable[..., tuple[int, str, str]]
 
@@ -248,6 +249,18 @@ def test_download(cli: Run, model_id: str, tmp_path: Path) -> None:
     assert not missing.exists()
 
 
+def test_login_url_prints_a_dashboard_url_that_logs_in_once(cli: Run, client: TestClient,
+                                                           ) -> None:
+    code, out, _ = cli("login-url")
+    url = one_line(out)
+    assert code == 0 and url.startswith("http://127.0.0.1:8000/#login=")
+    assert ADMIN_TOKEN not in url
+    login_code = url.split("#login=")[1]
+    assert client.post("/api/v1/login", json={"code": login_code}).json() == {
+        "token": ADMIN_TOKEN}
+    assert client.post("/api/v1/login", json={"code": login_code}).status_code == 403
+
+
 def test_the_migrator_console_script_is_main() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["migrator"] == "api.cli:main"
@@ -269,3 +282,63 @@ def test_scale_and_migrate(cli: Run, client: TestClient, backend: FakeBackend) -
     code, _, err = cli("migrate", job_id, "0", "--node", "node-b")
     assert code == 1 and "node" in err
     assert backend.migrations == [(job_id, 1, None)]
+
+
+# --- what pods send never drives the terminal -------------------------------------------------
+
+# Real sequences a pod could put in a log line, an event message or a failure reason.
+EVIL = ("\x1b[2J\x1b[H"  # CSI: clear the screen, cursor home
+        "\x1b]52;c;cm0gLXJmIH4=\x07"  # OSC 52: set the clipboard
+        "\x1b]0;pwned\x1b\\"  # OSC: the window title, ST-terminated
+        "\x9b31m"  # C1 CSI
+        "ok\rFAKE\x08\x7f\u202e\n  [job] succeeded")  # CR, backspace, DEL, bidi, a forged line
+
+
+def printable(text: str) -> bool:
+    return all(c.isprintable() or c in "\t\n" for c in text)
+
+
+def test_what_pods_send_prints_escaped(cli: Run, client: TestClient,
+                                       backend: FakeBackend) -> None:
+    job_id = create_job(client)["id"]
+    report(client, backend, job_id, [
+        record(1, Joined(message=EVIL, pod=f"{job_id}-0", step=1, epoch=1, participants=1))])
+    backend.logs[(job_id, 0)] = [EVIL, "the next line"]
+    assert cli("cancel", job_id)[0] == 0
+
+    code, out, _ = cli("watch", job_id)
+    assert code == 1 and printable(out)
+    joined = next(line for line in out.splitlines() if "pwned" in line)
+    assert joined == (f"  [job] {job_id}-0: \\x1b[2J\\x1b[H\\x1b]52;c;cm0gLXJmIH4=\\x07"
+                      "\\x1b]0;pwned\\x1b\\\\x9b31mok\\x0dFAKE\\x08\\x7f\\u202e\\x0a"
+                      "  [job] succeeded")
+    code, out, _ = cli("logs", job_id, "0")
+    assert code == 0 and printable(out) and out.count("\n") == 2
+    assert out.endswith("\\x0a  [job] succeeded\nthe next line\n")
+
+
+def test_a_failure_reason_and_labels_print_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    job = {"id": "job-1", "status": "failed", "reason": EVIL + "\ud800", "name": EVIL,
+           "progress": {"epoch": 1, "epochs": 1, "step": 3, "samples_seen": 0,
+                        "total_samples": None}, "metrics": {}, "pods": []}
+    events = {"data": [{"id": 1, "type": "job", "data": {"message": EVIL + "\ud800"}}],
+              "next_after": None}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body: dict = job
+        if request.url.path.endswith("/events"):
+            body = events
+        elif request.url.path.endswith("/predict"):  # a model's labels come from its pods
+            body = {"model_id": "m", "predictions": [{"label": EVIL, "score": 0.5}]}
+        return httpx.Response(200, content=json.dumps(body).encode(),  # \ud800 as JSON has it
+                              headers={"Content-Type": "application/json"})
+
+    http, _ = recorded(answer)
+    for argv in (["watch", "job-1"], ["get", "job-1"], ["predict", "m", "text"]):
+        main(["--token", ADMIN_TOKEN, *argv], http=http)
+        out, err = capsys.readouterr()
+        # Escaped by the CLI (`\x1b`), or by JSON (`\u001b`): shown, not obeyed.
+        assert printable(out) and printable(err) and "[2J" in out + err, argv
+    # A lone surrogate (JSON's \ud800) would not even encode: it prints as its escape.
+    main(["--token", ADMIN_TOKEN, "watch", "job-1"], http=http)
+    assert "\\ud800" in capsys.readouterr().err

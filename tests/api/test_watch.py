@@ -74,3 +74,33 @@ def test_on_a_terminal_progress_is_a_bar_under_the_events() -> None:
     for part in ("job-1 running", "━", "32%", "epoch 1/2 step 10", "eta 0:01:15", "loss 0.412",
                  "38 samples/s", "pods 0:Running 1:Running(r2)"):
         assert part in shown, part
+
+
+# A pod's message: CSI (clear, colour), OSC 52 (the clipboard), C1 CSI, a carriage return, and
+# rich markup that would colour the line or (an unopened `[/]`) raise.
+EVIL = "\x1b[2J\x1b[31m\x1b]52;c;cm0gLXJmIH4=\x07\x9b1mok\rFAKE [bold red]loud[/] [/oops]"
+
+
+def test_on_a_terminal_what_pods_send_is_shown_not_obeyed() -> None:
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=300, color_system="truecolor")
+    job = job_view(phases=(EVIL,))
+    job["status"] = "running [/oops]"
+    with TerminalDisplay(console) as display:
+        display.update(job)
+        display.event(f"  [job] job-1-0: {EVIL}")
+    shown = screen.getvalue()
+    assert "\\x1b[2J\\x1b[31m\\x1b]52;c;cm0gLXJmIH4=\\x07\\x9b1mok\\x0dFAKE" in shown
+    assert "[bold red]loud[/] [/oops]" in shown and "running [/oops]" in shown
+    for sequence in ("\x1b[2J", "\x1b[31m", "\x1b]52", "\x9b"):
+        assert sequence not in shown  # rich's own (cursor, colours) aside, none of the pod's
+    assert "\x1b[1;31m" not in shown  # no markup: nothing made it bold and red
+
+
+def test_in_a_log_what_pods_send_is_one_escaped_line() -> None:
+    out = io.StringIO()
+    display = PlainDisplay(out)
+    display.event(f"  [job] job-1-0: {EVIL}\n  [job] succeeded")
+    assert out.getvalue() == ("  [job] job-1-0: \\x1b[2J\\x1b[31m\\x1b]52;c;cm0gLXJmIH4=\\x07"
+                              "\\x9b1mok\\x0dFAKE [bold red]loud[/] [/oops]\\x0a  [job] "
+                              "succeeded\n")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Processes
-from tests.support import free_port, has_ipv6_loopback
+from tests.support import PEER_SECRET, free_port, has_ipv6_loopback
 
 POD_ADDRESS = "127.0.0.2"  # any loopback address: not the one a host name resolves to
 WORKER = """
@@ -19,9 +19,11 @@ from trainer.distributed import Group
 from trainer.model import DeviceChoice
 
 group = Group(DeviceChoice(torch.device("cpu"), "gloo", None), os.environ,
-              address=os.environ["POD_ADDRESS"])
+              address=os.environ["POD_ADDRESS"], peer_secret=os.environ["PEER_SECRET"])
 total = group.all_reduce_sum(torch.tensor([float(group.rank + 1)]))
-listening = sorted({(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("inet")
+# gRPC listens on an IPv6 socket bound to the IPv4-mapped address: the same address.
+listening = sorted({(c.laddr.ip.removeprefix("::ffff:"), c.laddr.port)
+                    for c in psutil.Process().net_connections("inet")
                     if c.status == psutil.CONN_LISTEN})
 print(json.dumps({"sum": total.item(), "listening": listening}), flush=True)
 dist.barrier()  # neither leaves before both have listed their sockets
@@ -36,7 +38,7 @@ def test_workers_listen_on_the_pod_address_only(address: str, tmp_path: Path,
     # As torchrun's agents set it up with an unshared store: the lowest rank hosts the store.
     env = {"WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": address,
            "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "False",
-           "POD_ADDRESS": address, "OMP_NUM_THREADS": "1"}
+           "POD_ADDRESS": address, "PEER_SECRET": PEER_SECRET, "OMP_NUM_THREADS": "1"}
     workers = [processes.start([sys.executable, "-c", WORKER], {**env, "RANK": str(rank)},
                                tmp_path / f"rank-{rank}.log") for rank in (0, 1)]
     for rank, worker in enumerate(workers):
@@ -44,7 +46,8 @@ def test_workers_listen_on_the_pod_address_only(address: str, tmp_path: Path,
     reports = [json.loads((tmp_path / f"rank-{rank}.log").read_text().splitlines()[-1])
                for rank in (0, 1)]
     assert [r["sum"] for r in reports] == [3.0, 3.0]
-    # Rank 0: the group's store (on MASTER_PORT) and gloo's listener; rank 1: gloo's.
+    # Rank 0: the group's store (on MASTER_PORT: the job's own, for members only) and gloo's
+    # listener; rank 1: gloo's.
     assert {ip for r in reports for ip, _ in r["listening"]} == {address}
     assert [address, port] in reports[0]["listening"]
     assert [len(r["listening"]) for r in reports] == [2, 1]

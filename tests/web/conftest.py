@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.api.conftest import ADMIN_TOKEN
 from tests.api.control_plane import ControlPlane
 from tests.conftest import ROOT, Processes
 from tests.factories import make_reviews_csv
@@ -86,7 +87,11 @@ class Console:
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
+    """A fresh tab; at the end, no URL that any tab of its context requested (pages, API
+    calls, the event stream, downloads) may have carried the admin token."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
+    requested: list[str] = []
+    context.on("request", lambda r: requested.append(r.url))
     tab = context.new_page()
     tab.set_default_timeout(20_000)
     console = Console()
@@ -99,8 +104,10 @@ def page(browser: Any) -> Iterator[Any]:
 
     tab.on("dialog", dismiss)
     tab.console = console
+    tab.requested = requested
     yield tab
     context.close()
+    assert [url for url in requested if ADMIN_TOKEN in url or "token=" in url] == []
 
 
 @pytest.fixture(scope="session")

@@ -8,15 +8,17 @@ import json
 import re
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from api.backends.local import LocalBackend
 from tests.api.conftest import ADMIN_TOKEN
 from tests.api.control_plane import ControlPlane
+from tests.conftest import Processes
 from tests.factories import evaluation, metric_data, record
 from tests.support import wait_for
 from tests.web.conftest import save_artifact
@@ -32,9 +34,18 @@ SPEC = {"model": "tiny", "dataset": "reviews.csv", "replicas": 2, "epochs": 3,
         "batch_size": 2, "learning_rate": 0.003, "checkpoint_every_steps": 200}
 
 
+def login_url(plane: ControlPlane) -> str:
+    """A single-use login URL, as `migrator login-url` prints it."""
+    answer = plane.http.post("/api/v1/login-codes")
+    assert answer.status_code == 200, answer.text
+    return plane.url + answer.json()["url"]
+
+
 def login(page: Any, plane: ControlPlane, hash_: str = "#/") -> None:
-    page.goto(f"{plane.url}/?token={ADMIN_TOKEN}{hash_}")
+    page.goto(login_url(plane))
     page.wait_for_selector("#logout:not([hidden])")
+    if hash_ != "#/":
+        page.goto(f"{plane.url}/{hash_}")
 
 
 def js(page: Any, expression: str) -> Any:
@@ -99,23 +110,34 @@ def downloaded(page: Any, selector: str) -> bytes:
     return Path(download.path()).read_bytes()
 
 
-def test_login_with_the_token_url_and_a_wrong_token(control_plane: ControlPlane,
-                                                    page: Any) -> None:
-    page.goto(f"{control_plane.url}/?token=not-the-admin-token-at-all")
+def test_login_with_a_single_use_code_never_the_token_in_a_url(control_plane: ControlPlane,
+                                                                browser: Any, page: Any) -> None:
     prompt = page.locator("#login-message")
-    assert "refused" in prompt.inner_text()
-    assert "token=" not in page.url
+    page.goto(f"{control_plane.url}/#login=not-a-code-at-all")
+    wait_for(lambda: "refused" in prompt.inner_text(), timeout=10, what="the refusal")
+    assert "login=" not in page.url
     assert js(page, "sessionStorage.getItem('migrator.token')") is None
 
-    page.goto(f"{control_plane.url}/")  # no token at all: the prompt says where to find one
-    assert "login URL" in prompt.inner_text()
+    page.goto(f"{control_plane.url}/")  # no code at all: the prompt says where to find one
+    assert "migrator login-url" in prompt.inner_text()
 
-    page.goto(f"{control_plane.url}/?token={ADMIN_TOKEN}")
+    url = login_url(control_plane)
+    page.goto(url)
     page.wait_for_selector("table.jobs")
-    assert page.url == f"{control_plane.url}/"  # the token left the address bar ...
+    assert page.url == f"{control_plane.url}/#/"  # the code left the address bar ...
     assert js(page, "sessionStorage.getItem('migrator.token')") == ADMIN_TOKEN  # ... for here
     page.reload()
     page.wait_for_selector("table.jobs")  # still logged in, from session storage
+
+    # A code works once; the old login URL with the token in it logs nobody in.
+    for reused in (url, f"{control_plane.url}/?token={ADMIN_TOKEN}"):
+        other = browser.new_context()  # a tab of its own (not checked for the token in URLs)
+        tab = other.new_page()
+        tab.goto(reused)
+        tab.wait_for_selector("#login-message")
+        assert tab.locator("#logout").is_hidden()
+        assert tab.evaluate("() => sessionStorage.getItem('migrator.token')") is None
+        other.close()
 
     page.click("#logout")
     page.fill("#token", ADMIN_TOKEN)  # the prompt itself logs in too
@@ -329,35 +351,92 @@ def test_series_combine_pods_and_cut_pauses(control_plane: ControlPlane, page: A
     assert page.console.unexpected() == []
 
 
+def cancelled_job(plane: ControlPlane) -> str:
+    """A job whose pod stopped at once: only what a test reports happens to it."""
+    created = plane.http.post("/api/v1/jobs", json={**SPEC, "replicas": 1})
+    assert created.status_code == 201, created.text
+    job_id = str(created.json()["id"])
+    assert plane.http.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 202
+    return job_id
+
+
+def report_evaluations(plane: ControlPlane, job_id: str, first: int, last: int) -> None:
+    """Epochs `first` to `last`'s validation results, as the job's pod 0 reports them."""
+    records = [record(n, evaluation(epoch=n, step=10 * n, accuracy=0.5 + n / 20), time.time())
+               for n in range(first, last + 1)]
+    response = plane.http.post(
+        f"/api/v1/jobs/{job_id}/reports",
+        headers={"Authorization": f"Bearer {plane.report_token(job_id)}"},
+        json={"pod": f"{job_id}-0", "incarnation": "web-test", "records": records})
+    assert response.status_code == 200, response.text
+
+
 def test_the_stream_reconnects_after_a_control_plane_restart_and_misses_nothing(
         control_plane: ControlPlane, page: Any) -> None:
-    created = control_plane.http.post("/api/v1/jobs", json={**SPEC, "replicas": 1})
-    job_id = created.json()["id"]
-    assert control_plane.http.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 202
-    token, pod = control_plane.report_token(job_id), f"{job_id}-0"
-
-    def evaluations(first: int, last: int) -> None:
-        records = [record(n, evaluation(epoch=n, step=10 * n, accuracy=0.5 + n / 20),
-                          time.time()) for n in range(first, last + 1)]
-        response = control_plane.http.post(
-            f"/api/v1/jobs/{job_id}/reports", headers={"Authorization": f"Bearer {token}"},
-            json={"pod": pod, "incarnation": "web-test", "records": records})
-        assert response.status_code == 200, response.text
+    job_id = cancelled_job(control_plane)
 
     login(page, control_plane, f"#/jobs/{job_id}")
     page.wait_for_selector(".connection[data-state=live]")
-    evaluations(1, 3)
+    report_evaluations(control_plane, job_id, 1, 3)
     rows = page.locator(".timeline li[data-tag='validation eval']")
     wait_for(lambda: rows.count() == 3, timeout=10, what="three evaluations")
 
     control_plane.restart()
     page.wait_for_selector(".connection[data-state=reconnecting]", state="attached")
     page.wait_for_selector(".connection[data-state=live]", timeout=30_000)
-    evaluations(4, 6)
+    report_evaluations(control_plane, job_id, 4, 6)
     wait_for(lambda: rows.count() == 6, timeout=15, what="the evaluations sent after the restart")
     ids = [rows.nth(i).get_attribute("data-event") for i in range(6)]
     assert len(set(ids)) == 6 and chart_points(page, "accuracy") == 6
     # The browser notes the stream cut by the kill and its retries while the API was down.
+    assert page.console.unexpected("net::ERR_INCOMPLETE_CHUNKED_ENCODING",
+                                   "net::ERR_CONNECTION_REFUSED") == []
+
+
+@pytest.fixture
+def short_links(tmp_path: Path, control_plane: ControlPlane) -> Iterator[ControlPlane]:
+    """A control plane of its own whose stream links last 3 s (the first one's inputs)."""
+    processes = Processes()
+    plane = ControlPlane(processes, tmp_path / "data", control_plane.inputs_dir,
+                         env={"MIGRATOR_STREAM_LINK_SECONDS": "3"})
+    try:
+        plane.start()
+        yield plane
+    finally:
+        plane.close()
+        processes.cleanup()
+
+
+def link_expiry(url: str) -> int:
+    return int(parse_qs(urlsplit(url).query)["expires"][0])
+
+
+def test_the_stream_outlives_its_link_and_a_reconnect_takes_a_new_one(
+        short_links: ControlPlane, page: Any) -> None:
+    plane = short_links
+    job_id = cancelled_job(plane)
+    streams: list[tuple[float, str]] = []  # when the page opened the stream, and its URL
+    page.context.on("request", lambda r: "/stream?" in r.url
+                    and streams.append((time.time(), r.url)))
+    login(page, plane, f"#/jobs/{job_id}")
+    page.wait_for_selector(".connection[data-state=live]")
+    rows = page.locator(".timeline li[data-tag='validation eval']")
+
+    first = link_expiry(streams[0][1])
+    wait_for(lambda: time.time() > first + 1, timeout=10, what="the stream's link to expire")
+    report_evaluations(plane, job_id, 1, 2)
+    wait_for(lambda: rows.count() == 2, timeout=10, what="evaluations on the open stream")
+    assert len(streams) == 1  # the same stream, open past its link's expiry
+
+    plane.restart()  # the stream breaks, long after its link expired
+    page.wait_for_selector(".connection[data-state=reconnecting]", state="attached")
+    page.wait_for_selector(".connection[data-state=live]", timeout=30_000)
+    report_evaluations(plane, job_id, 3, 4)
+    wait_for(lambda: rows.count() == 4, timeout=15, what="the evaluations after the reconnect")
+    opened, url = streams[-1]
+    assert link_expiry(url) > first and opened <= link_expiry(url)  # a new link, in time
+    assert all("signature=" in url and "token" not in url for _, url in streams)
+    # Connection errors while the API was down; no 403: no expired link was ever tried.
     assert page.console.unexpected("net::ERR_INCOMPLETE_CHUNKED_ENCODING",
                                    "net::ERR_CONNECTION_REFUSED") == []
 

@@ -11,10 +11,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from trainer.contract.credentials import SECRET_ENV
 from trainer.contract.store import Location
 
 SPEC_ENV = "TRAINER_CONFIG"
 """The environment variable that holds the job spec (trainer.contract.spec), as JSON."""
+RENDEZVOUS_BACKEND = "livemigrator"
+"""The torchrun rendezvous backend of restart-mode pods (trainer.engine.elastic registers it)."""
 LOOPBACK = "127.0.0.1"
 """The address of every process of a local job, and of what only its own process uses."""
 
@@ -47,8 +50,9 @@ class Runtime(BaseModel):
     lighthouse: str | None = Field(default=None, alias="TORCHFT_LIGHTHOUSE")
     """The job's torchft lighthouse (`http://host:port`): a live job's pods join through it."""
 
-    heal_secret: str = Field(default="", alias="HEAL_SECRET", repr=False)
-    """What a live pod's peers must send to fetch its state (each job has its own)."""
+    peer_secret: str = Field(default="", alias=SECRET_ENV, repr=False)
+    """The job's own secret, which its pods and coordinator prove to each other
+    (trainer.contract.credentials): to join the quorum or the rendezvous, to heal."""
 
     replica_store: str | None = Field(default=None, alias="REPLICA_STORE", max_length=300)
     """A live pipeline pod's `host:port` where its replica's stages meet (hosted by the

@@ -1,10 +1,12 @@
-"""torchft's listening pieces, bound to the pod's address instead of every interface.
+"""torchft's listening pieces, bound to the pod's address and kept to the job's members.
 
 A live pod listens on four things of torchft's besides its heal server (heal.py): the manager
 server (quorum, commit and kill RPCs), the replica group's store, the store on which each new
 quorum's process group meets, and gloo's connections. torchft opens the first three on the
-wildcard address and gloo takes the host name's address; each is bound to the pod's address
-here (the replica group's store, which only this process uses, to the loopback address).
+wildcard address and gloo takes the host name's address; here each is bound to the pod's
+address, and both stores are the job's own (trainer.engine.store), which answer only the job's
+members, where torchft's TCPStores answer anyone: a replica group of one pod keeps its keys in
+memory and listens for none.
 """
 
 from __future__ import annotations
@@ -18,10 +20,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torchft.manager
-from torch.distributed.distributed_c10d import GroupName
-from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
+from torch.distributed.distributed_c10d import GroupName, Work
+from torchft.process_group import (
+    ProcessGroupGloo,
+    ProcessGroupNCCL,
+    ProcessGroupWrapper,
+    ReconfigureOptions,
+    _DummyWork,
+    _rendezvous,
+)
 
-from trainer.listen import bound_store, gloo_backend, url_host
+from trainer.engine.store import MemberStore, StoreServer
+from trainer.listen import gloo_backend, url_host
 
 
 @contextlib.contextmanager
@@ -46,28 +56,59 @@ def manager_server_on(address: str) -> Iterator[None]:
         torchft.manager.ManagerServer = original
 
 
-def reconfigure_handle(group: Any, address: str) -> str:
-    """What torchft's get_reconfigure_handle says, with the store on and named by `address`.
+@contextlib.contextmanager
+def manager_store(store: dist.Store) -> Iterator[None]:
+    """While torchft's Manager is built inside this block, it keeps its replica group's keys
+    (its manager's address and replica id) in `store` instead of a TCPStore client it opens."""
+    original = torchft.manager.TCPStore
 
-    torchft hosts this store on every interface and names it by the host name, which the peers
-    of a Kubernetes pod cannot resolve.
+    def given_store(**kwargs: Any) -> dist.Store:
+        return store
+
+    torchft.manager.TCPStore = given_store
+    try:
+        yield
+    finally:
+        torchft.manager.TCPStore = original
+
+
+class MemberGroup(ProcessGroupWrapper):
+    """A torchft process group whose quorums meet in the job's own stores.
+
+    torchft hosts the store a new quorum meets on on every interface, open to anyone, and names
+    it by the host name, which the peers of a Kubernetes pod cannot resolve: here it is a
+    StoreServer on the pod's address, and peers reach it as members (with `credential`).
     """
-    if group._rendezvous_store is None:
-        group._rendezvous_store = bound_store(address)
-    return json.dumps({"id": group._handle_id(),
-                       "store": f"{url_host(address)}:{group._rendezvous_store.port}",
-                       "global_rank": group._global_rank})
 
-
-class PodGloo(ProcessGroupGloo):
-    """torchft's reconfigurable gloo group, listening on the pod's address."""
-
-    def __init__(self, address: str, timeout: timedelta) -> None:
+    def __init__(self, address: str, credential: str, timeout: timedelta) -> None:
         super().__init__(timeout=timeout)
-        self._address = address
+        self._address, self._credential = address, credential
+        self._member_store: StoreServer | None = None
+        self._store_client: MemberStore | None = None
 
     def get_reconfigure_handle(self) -> str:
-        return reconfigure_handle(self, self._address)
+        if self._member_store is None:
+            self._member_store = StoreServer(self._address, 0, self._credential)
+        return json.dumps({"id": self._handle_id(),
+                           "store": f"{url_host(self._address)}:{self._member_store.port}",
+                           "global_rank": self._global_rank})
+
+    def reconfigure(self, opts: ReconfigureOptions) -> Work:
+        # torchft's own, except for the store client.
+        rendezvous = _rendezvous(opts, self._handle_id())
+        self._rank, self._uuid = rendezvous.rank, rendezvous.uuid
+        self._global_ranks = rendezvous.global_ranks
+        self.abort(errored=False)
+        target, _, prefix = rendezvous.store_addr.partition("/")
+        # Held here: the group holds only the C++ half of a store written in Python.
+        self._store_client = MemberStore(target, self._credential, self._timeout)
+        store = dist.PrefixStore(prefix, self._store_client)
+        self._pg = self._create_pg(store, rendezvous.rank, rendezvous.world_size)
+        return _DummyWork(None)
+
+
+class PodGloo(MemberGroup, ProcessGroupGloo):
+    """torchft's reconfigurable gloo group, listening on the pod's address."""
 
     def _create_pg(self, store: dist.Store, rank: int, world_size: int) -> dist.ProcessGroup:
         # torchft's own, except for the device gloo listens on.
@@ -87,15 +128,8 @@ class PodGloo(ProcessGroupGloo):
         return pg
 
 
-class PodNccl(ProcessGroupNCCL):
+class PodNccl(MemberGroup, ProcessGroupNCCL):
     """torchft's reconfigurable NCCL group, meeting its peers on the pod's address.
 
     NCCL's own bootstrap sockets listen on the interface NCCL picks (NCCL_SOCKET_IFNAME).
     """
-
-    def __init__(self, address: str, timeout: timedelta) -> None:
-        super().__init__(timeout=timeout)
-        self._address = address
-
-    def get_reconfigure_handle(self) -> str:
-        return reconfigure_handle(self, self._address)

@@ -5,25 +5,58 @@ When a peer dies the survivors' workers fail their collective, write an emergenc
 and the agents restart them in a new rendezvous round from the newest complete checkpoint; a
 recreated pod joining makes them restart once more. A worker exiting with the trainer's
 bad-input code ends the pod at once with that code: no retry fixes a missing dataset.
+
+The agents meet in the job's own store (trainer.engine.store), which answers only holders of the
+job's peer secret: torchrun's `c10d` rendezvous, over a MemberStore instead of a TCPStore
+(`--rdzv-backend=livemigrator`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
+from datetime import timedelta
 
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous import (
+    RendezvousHandler,
+    RendezvousParameters,
+    rendezvous_handler_registry,
+)
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 from torch.distributed.launcher import api as launcher_api
 
+from trainer.contract import credentials
 from trainer.contract.process import ExitCode
+from trainer.contract.runtime import RENDEZVOUS_BACKEND
+from trainer.engine.store import MemberStore
 
 logger = logging.getLogger(__name__)
+
+
+class MemberRendezvous(C10dRendezvousBackend):
+    """torchrun's c10d rendezvous, under the name the pods ask for."""
+
+    @property
+    def name(self) -> str:
+        return RENDEZVOUS_BACKEND
+
+
+def member_rendezvous(params: RendezvousParameters) -> RendezvousHandler:
+    """torchrun's c10d rendezvous in the job's store, as a member (PEER_SECRET)."""
+    secret = credentials.require(os.environ.get(credentials.SECRET_ENV, ""),
+                                 "a restart-mode pod")
+    store = MemberStore(params.endpoint, credentials.store_credential(secret),
+                        timedelta(seconds=params.get_as_int("read_timeout", 60) or 60))
+    return create_handler(store, MemberRendezvous(store, params.run_id), params)
 
 
 class BadInputIsFinal(LocalElasticAgent):
@@ -39,6 +72,7 @@ class BadInputIsFinal(LocalElasticAgent):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = torchrun.parse_args(list(argv) if argv is not None else None)
+    rendezvous_handler_registry.register(RENDEZVOUS_BACKEND, member_rendezvous)
     launcher_api.LocalElasticAgent = BadInputIsFinal  # type: ignore[misc]  # torchrun's agent class
     try:
         torchrun.run(args)

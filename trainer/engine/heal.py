@@ -1,18 +1,22 @@
 """Heals: a joining pod fetches the live state (weights, optimizer, progress) from a peer.
 
-torchft's HTTP checkpoint transport with two differences. Its server listens on the pod's
-address only (torchft's listens on every interface), and it serves only requests that carry the
-job's heal secret (torchft's serves anyone who connects): a pod of one job never reads another
-job's weights. The secret comes from the backend (HEAL_SECRET, one per job) and travels as
-`Authorization: Bearer <secret>`.
+torchft's HTTP checkpoint transport, made to trust nobody outside the job:
+- its server listens on the pod's address only (torchft's listens on every interface);
+- both ends prove they hold the job's peer secret (trainer.engine.credentials): the request
+  carries a fresh nonce and its signature, and the reply the signature of the same nonce; the
+  server serves no one else, and the healing pod reads no reply it cannot verify, so neither a
+  stranger that reached the quorum nor any other server can hand it a state, and the secret
+  itself never crosses the network;
+- the state is loaded with `weights_only=True` (torchft unpickles it): tensors and plain
+  values, as checkpoints are, so no payload can run code.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import socket
 import time
+import urllib.parse
 import urllib.request
 from datetime import timedelta
 from http import HTTPStatus
@@ -25,11 +29,19 @@ from torchft.checkpointing import http_transport
 from torchft.checkpointing._serialization import _streaming_load, _streaming_save
 from torchft.checkpointing.http_transport import HTTPTransport
 
+from trainer.contract import credentials
 from trainer.listen import url_host
 
 logger = logging.getLogger(__name__)
 
-HEADER = "Authorization"
+NONCE = "X-Heal-Nonce"
+REQUEST_PROOF = "Authorization"
+REPLY_PROOF = "X-Heal-Proof"
+SCHEME = "Heal "
+
+
+class UntrustedSource(ConnectionError):
+    """The heal source did not prove it holds the job's secret: nothing it sent was read."""
 
 
 class Transport(HTTPTransport[dict[str, Any]]):
@@ -40,12 +52,9 @@ class Transport(HTTPTransport[dict[str, Any]]):
     """
 
     def __init__(self, host: str, secret: str, timeout: timedelta) -> None:
-        if not secret:
-            raise ValueError("no heal secret: a live pod serves its state only to holders of "
-                             "its job's secret (HEAL_SECRET)")
+        self.secret = credentials.require(secret, "a live pod's heal server")
         self.host = url_host(host)
         self.last_heal: dict[str, Any] | None = None
-        self._authorization = f"Bearer {secret}".encode()
         # HTTPTransport.__init__ sets up its state and starts serving; the one server it builds
         # (on every interface, for anyone) is ours instead. Nothing else builds one meanwhile.
         original = http_transport._IPv6HTTPServer
@@ -65,16 +74,21 @@ class Transport(HTTPTransport[dict[str, Any]]):
         port = self._server.socket.getsockname()[1]
         return f"http://{self.host}:{port}/checkpoint/"
 
-    def authorized(self, header: str | None) -> bool:
-        return hmac.compare_digest((header or "").encode(), self._authorization)
-
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int,
                         timeout: timedelta) -> dict[str, Any]:
         started = time.perf_counter()
-        request = urllib.request.Request(f"{metadata}{step}/full",
-                                         headers={HEADER: self._authorization.decode()})
+        url = f"{metadata}{step}/full"
+        path = urllib.parse.urlsplit(url).path
+        nonce = credentials.nonce()
+        request = urllib.request.Request(url, headers={
+            NONCE: nonce, REQUEST_PROOF: SCHEME + credentials.sign(self.secret, "heal", nonce,
+                                                                   path)})
         with urllib.request.urlopen(request, timeout=timeout.total_seconds()) as response:
-            state: dict[str, Any] = _streaming_load(response, weights_only=False)
+            if not credentials.verify(response.headers.get(REPLY_PROOF), self.secret,
+                                      "healed", nonce, path):
+                raise UntrustedSource(f"the heal source at {metadata} did not prove it belongs "
+                                      f"to this job: its state was not read")
+            state: dict[str, Any] = _streaming_load(response, weights_only=True)
         size = sum(leaf.numel() * leaf.element_size() for leaf in tree_leaves(state)
                    if isinstance(leaf, torch.Tensor))
         self.last_heal = {"bytes": size, "seconds": round(time.perf_counter() - started, 3),
@@ -104,9 +118,13 @@ class HealHandler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         transport = self.server.transport
-        if not transport.authorized(self.headers.get(HEADER)):
-            logger.warning("heal request from %s refused: no or a wrong heal secret",
-                           self.client_address[0])
+        nonce = self.headers.get(NONCE) or ""
+        proof = self.headers.get(REQUEST_PROOF) or ""
+        path = urllib.parse.urlsplit(self.path).path
+        if not (0 < len(nonce) <= 100 and proof.startswith(SCHEME) and credentials.verify(
+                proof.removeprefix(SCHEME), transport.secret, "heal", nonce, path)):
+            logger.warning("heal request from %s refused: it did not prove it belongs to this "
+                           "job", self.client_address[0])
             self.send_error(HTTPStatus.FORBIDDEN, "a heal needs this job's secret")
             return
         try:
@@ -118,6 +136,8 @@ class HealHandler(BaseHTTPRequestHandler):
                                     f"serving {expected}, not {self.path}")
                     return
                 self.send_response(HTTPStatus.OK)
+                self.send_header(REPLY_PROOF, credentials.sign(transport.secret, "healed",
+                                                               nonce, path))
                 self.send_header("Content-Type", "application/octet-stream")
                 self.end_headers()
                 _streaming_save(transport._state_dict, self.wfile)

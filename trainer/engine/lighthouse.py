@@ -7,6 +7,11 @@ gRPC service to torchft's managers (`torchft.LighthouseService`: Quorum and Hear
 quorums by the same rules, plus one call of its own, `Leave`: a replica that committed its last
 step says so, and the next quorum goes on without it at once.
 
+Only the job's own pods are heard: a Quorum, Heartbeat or Leave is answered only under a member
+id whose tag proves the job's peer secret (trainer.engine.credentials), so a stranger that can
+reach the port can neither join the quorum (and serve its state to healing pods) nor evict a
+replica, and it learns nothing about the job's members.
+
 The quorum rules (those of torchft's lighthouse): a quorum forms at once when every member of
 the previous one asked for the next ("fast quorum"); otherwise when more than half of the
 heartbeating replicas asked and either all of them did or the join timeout passed since the
@@ -18,6 +23,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -26,11 +33,15 @@ from typing import Any
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
 
+from trainer.contract import credentials
 from trainer.contract.runtime import host_port
 
 logger = logging.getLogger(__name__)
 
 TORCHFT_SERVICE = "torchft.LighthouseService"
+REFUSALS_LOGGED_EVERY = 10.0
+"""Seconds between two log lines about refused strangers (their clients retry many times a
+second)."""
 LEAVE_SERVICE = "livemigrator.Lighthouse"
 
 
@@ -143,15 +154,30 @@ class Lighthouse:
     Every handler runs on one event loop and changes the state without awaiting in between,
     so each change and the decision it triggers is atomic: no lock is needed."""
 
-    def __init__(self, options: Options) -> None:
+    def __init__(self, options: Options, secret: str) -> None:
+        self.secret = credentials.require(secret, "the lighthouse")
         self.membership = Membership(options)
+        self._refused, self._refusal_logged = 0, -REFUSALS_LOGGED_EVERY
         self.quorum_id = 0
         self._waiting: set[asyncio.Queue[Any]] = set()
         self._reason = ""
 
+    async def _member(self, replica: str, context: grpc.aio.ServicerContext) -> None:
+        """Refuse a request whose replica id is not one of this job's pods'."""
+        if credentials.member_pod(self.secret, replica) is None:
+            self._refused += 1
+            now = time.monotonic()
+            if now - self._refusal_logged >= REFUSALS_LOGGED_EVERY:  # a stranger retries
+                logger.warning("refused %d requests from strangers (the last from %s): not "
+                               "members of this job", self._refused, context.peer())
+                self._refused, self._refusal_logged = 0, now
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                "not a member of this job")
+
     async def quorum(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         requester = request.requester
         replica = requester.replica_id
+        await self._member(replica, context)
         if replica in self.membership.left:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"replica {replica} has left this job")
@@ -172,16 +198,18 @@ class Lighthouse:
             self._waiting.discard(inbox)
 
     async def heartbeat(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._member(request.replica_id, context)
         if request.replica_id not in self.membership.left:
             self.membership.heartbeats[request.replica_id] = time.monotonic()
         return HeartbeatResponse()
 
     async def leave(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         replica = request.replica_id
+        await self._member(replica, context)
         self.membership.left.add(replica)
         self.membership.heartbeats.pop(replica, None)
         self.membership.joined.pop(replica, None)
-        logger.info("replica %s left", replica)
+        logger.info("replica %s left", credentials.shown(replica))
         self._tick()
         return LeaveResponse()
 
@@ -203,7 +231,7 @@ class Lighthouse:
             self.quorum_id += 1
         quorum = Quorum(quorum_id=self.quorum_id, participants=members)
         quorum.created.GetCurrentTime()
-        logger.info("quorum %d: %s", self.quorum_id, ", ".join(ids))
+        logger.info("quorum %d: %s", self.quorum_id, ", ".join(map(credentials.shown, ids)))
         self.membership.previous = ids
         self.membership.joined.clear()
         for inbox in self._waiting:
@@ -225,8 +253,8 @@ def handlers(lighthouse: Lighthouse) -> Iterable[grpc.GenericRpcHandler]:
     ]
 
 
-async def serve(bind: str, options: Options) -> None:
-    lighthouse = Lighthouse(options)
+async def serve(bind: str, options: Options, secret: str) -> None:
+    lighthouse = Lighthouse(options, secret)
     server = grpc.aio.server()
     server.add_generic_rpc_handlers(list(handlers(lighthouse)))
     port = server.add_insecure_port(bind)
@@ -262,7 +290,11 @@ def main(argv: list[str] | None = None) -> None:
     options = Options(min_replicas=args.min_replicas, join_timeout=args.join_timeout_ms / 1000,
                       heartbeat_timeout=args.heartbeat_timeout_ms / 1000,
                       tick=args.quorum_tick_ms / 1000)
-    asyncio.run(serve(host_port(args.host, args.port), options))
+    try:
+        secret = credentials.require(os.environ.get(credentials.SECRET_ENV, ""), "the lighthouse")
+    except credentials.MissingSecret as exc:
+        sys.exit(f"lighthouse: {exc}")
+    asyncio.run(serve(host_port(args.host, args.port), options, secret))
 
 
 if __name__ == "__main__":

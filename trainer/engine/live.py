@@ -16,14 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from trainer.contract.runtime import LOOPBACK
+from trainer.contract import credentials
 from trainer.distributed import Group
-from trainer.engine.binding import PodGloo, PodNccl, manager_server_on
+from trainer.engine.binding import PodGloo, PodNccl, manager_server_on, manager_store
 from trainer.engine.heal import Transport
 from trainer.engine.lighthouse import leave
-from trainer.listen import bound_store, url_host
+from trainer.listen import url_host
 from trainer.model import DeviceChoice
 from trainer.recovery import LiveRecovery
 
@@ -33,6 +34,8 @@ logger = logging.getLogger(__name__)
 COLLECTIVE_TIMEOUT = timedelta(seconds=5)
 QUORUM_TIMEOUT = timedelta(seconds=60)
 CONNECT_TIMEOUT = timedelta(seconds=10)
+IN_MEMORY = ("in-memory", 1)
+"""What torchft is told a replica group of one keeps its store at: nothing connects to it."""
 
 
 class PeerConnectionLost(RuntimeError):
@@ -51,32 +54,32 @@ class LiveGroup(Group):
     shards_evaluation = False  # peers may vanish mid-evaluation: each evaluates the whole split
     recovery = LiveRecovery
 
-    def __init__(self, device: DeviceChoice, replica_id: str, lighthouse: str, address: str,
-                 heal_secret: str, quorum_retries: int, replica_file: Path | None = None,
-                 group_rank: int = 0, group_size: int = 1,
-                 store: tuple[str, int] | None = None) -> None:
-        """`group_rank` of `group_size` processes make the replica group, which meets at
-        `store` (host, port; hosted by its rank 0); a group of one hosts its own."""
+    def __init__(self, device: DeviceChoice, pod: str, lighthouse: str, address: str,
+                 peer_secret: str, quorum_retries: int, replica_file: Path | None = None,
+                 group_rank: int = 0, group_size: int = 1, store: dist.Store | None = None,
+                 store_address: tuple[str, int] = IN_MEMORY) -> None:
+        """`group_rank` of `group_size` processes make the replica group, which meets in
+        `store` (the job's store at `store_address`, hosted by its rank 0); a group of one keeps
+        its keys in memory."""
         from torchft.manager import Manager
 
         self.device = device
         self.world_size = 1
         self.local_rank = 0
+        secret = credentials.require(peer_secret, "a live pod")
         # Where this pod listens and peers reach it: 127.0.0.1 locally, the pod IP on Kubernetes.
         address = address or socket.gethostname()
-        if store is None:
-            # The replica group's store: only this process uses it, so only the loopback
-            # serves it.
-            self._store = bound_store(LOOPBACK)
-            store = (LOOPBACK, self._store.port)
-        self._pg = pg = (PodNccl(address, COLLECTIVE_TIMEOUT) if device.backend == "nccl"
-                         else PodGloo(address, COLLECTIVE_TIMEOUT))
-        self._transport = Transport(address, heal_secret, COLLECTIVE_TIMEOUT)
-        with manager_server_on(address):
+        credential = credentials.store_credential(secret)
+        self._pg = pg = (PodNccl(address, credential, COLLECTIVE_TIMEOUT)
+                         if device.backend == "nccl"
+                         else PodGloo(address, credential, COLLECTIVE_TIMEOUT))
+        self._transport = Transport(address, secret, COLLECTIVE_TIMEOUT)
+        with manager_server_on(address), manager_store(store or dist.HashStore()):
             self.manager = Manager(
                 pg=pg, load_state_dict=None, state_dict=None, min_replica_size=1,
-                replica_id=replica_id, lighthouse_addr=lighthouse, store_addr=store[0],
-                store_port=store[1], rank=group_rank, world_size=group_size,
+                replica_id=credentials.member_id(secret, pod), lighthouse_addr=lighthouse,
+                store_addr=store_address[0], store_port=store_address[1],
+                rank=group_rank, world_size=group_size,
                 timeout=COLLECTIVE_TIMEOUT,
                 quorum_timeout=QUORUM_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
                 hostname=url_host(address), checkpoint_transport=self._transport,
@@ -85,7 +88,7 @@ class LiveGroup(Group):
         self._participants = 0
         self._quorum_rank: int | None = None
         self._connections_dropped = False
-        logger.info("replica %s joined lighthouse %s", replica_id, lighthouse)
+        logger.info("pod %s joined lighthouse %s", pod, lighthouse)
         if replica_file is not None:
             replica_file.parent.mkdir(parents=True, exist_ok=True)
             replica_file.write_text(self.replica_id)
@@ -176,7 +179,8 @@ class LiveGroup(Group):
         # instead of when its heartbeats have been missing for the timeout.
         replica_id = self.replica_id
         leave(self._lighthouse, replica_id, timeout=CONNECT_TIMEOUT.total_seconds())
-        logger.info("left the job: told the lighthouse that %s left", replica_id)
+        logger.info("left the job: told the lighthouse that %s left",
+                    credentials.shown(replica_id))
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)

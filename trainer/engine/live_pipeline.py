@@ -1,12 +1,12 @@
 """Live fault tolerance for pipelines: each pipeline replica is one torchft replica group.
 
 A replica's `stages` pods are the ranks of one replica group (`group_rank` = stage). Its stage 0
-hosts the group's store (REPLICA_STORE), on which the group's torchft manager meets and its
-stages form their pipeline (a torch.distributed world of `stages` ranks). Across replicas,
-stage s of every replica averages its gradients through torchft (the manager's group for rank
-s), so the lighthouse's quorum decides which replicas take part in a step, exactly as it does
-for data-parallel pods; a healing replica fetches each stage's state from the same stage of a
-live replica.
+hosts the group's store (REPLICA_STORE, one of the job's own: trainer.engine.store), on which
+the group's torchft manager meets and its stages form their pipeline (a torch.distributed world
+of `stages` ranks). Across replicas, stage s of every replica averages its gradients through
+torchft (the manager's group for rank s), so the lighthouse's quorum decides which replicas take
+part in a step, exactly as it does for data-parallel pods; a healing replica fetches each
+stage's state from the same stage of a live replica.
 
 A replica lives and dies whole: when one of its pods dies, its other stages fail at their next
 exchange with it and exit, and the backend recreates them all. Meanwhile the other replicas'
@@ -23,9 +23,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from trainer.contract import credentials
 from trainer.distributed import COLLECTIVE_TIMEOUT, register_pod_gloo
 from trainer.engine.live import LiveGroup
-from trainer.listen import bound_store
+from trainer.engine.store import MemberStore, StoreServer
 from trainer.model import DeviceChoice
 from trainer.pipeline import Pipelined, PipelineError
 from trainer.recovery import LiveRecovery
@@ -63,14 +64,19 @@ class LivePipelineGroup(LiveGroup, Pipelined):
     recovery = LivePipelineRecovery
 
     def __init__(self, device: DeviceChoice, stages: int, ordinal: int, replica_store: str,
-                 replica_id: str, lighthouse: str, address: str, heal_secret: str,
+                 pod: str, lighthouse: str, address: str, peer_secret: str,
                  quorum_retries: int, replica_file: Path | None = None) -> None:
         self.stages, self.stage = stages, ordinal % stages
         address = address or socket.gethostname()
         host, port = split_address(replica_store)
+        credential = credentials.store_credential(credentials.require(peer_secret,
+                                                                      "a live pipeline pod"))
         # Stage 0 hosts the replica's store; every stage (stage 0 too) is its client.
-        self._replica_store = bound_store(address, port) if self.stage == 0 else None
-        client = dist.TCPStore(host, port, is_master=False, timeout=COLLECTIVE_TIMEOUT)
+        self._replica_store = (StoreServer(address, port, credential) if self.stage == 0
+                               else None)
+        # Held here: torch's groups hold only the C++ half of a store written in Python.
+        self._replica_client = client = MemberStore(replica_store, credential,
+                                                    COLLECTIVE_TIMEOUT)
         backend = register_pod_gloo(address) if device.backend == "gloo" else device.backend
         dist.init_process_group(backend, store=dist.PrefixStore(PIPELINE_PREFIX, client),
                                 rank=self.stage, world_size=stages, timeout=COLLECTIVE_TIMEOUT)
@@ -78,10 +84,10 @@ class LivePipelineGroup(LiveGroup, Pipelined):
                     replica_store)
         self.pipeline_group = dist.group.WORLD
         self.stage_ranks = list(range(stages))
-        super().__init__(device, replica_id=replica_id, lighthouse=lighthouse, address=address,
-                         heal_secret=heal_secret, quorum_retries=quorum_retries,
+        super().__init__(device, pod=pod, lighthouse=lighthouse, address=address,
+                         peer_secret=peer_secret, quorum_retries=quorum_retries,
                          replica_file=replica_file, group_rank=self.stage, group_size=stages,
-                         store=(host, port))
+                         store=client, store_address=(host, port))
 
     def start_step(self) -> None:
         # The replica's stages meet first: should one have died, the others fail here at once

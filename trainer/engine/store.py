@@ -1,24 +1,272 @@
-"""The rendezvous store of a restart-mode job: a standalone TCPStore process.
+"""The job's key-value stores, for its members only: torch's Store interface over gRPC.
 
-Run as `python -m trainer.engine.store --host 127.0.0.1 --port 29400`. Torchrun's agents meet
-here (`--rdzv-conf is_host=false`); it lives apart from every pod, so no pod's death takes the
-rendezvous down with it. It listens on `--host` only (its pod's address) and serves until SIGTERM
-or SIGINT.
+torch's TCPStore answers anyone who connects: any process that reaches its port can list, read,
+write and delete every key (a rendezvous round, the address of a replica group's manager and
+its member id, where gloo's ranks meet). Every store a job runs is this one instead: a server
+that answers only calls carrying the job's store credential (trainer.engine.credentials), and a
+client that is a `torch.distributed.Store`, so torchrun's rendezvous, torchft's manager and
+gloo's rendezvous use it as they would a TCPStore (same semantics, blocking `get` and `wait`
+included).
+
+Run as `python -m trainer.engine.store --host 127.0.0.1 --port 29400`: a restart-mode job's
+rendezvous store, apart from every pod, so no pod's death takes the rendezvous down with it. It
+listens on `--host` only (its pod's address), takes the job's secret from PEER_SECRET, and
+serves until SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import json
 import logging
+import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from datetime import timedelta
 from types import FrameType
+from typing import Any
 
-from trainer.listen import bound_store, url_host
+import grpc
+import torch.distributed as dist
+
+from trainer.contract import credentials
+from trainer.listen import STORE_TIMEOUT, url_host
 
 logger = logging.getLogger(__name__)
+
+SERVICE = "livemigrator.Store"
+AUTHORIZATION = "authorization"
+MAX_WAIT = 3600.0
+"""Seconds a blocking call may wait for its keys, whatever the client asks."""
+Message = dict[str, Any]
+
+
+def _encode(message: Message) -> bytes:
+    return json.dumps(message).encode()
+
+
+def _decode(data: bytes) -> Message:
+    message = json.loads(data)
+    if not isinstance(message, dict):
+        raise ValueError("a store message is a JSON object")
+    return message
+
+
+def _b64(value: bytes) -> str:
+    return base64.b64encode(value).decode()
+
+
+def _bytes(value: str) -> bytes:
+    return base64.b64decode(value)
+
+
+class Table:
+    """The keys and values, and waiting for keys to appear."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+        self._changed = threading.Condition()
+
+    def _wait(self, keys: list[str], timeout: float) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: all(k in self.values for k in keys),
+                                          min(max(timeout, 0.0), MAX_WAIT))
+
+    def _store(self, key: str, value: bytes) -> None:
+        with self._changed:
+            self.values[key] = value
+            self._changed.notify_all()
+
+    def set(self, m: Message) -> Message:
+        self._store(m["key"], _bytes(m["value"]))
+        return {}
+
+    def get(self, m: Message) -> Message:
+        if not self._wait([m["key"]], m["timeout"]):
+            return {"timeout": True}
+        return {"value": _b64(self.values[m["key"]])}
+
+    def add(self, m: Message) -> Message:
+        with self._changed:
+            total = int(self.values.get(m["key"], b"0")) + int(m["amount"])
+            self._store(m["key"], str(total).encode())
+        return {"count": total}
+
+    def compare_set(self, m: Message) -> Message:
+        """TCPStore's rule: a missing key counts as the empty value; returns what is stored
+        after the call (`expected` when the key is missing and `expected` is not empty)."""
+        key, expected, desired = m["key"], _bytes(m["expected"]), _bytes(m["desired"])
+        with self._changed:
+            current = self.values.get(key)
+            if current == expected or (current is None and not expected):
+                self._store(key, desired)
+                return {"value": m["desired"]}
+        return {"value": _b64(expected if current is None else current)}
+
+    def wait(self, m: Message) -> Message:
+        return {} if self._wait(list(m["keys"]), m["timeout"]) else {"timeout": True}
+
+    def check(self, m: Message) -> Message:
+        with self._changed:
+            return {"ok": all(k in self.values for k in m["keys"])}
+
+    def delete_key(self, m: Message) -> Message:
+        with self._changed:
+            return {"ok": self.values.pop(m["key"], None) is not None}
+
+    def num_keys(self, m: Message) -> Message:
+        with self._changed:
+            return {"count": len(self.values)}
+
+
+METHODS = ("set", "get", "add", "compare_set", "wait", "check", "delete_key", "num_keys")
+
+
+class DaemonThreads(futures.Executor):
+    """Runs each call in a daemon thread of its own.
+
+    A ThreadPoolExecutor's threads are joined when the interpreter exits, so a peer's blocking
+    `get` in progress would hold a finished trainer up to its timeout.
+    """
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any,
+               **kwargs: Any) -> futures.Future[Any]:
+        future: futures.Future[Any] = futures.Future()
+
+        def run() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as exc:
+                    future.set_exception(exc)
+
+        threading.Thread(target=run, name="store-call", daemon=True).start()
+        return future
+
+
+class StoreServer:
+    """A store served on `host:port` (0: a free port) to holders of `credential`, from
+    threads of this process."""
+
+    def __init__(self, host: str, port: int, credential: str, calls: int = 256) -> None:
+        self.table = Table()
+        self._expected = f"Bearer {credential}"
+        self._server = grpc.server(DaemonThreads(),  # type: ignore[arg-type]  # any Executor
+                                   maximum_concurrent_rpcs=calls)
+        self._server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, {
+            name: grpc.unary_unary_rpc_method_handler(
+                self._guarded(getattr(self.table, name)), request_deserializer=_decode,
+                response_serializer=_encode)
+            for name in METHODS})])
+        self.port = self._server.add_insecure_port(f"{url_host(host)}:{port}")
+        if self.port == 0:
+            raise OSError(f"the store cannot listen on {url_host(host)}:{port}")
+        self._server.start()
+
+    def _guarded(self, method: Callable[[Message], Message]) -> Callable[..., Message]:
+        def handle(request: Message, context: grpc.ServicerContext) -> Message:
+            metadata = dict(context.invocation_metadata())
+            if metadata.get(AUTHORIZATION) != self._expected:
+                logger.warning("refused a store call from %s: no or a wrong credential",
+                               context.peer())
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, "not a member of this job")
+            try:
+                return method(request)
+            except (KeyError, TypeError, ValueError) as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad request: {exc}")
+                raise  # not reached: abort raises
+        return handle
+
+    def stop(self, grace: float | None = None) -> None:
+        self._server.stop(grace).wait()
+
+
+class MemberStore(dist.Store):
+    """A client of a StoreServer at `target` (`host:port`), usable wherever torch takes a
+    Store. Like a TCPStore client, a call waits for the server to come up, and `get`/`wait`
+    for their keys, up to the store's timeout."""
+
+    def __init__(self, target: str, credential: str,
+                 timeout: timedelta = STORE_TIMEOUT) -> None:
+        super().__init__()
+        self.set_timeout(timeout)
+        self.target, self._credential = target, credential
+        self._channel = grpc.insecure_channel(target)
+        self._metadata = ((AUTHORIZATION, f"Bearer {credential}"),)
+        self._calls = {name: self._channel.unary_unary(
+            f"/{SERVICE}/{name}", request_serializer=_encode, response_deserializer=_decode)
+            for name in METHODS}
+
+    @property
+    def waits(self) -> timedelta:
+        """How long a call waits for the server and for keys (torch's Store timeout, which
+        callers may change with set_timeout)."""
+        timeout: timedelta = self.timeout  # type: ignore[attr-defined]
+        return timeout
+
+    def _call(self, method: str, wait: float = 0.0, **request: Any) -> Message:
+        deadline = self.waits.total_seconds() + wait
+        started = time.monotonic()
+        try:
+            reply: Message = self._calls[method](request, timeout=deadline,
+                                                  metadata=self._metadata, wait_for_ready=True)
+        except grpc.RpcError as exc:
+            code, details = exc.code(), exc.details()
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise dist.DistStoreError(
+                    f"store {self.target}: no answer to {method} within "
+                    f"{time.monotonic() - started:.1f} s") from None
+            if code == grpc.StatusCode.UNAVAILABLE:
+                raise dist.DistNetworkError(f"store {self.target}: {details}") from None
+            raise dist.DistStoreError(f"store {self.target}: {method}: {details}") from None
+        if reply.get("timeout"):
+            raise dist.DistStoreError(f"store {self.target}: timeout waiting for keys "
+                                      f"({method})")
+        return reply
+
+    def _wait_seconds(self, timeout: timedelta | None = None) -> float:
+        return (timeout or self.waits).total_seconds()
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self._call("set", key=key, value=_b64(_as_bytes(value)))
+
+    def get(self, key: str) -> bytes:
+        seconds = self._wait_seconds()
+        return _bytes(self._call("get", wait=seconds, key=key, timeout=seconds)["value"])
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._call("add", key=key, amount=amount)["count"])
+
+    def compare_set(self, key: str, expected: str | bytes,
+                    desired: str | bytes) -> bytes:
+        reply = self._call("compare_set", key=key, expected=_b64(_as_bytes(expected)),
+                           desired=_b64(_as_bytes(desired)))
+        return _bytes(reply["value"])
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        seconds = self._wait_seconds(timeout)
+        self._call("wait", wait=seconds, keys=list(keys), timeout=seconds)
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self._call("check", keys=list(keys))["ok"])
+
+    def delete_key(self, key: str) -> bool:
+        return bool(self._call("delete_key", key=key)["ok"])
+
+    def num_keys(self) -> int:
+        return int(self._call("num_keys")["count"])
+
+    def clone(self) -> MemberStore:
+        return MemberStore(self.target, self._credential, self.waits)
+
+
+def _as_bytes(value: str | bytes) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -29,6 +277,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s store: %(message)s")
+    try:
+        secret = credentials.require(os.environ.get(credentials.SECRET_ENV, ""),
+                                     "the rendezvous store")
+    except credentials.MissingSecret as exc:
+        logger.error("%s", exc)
+        return 2
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -36,10 +290,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    store = bound_store(args.host, args.port)
-    logger.info("rendezvous store listening on %s:%d", url_host(args.host), store.port)
+    server = StoreServer(args.host, args.port, credentials.store_credential(secret))
+    logger.info("rendezvous store listening on %s:%d", url_host(args.host), server.port)
     stop.wait()
     logger.info("stopping")
+    server.stop(grace=1.0)
     return 0
 
 

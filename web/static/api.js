@@ -39,11 +39,15 @@ export async function api(path, { method = 'GET', body, signal } = {}) {
   return data;
 }
 
-/** A stream URL that carries the token itself: an EventSource cannot set headers. */
-export function withToken(path, params = {}) {
-  const url = new URL(path, location.origin);
+/**
+ * The job's event stream as a signed link (`POST .../stream-link`), since an EventSource cannot
+ * send the token as a header: no URL carries the token. A link opens a stream within a minute;
+ * the stream then goes on for as long as it stays open, and every reconnect asks for a new link.
+ */
+export async function streamUrl(jobId, params = {}) {
+  const link = await api(`/api/v1/jobs/${encodeURIComponent(jobId)}/stream-link`, { method: 'POST' });
+  const url = new URL(link.url, location.origin);
   for (const [key, value] of Object.entries(params)) url.searchParams.set(key, value);
-  url.searchParams.set('token', state.token ?? '');
   return url.pathname + url.search;
 }
 
@@ -62,17 +66,26 @@ export async function download(linkPath, filename) {
   anchor.remove();
 }
 
-/** Move a `?token=` of the login URL into sessionStorage and out of the address bar. */
-export function adoptToken() {
-  const url = new URL(location.href);
-  const given = url.searchParams.get('token');
-  if (given !== null) {
-    sessionStorage.setItem(TOKEN_KEY, given);
-    url.searchParams.delete('token');
-    history.replaceState(history.state, '', url.pathname + url.search + url.hash);
+/**
+ * Log in with the login URL's code (`/#login=CODE`: a fragment, which the browser sends to no
+ * server). The code leaves the address bar and the history at once, then buys the token once
+ * with a POST; the token stays in this tab's session storage (a login URL replaces the tab's
+ * login). Resolves to why the code was refused, or null.
+ */
+export async function adoptLogin() {
+  const code = location.hash.match(/^#login=([^&]+)$/)?.[1];
+  if (code !== undefined) {
+    history.replaceState(history.state, '', `${location.pathname}${location.search}#/`);
+    forgetToken();
+    try {
+      const answer = await api('/api/v1/login', { method: 'POST', body: { code: decodeURIComponent(code) } });
+      sessionStorage.setItem(TOKEN_KEY, answer.token);
+    } catch (error) {
+      return error.message;
+    }
   }
   state.token = sessionStorage.getItem(TOKEN_KEY);
-  return state.token;
+  return null;
 }
 
 export function saveToken(token) {

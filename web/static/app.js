@@ -1,5 +1,5 @@
 // Entry point: log in with the token, route between the jobs list, the new-job form and a job.
-import { adoptToken, forgetToken, saveToken } from './api.js';
+import { adoptLogin, forgetToken, saveToken } from './api.js';
 import { fill, h } from './dom.js';
 import { showJob } from './job.js';
 import { showJobs, showNewJob } from './jobs.js';
@@ -49,8 +49,8 @@ function showLogin(message) {
 
 function start() {
   if (!state.token) {
-    showLogin('Open the login URL printed when the control plane started '
-      + '(…/?token=…), or paste the admin token here.');
+    showLogin('Open the login URL printed when the control plane started (…/#login=…: it '
+      + 'works once; `migrator login-url` prints a new one), or paste the admin token here.');
     return;
   }
   // No separate check: the view's first request answers 401/403 for a bad token, and the
@@ -62,14 +62,24 @@ function start() {
 window.addEventListener('unauthorized', (event) => {
   if (!state.token) return; // several requests of a view failed: one prompt is enough
   forgetToken();
-  showLogin(`The token was refused (HTTP ${event.detail.status}): open the login URL printed `
-    + 'at start-up, or paste the admin token.');
+  showLogin(`The token was refused (HTTP ${event.detail.status}): open a new login URL `
+    + '(`migrator login-url`), or paste the admin token.');
 });
-window.addEventListener('hashchange', () => { if (state.token) route(); });
+
+/** Log in with a login URL's code, if the address has one, then start. */
+async function logIn() {
+  const refused = await adoptLogin();
+  if (refused) showLogin(`The login URL was refused: ${refused}. Open a new one, or paste the admin token.`);
+  else start();
+}
+
+window.addEventListener('hashchange', () => {
+  if (location.hash.startsWith('#login=')) logIn(); // a login URL pasted into an open page
+  else if (state.token) route();
+});
 logout.addEventListener('click', () => {
   forgetToken();
   showLogin('Logged out. Paste the admin token to log in again.');
 });
 
-adoptToken();
-start();
+logIn();

@@ -1,6 +1,6 @@
 // A job page: summary, pods, live charts, result, timeline, checkpoints. The stream's events are
 // queued and applied once per animation frame, so a burst of thousands costs one redraw.
-import { api, withToken } from './api.js';
+import { api, streamUrl } from './api.js';
 import { Charts } from './charts.js';
 import { ago, badge, confirmDialog, duration, fill, h, notice, number, percent, setBadge, setText } from './dom.js';
 import { podsOf, progressOf } from './jobs.js';
@@ -294,23 +294,34 @@ export function showJob(main, id) {
     }
   }
 
-  function connect() {
+  function reconnect() {
+    setConnection('reconnecting');
+    retryTimer = setTimeout(connect, RETRY_MS);
+  }
+
+  /** Open the stream from the last event we hold, with a fresh signed link each time. */
+  async function connect() {
     setConnection('connecting');
-    source = new EventSource(withToken(`/api/v1/jobs/${encodeURIComponent(id)}/stream`,
-      { after: String(view.lastId) }));
+    let url;
+    try {
+      url = await streamUrl(id, { after: String(view.lastId) });
+    } catch (error) {
+      // A refused token shows the login prompt, a deleted job its notice (poll); anything else
+      // (the API is down) is retried.
+      if (!stopped && !error.unauthorized && error.status !== 404) reconnect();
+      return;
+    }
+    if (stopped) return;
+    source = new EventSource(url);
     for (const type of STREAM_TYPES) source.addEventListener(type, enqueue);
     source.addEventListener('message', enqueue);
     source.onopen = () => setConnection('live');
     source.onerror = () => {
       if (stopped) return;
-      if (source.readyState === EventSource.CLOSED) {
-        // The server refused (or is gone): reopen from the last event we hold.
-        setConnection('reconnecting');
-        source.close();
-        retryTimer = setTimeout(connect, RETRY_MS);
-      } else {
-        setConnection('reconnecting'); // the browser retries with Last-Event-ID by itself
-      }
+      // Not the browser's own retry: it would reuse this link, which has expired by the time a
+      // long-open stream breaks.
+      source.close();
+      reconnect();
     };
   }
 

@@ -20,7 +20,7 @@ from api.backends import commands
 from api.backends.base import Launch
 from api.backends.local_jobdir import JobDir, LaunchDocument
 from api.backends.supervisor import Supervisor
-from tests.support import wait_for
+from tests.support import PEER_SECRET, wait_for
 
 POD = """
 import os, pathlib, signal, sys, time
@@ -28,7 +28,9 @@ signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 up = pathlib.Path(os.environ['READY_FILE'] + '.up')
 up.parent.mkdir(exist_ok=True)
 if os.environ.get('REPLICA_FILE'):
-    replica = os.environ['POD_NAME'] + ':incarnation-' + os.environ['POD_INCARNATION']
+    from trainer.contract.credentials import member_id
+    replica = (member_id(os.environ['PEER_SECRET'], os.environ['POD_NAME'])
+               + ':incarnation-' + os.environ['POD_INCARNATION'])
     pathlib.Path(os.environ['REPLICA_FILE']).write_text(replica)
 up.touch()
 time.sleep(120)
@@ -70,7 +72,7 @@ def start_supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, standby: b
                     spec={"replicas": 2, "max_replicas": 4}, report_url="http://127.0.0.1:9",
                     report_token="t", checkpoint_dir=tmp_path / "checkpoints",
                     model_dir=tmp_path / "model", inputs_dir=tmp_path,
-                    cache_dir=tmp_path / "cache")
+                    cache_dir=tmp_path / "cache", peer_secret=PEER_SECRET)
     running = Supervisor(job_dir, LaunchDocument(launch, standby=standby))
     running.ensure_coordinator()
     for pod in running.pods:

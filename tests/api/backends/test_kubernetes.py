@@ -61,7 +61,7 @@ def make_launch(settings: Settings, job_id: str = "job-0a1b2c3d", mode: str = "l
     return Launch(job_id=job_id, replicas=replicas, fault_tolerance=mode,  # type: ignore[arg-type]
                   spec={"replicas": replicas, "fault_tolerance": mode},
                   report_url=f"http://api:8000/api/v1/jobs/{job_id}/reports",
-                  report_token="token-" + job_id, heal_secret="heal-" + job_id,
+                  report_token="token-" + job_id, peer_secret="heal-" + job_id,
                   checkpoint_dir=directory / "checkpoints",
                   model_dir=directory / "model", inputs_dir=settings.resolved_inputs_dir,
                   cache_dir=settings.cache_dir)
@@ -116,7 +116,7 @@ def test_launch_creates_exactly_the_expected_objects(
         *[(f"/api/v1/namespaces/{NS}/pods", manifests.trainer_pod(template, owner, ordinal, 0))
           for ordinal in range(2)]]
     assert posts[1].body["stringData"] == {"report-token": "token-job-0a1b2c3d",
-                                           "heal-secret": "heal-job-0a1b2c3d"}
+                                           "peer-secret": "heal-job-0a1b2c3d"}
     status = running(backend, launch.job_id)
     assert [(p.name, p.restarts) for p in status.pods] == [("job-0a1b2c3d-0", 0),
                                                             ("job-0a1b2c3d-1", 0)]

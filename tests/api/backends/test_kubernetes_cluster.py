@@ -60,7 +60,7 @@ def test_lifecycle_on_a_real_cluster(backend: KubernetesBackend, settings: Setti
                     report_url=f"http://migrator-api:8000/api/v1/jobs/{job_id}/reports",
                     report_token=secrets.token_urlsafe(32), checkpoint_dir=directory / "ckpt",
                     model_dir=directory / "model", inputs_dir=settings.resolved_inputs_dir,
-                    cache_dir=settings.cache_dir)
+                    cache_dir=settings.cache_dir, peer_secret=secrets.token_urlsafe(32))
     backend.launch(launch)
     try:
         all_running(backend, job_id)

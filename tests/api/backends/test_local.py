@@ -26,7 +26,7 @@ from api.backends.local_jobdir import JobDir, same_process
 from tests.api.backends.test_supervisor import SPEC, kill_everything, recorded_processes
 from tests.conftest import ROOT
 from tests.factories import make_reviews_csv
-from tests.support import ReportServer, wait_for
+from tests.support import PEER_SECRET, ReportServer, wait_for
 from trainer.checkpoint import MARKER
 
 
@@ -52,7 +52,7 @@ def make_launch(jobs_dir: Path, inputs_dir: Path, sink: ReportServer,
                       spec={**SPEC, "replicas": replicas, **spec}, report_url=sink.url,
                       report_token="secret-token", checkpoint_dir=job_dir / "checkpoints",
                       model_dir=job_dir / "model", inputs_dir=inputs_dir,
-                      cache_dir=tmp_path / "cache")
+                      cache_dir=tmp_path / "cache", peer_secret=PEER_SECRET)
 
     return build
 
@@ -158,7 +158,7 @@ def test_every_process_of_a_job_listens_on_the_pod_address_only(
         sink: ReportServer) -> None:
     job = f"job-net-{mode}"
     launch = dataclasses.replace(make_launch(job, epochs=50, fault_tolerance=mode),
-                                 fault_tolerance=mode, heal_secret="the-heal-secret")
+                                 fault_tolerance=mode, peer_secret="the-peer-secret")
     backend.launch(launch)
     wait_for(lambda: all(sink.records(f"{job}-{o}", "metric") for o in (0, 1)),
              what="both pods to train")
@@ -167,11 +167,17 @@ def test_every_process_of_a_job_listens_on_the_pod_address_only(
     sockets[state["coordinator"]["name"]] = listening(state["coordinator"]["pid"])
     # Local pods' address is 127.0.0.1: nothing listens on a wildcard (0.0.0.0, ::) or beyond.
     assert {ip for found in sockets.values() for ip, _ in found} == {"127.0.0.1"}, sockets
+    env = psutil.Process(state["pods"][0]["pid"]).environ()
+    assert (env["POD_ADDRESS"], env["PEER_SECRET"]) == ("127.0.0.1", "the-peer-secret")
+    # The coordinator tells members from strangers with the job's secret, which is in its
+    # environment (readable by its user only), never in its command line.
+    coordinator = psutil.Process(state["coordinator"]["pid"])
+    assert coordinator.environ()["PEER_SECRET"] == "the-peer-secret"
+    assert "the-peer-secret" not in " ".join(coordinator.cmdline())
     if mode == "live":
-        # Per pod: manager server, heal server, replica store, process group store, gloo.
-        assert [len(sockets[f"{job}-{o}"]) for o in (0, 1)] == [5, 5], sockets
-        env = psutil.Process(state["pods"][0]["pid"]).environ()
-        assert (env["POD_ADDRESS"], env["HEAL_SECRET"]) == ("127.0.0.1", "the-heal-secret")
+        # Per pod: manager server, heal server, process group store, gloo (the replica
+        # group's store, which only the pod's process uses, is in memory).
+        assert [len(sockets[f"{job}-{o}"]) for o in (0, 1)] == [4, 4], sockets
         heal_url = next(line.split("heal server listening on ")[1].strip()
                         for line in backend.tail_logs(job, 0, 500)
                         if "heal server listening on " in line)
@@ -213,7 +219,9 @@ def test_delete_mid_training_stops_everything_and_keeps_checkpoints(
     assert [(e["POD_NAME"], e["POD_INCARNATION"]) for e in env] == [
         ("job-del-0", "0"), ("job-del-1", "0")]
     assert env[0]["REPORT_TOKEN"] == "secret-token"
-    assert not any("MIGRATOR_ADMIN_TOKEN" in e for e in env)
+    store = psutil.Process(json.loads((jobs_dir / "job-del" / "state.json").read_text())[
+        "coordinator"]["pid"])
+    assert not any("MIGRATOR_ADMIN_TOKEN" in e for e in [*env, store.environ()])
     # Each pod is a torchrun agent whose worker joined one elastic world of two.
     workers = [pod.children()[0].environ() for pod in pods]
     assert sorted((w["RANK"], w["WORLD_SIZE"]) for w in workers) == [("0", "2"), ("1", "2")]

@@ -49,7 +49,7 @@ PREVIOUS_LAUNCH = """{"job_id": "job-old", "replicas": 2, "fault_tolerance": "li
  "spec": {"model": "tiny", "replicas": 2}, "report_url": "http://127.0.0.1:8000/r",
  "report_token": "secret", "checkpoint_dir": "/data/jobs/job-old/checkpoints",
  "model_dir": "/data/jobs/job-old/model", "inputs_dir": "/inputs", "cache_dir": "/cache",
- "max_restarts": 5, "restart_backoff": 1.0}"""
+ "heal_secret": "the-secret", "max_restarts": 5, "restart_backoff": 1.0}"""
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def test_a_launch_written_by_the_previous_version_reads(job_dir: JobDir) -> None
     assert document.launch == Launch(
         "job-old", 2, "live", {"model": "tiny", "replicas": 2}, "http://127.0.0.1:8000/r",
         "secret", Path("/data/jobs/job-old/checkpoints"), Path("/data/jobs/job-old/model"),
-        Path("/inputs"), Path("/cache"))
+        Path("/inputs"), Path("/cache"), peer_secret="the-secret")
     assert (document.max_restarts, document.restart_backoff) == (5, 1.0)
 
 

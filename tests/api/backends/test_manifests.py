@@ -34,7 +34,7 @@ def make_launch(mode: str = "live", replicas: int = 3, resources: Resources | No
                   spec={"replicas": replicas, "model": "tiny", "fault_tolerance": mode},
                   report_url="http://migrator-api.live-migrator.svc:8000/api/v1/jobs/"
                              "job-1a2b3c4d/reports",
-                  report_token="the-report-token", heal_secret="the-heal-secret",
+                  report_token="the-report-token", peer_secret="the-peer-secret",
                   checkpoint_dir=Path("/data/jobs/x/checkpoints"),
                   model_dir=Path("/data/jobs/x/model"), inputs_dir=Path("/data/inputs"),
                   cache_dir=Path("/data/cache"), resources=resources)
@@ -232,8 +232,7 @@ def test_trainer_runs_the_shared_pod_command_and_environment(mode: str) -> None:
     names = [e["name"] for e in env]
     assert names[:4] == ["POD_IP", "POD_NAME", "POD_ORDINAL", "POD_INCARNATION"]
     literal = {e["name"]: e["value"] for e in env if "value" in e}
-    secrets = {"REPORT_TOKEN": "report-token"} | (
-        {"HEAL_SECRET": "heal-secret"} if mode == "live" else {})
+    secrets = {"REPORT_TOKEN": "report-token", "PEER_SECRET": "peer-secret"}
     assert {k: v for k, v in expected.items() if k not in secrets} == {
         k: literal[k] for k in expected if k not in secrets}
     # The job's secrets come from its Secret, never as literals.
@@ -241,7 +240,7 @@ def test_trainer_runs_the_shared_pod_command_and_environment(mode: str) -> None:
         {"name": name, "valueFrom": {"secretKeyRef": {"name": "job-1a2b3c4d-report",
                                                       "key": key}}}
         for name, key in secrets.items()]
-    assert "the-report-token" not in str(trainer) and "the-heal-secret" not in str(trainer)
+    assert "the-report-token" not in str(trainer) and "the-peer-secret" not in str(trainer)
     assert literal["POD_ADDRESS"] == "$(POD_IP)"  # where every process of the pod listens
     assert (literal["HEARTBEAT_FILE"], literal["HF_HOME"]) == ("/tmp/trainer-heartbeat",
                                                                "/cache/huggingface")
@@ -268,6 +267,10 @@ def test_coordinators_run_the_shared_commands_behind_a_service() -> None:
         container = deployment["spec"]["template"]["spec"]["containers"][0]
         assert container["env"][0] == {"name": "POD_IP", "valueFrom": {
             "fieldRef": {"fieldPath": "status.podIP"}}}
+        # The job's peer secret, to tell its members from strangers: from the job's Secret.
+        assert {"name": "PEER_SECRET", "valueFrom": {"secretKeyRef": {
+            "name": "job-1a2b3c4d-report", "key": "peer-secret"}}} in container["env"]
+        assert "the-peer-secret" not in str(deployment)
         service = manifests.coordinator_service(launch, CLUSTER)
         assert deployment["spec"]["replicas"] == 1
         assert deployment["spec"]["strategy"] == {"type": "Recreate"}  # never two at once
@@ -282,9 +285,10 @@ def test_coordinators_run_the_shared_commands_behind_a_service() -> None:
 def test_a_coordinator_listens_on_an_ipv6_pod_ip(mode: str, processes: Processes,
                                                  tmp_path: Path) -> None:
     """The coordinator's command as the kubelet runs it in a pod of an IPv6-only cluster: its
-    $(POD_IP) expanded to an IPv6 address (here ::1), and a client reaches it there."""
-    import grpc
-    import torch.distributed as dist
+    $(POD_IP) expanded to an IPv6 address (here ::1), and a member of the job reaches it there."""
+    from trainer.contract import credentials
+    from trainer.engine import lighthouse
+    from trainer.engine.store import MemberStore
 
     launch = make_launch(mode)
     command = manifests.coordinator_deployment(launch, CLUSTER)["spec"]["template"]["spec"][
@@ -292,30 +296,34 @@ def test_a_coordinator_listens_on_an_ipv6_pod_ip(mode: str, processes: Processes
     fixed, port = str(manifests.coordinator_endpoint(launch).port), free_port("::1")
     argv = [sys.executable if arg == "python" else
             arg.replace("$(POD_IP)", "::1").replace(fixed, str(port)) for arg in command]
-    process = processes.start(argv, {}, tmp_path / "coordinator.log")
+    process = processes.start(argv, commands.coordinator_env(launch),
+                              tmp_path / "coordinator.log")
     wait_for(lambda: accepts(port, "::1"), process=process, timeout=30,
              what=f"the {mode} coordinator to listen on [::1]:{port}")
-    if mode == "live":
-        with grpc.insecure_channel(f"[::1]:{port}") as channel:
-            grpc.channel_ready_future(channel).result(timeout=30)
-    else:
-        client = dist.TCPStore("::1", port, is_master=False, timeout=timedelta(seconds=30))
-        client.set("reached", "over IPv6")
-        assert client.get("reached") == b"over IPv6"
-    assert process.poll() is None, (tmp_path / "coordinator.log").read_text()
     endpoint = commands.Endpoint("::1", port)
     assert str(endpoint) == f"[::1]:{port}"  # as pods are told of it
     assert commands.Endpoint.parse(str(endpoint)) == endpoint  # as an adopting supervisor reads it
+    secret = launch.peer_secret
+    if mode == "live":
+        lighthouse.leave(f"http://{endpoint}", credentials.member_id(secret, "job-1a2b3c4d-0"))
+    else:
+        client = MemberStore(str(endpoint), credentials.store_credential(secret),
+                             timedelta(seconds=30))
+        client.set("reached", "over IPv6")
+        assert client.get("reached") == b"over IPv6"
+    assert process.poll() is None, (tmp_path / "coordinator.log").read_text()
 
 
 def test_secret_and_headless_service() -> None:
     launch = make_launch()
     secret = manifests.secret(launch, CLUSTER)
     assert secret["stringData"] == {"report-token": "the-report-token",
-                                    "heal-secret": "the-heal-secret"}
+                                    "peer-secret": "the-peer-secret"}
     assert secret["immutable"] is True
-    restart = manifests.secret(make_launch("restart"), CLUSTER)  # restart pods never heal
-    assert restart["stringData"] == {"report-token": "the-report-token"}
+    # Restart pods never heal, but meet in the job's store as members.
+    restart = manifests.secret(make_launch("restart"), CLUSTER)
+    assert restart["stringData"] == {"report-token": "the-report-token",
+                                     "peer-secret": "the-peer-secret"}
     service = manifests.headless_service(launch, CLUSTER)
     assert service["spec"] == {"clusterIP": "None", "publishNotReadyAddresses": True,
                                "selector": {"live-migrator.io/job": "job-1a2b3c4d",

@@ -13,7 +13,7 @@ def test_endpoints_need_the_admin_token(client: TestClient) -> None:
     assert missing.json()["error"] == "unauthorized"
     wrong = client.get("/api/v1/jobs", headers={"Authorization": "Bearer nope"})
     assert (wrong.status_code, wrong.json()["error"]) == (403, "forbidden")
-    # ?token= is for the event stream alone (EventSource sends no headers): not for reads.
+    # The token is never taken from a URL (the event stream takes signed links).
     token = AUTH["Authorization"][7:]
     assert client.get(f"/api/v1/jobs?token={token}").status_code == 401
     assert client.post(f"/api/v1/jobs?token={token}", json={}).status_code == 401
@@ -50,10 +50,10 @@ def test_create_with_defaults_launches_the_pods(client: TestClient,
     assert launch.report_url == f"http://127.0.0.1:8123/api/v1/jobs/{job['id']}/reports"
     assert len(launch.report_token) > 30 and launch.report_token not in response.text
     # A heal secret of its own, which no response shows and no other job shares.
-    assert len(launch.heal_secret) > 30 and launch.heal_secret not in response.text
-    assert launch.heal_secret != launch.report_token
+    assert len(launch.peer_secret) > 30 and launch.peer_secret not in response.text
+    assert launch.peer_secret != launch.report_token
     assert client.post("/api/v1/jobs", json={}, headers=AUTH).status_code == 201
-    assert backend.launches[1].heal_secret not in (launch.heal_secret, "")
+    assert backend.launches[1].peer_secret not in (launch.peer_secret, "")
 
 
 PIPELINE = {"parallelism": "pipeline", "fault_tolerance": "restart"}

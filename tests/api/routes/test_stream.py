@@ -1,4 +1,6 @@
+import json
 import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -8,6 +10,7 @@ from api.app import create_app
 from tests.api.conftest import AUTH, metric
 from tests.api.fakes import FakeBackend
 from tests.api.live import serve, sse_events, take
+from tests.support import wait_for
 
 
 @pytest.fixture
@@ -52,16 +55,67 @@ def test_late_client_gets_exactly_the_missed_events_then_live(server) -> None:
             assert int(live["id"]) > int(missed[-1]["id"])
 
 
-def test_token_query_parameter_and_unknown_job(server) -> None:
+def refusal(http: httpx.Client, url: str, **headers: str) -> tuple[int, str]:
+    """The status and error detail of opening `url`; a stream that opens is closed at once
+    (read whole, it would never end)."""
+    with http.stream("GET", url, headers=headers) as response:
+        if response.status_code == 200:
+            return 200, ""
+        return response.status_code, str(json.loads(response.read())["detail"])
+
+
+def test_the_stream_takes_a_signed_link_and_never_the_token_in_its_url(server) -> None:
     url, _ = server
     with httpx.Client(base_url=url, timeout=20) as http:
         assert http.get("/api/v1/jobs/job-nope/stream", headers=AUTH).status_code == 404
+        assert http.post("/api/v1/jobs/job-nope/stream-link", headers=AUTH).status_code == 404
         assert http.get("/api/v1/jobs/job-nope/stream").status_code == 401
-        job_id = start_job(http)
+        job_id, other = start_job(http), start_job(http)
+        path = f"/api/v1/jobs/{job_id}/stream"
         token = AUTH["Authorization"].removeprefix("Bearer ")
-        with http.stream("GET", f"/api/v1/jobs/{job_id}/stream?token={token}") as response:
+        status, detail = refusal(http, f"{path}?token={token}")  # never in a URL
+        assert status == 401 and "signed link" in detail
+        assert http.post(f"/api/v1/jobs/{job_id}/stream-link").status_code == 401
+
+        link = http.post(f"/api/v1/jobs/{job_id}/stream-link", headers=AUTH).json()
+        assert link["url"].startswith(f"{path}?expires=") and token not in link["url"]
+        assert 55 <= link["expires_at"] - time.time() <= 61  # stream_link_seconds: 60
+        assert http.get(f"/api/v1/jobs/{job_id}", headers=AUTH).json()["links"][
+            "stream_link"] == f"/api/v1/jobs/{job_id}/stream-link"
+        with http.stream("GET", f"{link['url']}&after=0") as response:  # no header
             assert response.status_code == 200
             assert next(sse_events(response))["data"]["message"] == "job created"
+
+        # The signature covers the job's stream path and the expiry: no other job's stream,
+        # no download, no changed expiry.
+        for forged in (link["url"].replace(job_id, other),
+                       link["url"].replace("/stream?", "/checkpoints/step-1/download?"),
+                       link["url"].replace("expires=", "expires=1")):
+            assert refusal(http, forged)[0] == 403, forged
+
+
+def test_an_open_stream_outlives_its_link_and_a_reconnect_takes_a_new_one(settings, backend,
+                                                                         ) -> None:
+    settings = settings.model_copy(update={"stream_link_seconds": 2})
+    with serve(create_app(settings, backend)) as url, \
+            httpx.Client(base_url=url, timeout=20) as http:
+        job_id = start_job(http)
+        link = http.post(f"/api/v1/jobs/{job_id}/stream-link", headers=AUTH).json()
+        with http.stream("GET", link["url"]) as response:
+            events = sse_events(response)
+            created = next(events)
+            wait_for(lambda: time.time() > link["expires_at"] + 0.5, timeout=5,
+                     what="the link to expire")
+            post_metrics(http, backend, job_id, 1, 1)
+            assert metric_steps_until(events, 1) == [1]  # the open stream goes on
+
+        # What the browser's own retry would send: the same link, now expired.
+        status, detail = refusal(http, link["url"], **{"Last-Event-ID": created["id"]})
+        assert status == 403 and "expired" in detail
+        fresh = http.post(f"/api/v1/jobs/{job_id}/stream-link", headers=AUTH).json()
+        assert fresh["expires_at"] > link["expires_at"]
+        with http.stream("GET", fresh["url"], headers={"Last-Event-ID": created["id"]}) as resumed:
+            assert metric_steps_until(sse_events(resumed), 1) == [1]  # from where it stopped
 
 
 def metric_steps_until(events, last_step: int) -> list[int]:

@@ -1,18 +1,33 @@
-"""The heal transport: on the pod's address only, serving only holders of the job's secret."""
+"""The heal transport: on the pod's address only; both ends prove they belong to the job, the
+secret never travels, and nothing a source sends is unpickled."""
 
 from __future__ import annotations
 
 import socket
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from threading import Thread
+from typing import Any
 
 import psutil
 import pytest
 import torch
+from torch.distributed._serialization import _streaming_save
 
-from trainer.engine.heal import Transport
+from trainer.contract import credentials
+from trainer.engine.heal import (
+    NONCE,
+    REPLY_PROOF,
+    REQUEST_PROOF,
+    SCHEME,
+    Transport,
+    UntrustedSource,
+)
 
 TIMEOUT = timedelta(seconds=5)
 POD_ADDRESS = "127.0.0.2"  # any loopback address: not the one a host name resolves to
@@ -31,26 +46,38 @@ def transports() -> Iterator[Callable[[str, str], Transport]]:
         transport.shutdown(wait=True)
 
 
-def status_of(url: str, headers: dict[str, str]) -> int:
+def fetch(url: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
                                     timeout=10) as response:
-            return int(response.status)
+            return int(response.status), dict(response.headers), response.read()
     except urllib.error.HTTPError as exc:
-        return exc.code
+        return exc.code, dict(exc.headers), b""
 
 
-def test_a_heal_needs_the_jobs_secret(transports: Callable[[str, str], Transport]) -> None:
+def signed(secret: str, url: str, nonce: str = "n0nce") -> dict[str, str]:
+    path = urllib.parse.urlsplit(url).path
+    return {NONCE: nonce, REQUEST_PROOF: SCHEME + credentials.sign(secret, "heal", nonce, path)}
+
+
+def test_a_heal_needs_the_jobs_secret_and_never_sends_it(
+        transports: Callable[[str, str], Transport]) -> None:
     source = transports(POD_ADDRESS, "secret-of-job-a")
     state = {"trainer": {"weight": torch.arange(6.0).reshape(2, 3), "step": 7}}
     source.send_checkpoint(dst_ranks=[1], step=7, state_dict=state, timeout=TIMEOUT)
     url = f"{source.metadata()}7/full"
     assert url.startswith(f"http://{POD_ADDRESS}:")
 
-    assert status_of(url, {}) == 403
-    assert status_of(url, {"Authorization": "Bearer secret-of-job-b"}) == 403
-    assert status_of(url, {"Authorization": "secret-of-job-a"}) == 403  # not as a bearer token
-    assert status_of(url, {"Authorization": "Bearer secret-of-job-a"}) == 200
+    assert fetch(url, {})[0] == 403
+    assert fetch(url, {"Authorization": "Bearer secret-of-job-a"})[0] == 403  # the old way
+    assert fetch(url, signed("secret-of-job-b", url))[0] == 403
+    # A proof of another path (replayed from another step's heal) proves nothing here.
+    assert fetch(url, signed("secret-of-job-a", f"{source.metadata()}6/full"))[0] == 403
+    status, headers, _ = fetch(url, signed("secret-of-job-a", url, nonce="abc"))
+    assert status == 200
+    # The server proves it holds the secret too, for this very request.
+    path = urllib.parse.urlsplit(url).path
+    assert headers[REPLY_PROOF] == credentials.sign("secret-of-job-a", "healed", "abc", path)
 
     # A pod of the same job heals; a pod of another job, asking the same way, is refused.
     healed = transports(POD_ADDRESS, "secret-of-job-a").recv_checkpoint(
@@ -63,6 +90,86 @@ def test_a_heal_needs_the_jobs_secret(transports: Callable[[str, str], Transport
     assert refused.value.code == 403
 
 
+class Stranger(ThreadingHTTPServer):
+    """An HTTP server that answers every heal with `body`, as a process that reached a
+    job's quorum might: it records what it was sent."""
+
+    def __init__(self, body: bytes, proof: str | None = None) -> None:
+        self.body, self.proof = body, proof
+        self.requests: list[dict[str, str]] = []
+        super().__init__(("127.0.0.1", 0), StrangerHandler)
+        Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def metadata(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/checkpoint/"
+
+
+class StrangerHandler(BaseHTTPRequestHandler):
+    server: Stranger
+
+    def do_GET(self) -> None:
+        self.server.requests.append(dict(self.headers))
+        self.send_response(200)
+        if self.server.proof is not None:
+            self.send_header(REPLY_PROOF, self.server.proof)
+        self.end_headers()
+        self.wfile.write(self.server.body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class Payload:
+    """What a hostile source would serve: unpickling it runs code (here: creates a file)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.marker,))
+
+
+def saved(state: object) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    _streaming_save(state, buffer)
+    return buffer.getvalue()
+
+
+def test_a_source_that_cannot_prove_it_belongs_to_the_job_is_never_read(
+        transports: Callable[[str, str], Transport], tmp_path: Path) -> None:
+    marker = tmp_path / "executed"
+    stranger = Stranger(saved({"trainer": Payload(marker)}), proof="made-up")
+    try:
+        healing = transports(POD_ADDRESS, "secret-of-job-a")
+        with pytest.raises(UntrustedSource, match="did not prove"):
+            healing.recv_checkpoint(src_rank=0, metadata=stranger.metadata, step=7,
+                                    timeout=TIMEOUT)
+    finally:
+        stranger.shutdown()
+    assert not marker.exists()
+    # What the stranger learnt: a nonce and a proof for that nonce, never the secret.
+    [request] = stranger.requests
+    assert "secret-of-job-a" not in str(request)
+    assert request[REQUEST_PROOF].startswith(SCHEME)
+
+
+def test_a_pickle_payload_is_never_executed_even_from_a_source_that_proves_itself(
+        transports: Callable[[str, str], Transport], tmp_path: Path) -> None:
+    marker = tmp_path / "executed"
+    source = transports(POD_ADDRESS, "secret-of-job-a")
+    # A member of the job gone rogue (or a bug): its staged state holds an arbitrary object.
+    source.send_checkpoint(dst_ranks=[1], step=3, timeout=TIMEOUT,
+                           state_dict={"trainer": {"weight": torch.ones(2),
+                                                   "extra": Payload(marker)}})
+    with pytest.raises(Exception, match=r"Unsupported global"):
+        transports(POD_ADDRESS, "secret-of-job-a").recv_checkpoint(
+            src_rank=0, metadata=source.metadata(), step=3, timeout=TIMEOUT)
+    assert not marker.exists()
+
+
 def test_the_server_listens_on_the_pod_address_only(
         transports: Callable[[str, str], Transport]) -> None:
     transport = transports(POD_ADDRESS, "s")
@@ -72,8 +179,8 @@ def test_the_server_listens_on_the_pod_address_only(
     assert [(a.ip, a.port) for a in listening] == [(POD_ADDRESS, port)]
 
 
-def test_a_pod_without_a_heal_secret_does_not_start() -> None:
-    with pytest.raises(ValueError, match="HEAL_SECRET"):
+def test_a_pod_without_a_peer_secret_does_not_start() -> None:
+    with pytest.raises(credentials.MissingSecret, match="PEER_SECRET"):
         Transport(POD_ADDRESS, "", TIMEOUT)
 
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
+import grpc
 import pytest
 from torchft._torchft import LighthouseClient
 
 from tests.conftest import Processes
-from tests.support import start_lighthouse
+from tests.support import PEER_SECRET, accepts, start_lighthouse
+from trainer.contract.credentials import member_id
 from trainer.engine.lighthouse import Joined, Membership, Options, QuorumMember, leave
 
 
@@ -79,16 +82,25 @@ def lighthouse(processes: Processes, tmp_path: Path) -> str:
                             heartbeat_timeout_ms=60_000)
 
 
+def replica_of(pod: str) -> str:
+    """A pod's replica id as torchft's manager sends it: its member id and a uuid."""
+    return f"{member_id(PEER_SECRET, pod)}:0f0e0d0c-uuid"
+
+
+def pods(replica_ids: list[str]) -> list[str]:
+    return [r.split("~")[0] for r in replica_ids]
+
+
 def quorums(address: str, replicas: list[str], step: int) -> dict[str, tuple[int, list[str]]]:
-    """Every replica asks for a quorum at once (as torchft's managers do); what each got (a
-    failed request raises here)."""
+    """Every pod asks for a quorum at once (as torchft's managers do) under its member id;
+    what each got, by pod (a failed request raises here)."""
 
     def ask(replica: str) -> tuple[int, list[str]]:
         client = LighthouseClient(address, timedelta(seconds=10))
-        quorum = client.quorum(replica_id=replica, timeout=timedelta(seconds=5),
+        quorum = client.quorum(replica_id=replica_of(replica), timeout=timedelta(seconds=5),
                                address=f"http://{replica}", store_address="store", step=step,
                                world_size=1)
-        return quorum.quorum_id, [m.replica_id for m in quorum.participants]
+        return quorum.quorum_id, pods([m.replica_id for m in quorum.participants])
 
     with ThreadPoolExecutor(len(replicas)) as pool:
         return dict(zip(replicas, pool.map(ask, replicas), strict=True))
@@ -98,19 +110,58 @@ def test_torchfts_client_gets_quorums_and_a_replica_that_left_is_not_waited_for(
         lighthouse: str) -> None:
     client = LighthouseClient(lighthouse, timedelta(seconds=10))
     for replica in ("a", "b", "c"):  # every one heartbeats before anyone asks
-        client.heartbeat(replica)
+        client.heartbeat(replica_of(replica))
     first = quorums(lighthouse, ["a", "b", "c"], step=0)
     assert {r: q[1] for r, q in first.items()} == {r: ["a", "b", "c"] for r in "abc"}
 
     # c says it leaves, yet still heartbeats (its process has not ended): a and b are not kept
     # waiting for it, though this lighthouse would wait a minute for a silent member.
-    leave(lighthouse, "c")
-    client.heartbeat("c")
+    leave(lighthouse, replica_of("c"))
+    client.heartbeat(replica_of("c"))
     second = quorums(lighthouse, ["a", "b"], step=1)
     assert {r: q[1] for r, q in second.items()} == {"a": ["a", "b"], "b": ["a", "b"]}
     assert second["a"][0] == first["a"][0] + 1  # a new quorum id: peers reconfigure
 
     with pytest.raises(RuntimeError, match="has left"):  # c may not come back
         LighthouseClient(lighthouse, timedelta(seconds=10)).quorum(
-            replica_id="c", timeout=timedelta(seconds=5), address="x", store_address="s",
-            step=1, world_size=1)
+            replica_id=replica_of("c"), timeout=timedelta(seconds=5), address="x",
+            store_address="s", step=1, world_size=1)
+
+
+STRANGERS = {
+    "a stock client": "a:0f0e0d0c-uuid",  # a pod's name, as a stock torchft manager sends it
+    "a made-up tag": "a~AAAAAAAAAAAAAAAAAAAAAAAA:0f0e0d0c-uuid",
+    "another job's member id": f"{member_id('secret-of-another-job', 'a')}:0f0e0d0c-uuid",
+    "a tag moved to another pod": f"b~{member_id(PEER_SECRET, 'a').split('~')[1]}:uuid",
+}
+
+
+@pytest.mark.parametrize("stranger", STRANGERS.values(), ids=STRANGERS.keys())
+def test_a_stranger_can_neither_join_nor_heartbeat_nor_evict(lighthouse: str,
+                                                               stranger: str) -> None:
+    client = LighthouseClient(lighthouse, timedelta(seconds=10))
+    client.heartbeat(replica_of("a"))
+    assert quorums(lighthouse, ["a"], step=0)["a"][1] == ["a"]
+    # A quorum request with a step far ahead of the job's: were it heard, every pod would
+    # heal from the stranger's address.
+    with pytest.raises(RuntimeError, match="not a member"):
+        client.quorum(replica_id=stranger, timeout=timedelta(seconds=5),
+                      address="http://127.0.0.1:1", store_address="s", step=10**9,
+                      world_size=1)
+    with pytest.raises(RuntimeError, match="not a member"):
+        client.heartbeat(stranger)
+    with pytest.raises(grpc.RpcError) as refused:
+        leave(lighthouse, stranger)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    # The member is neither evicted nor joined by anyone: its next quorum is its own alone.
+    assert quorums(lighthouse, ["a"], step=1)["a"][1] == ["a"]
+
+
+def test_raw_connections_leave_the_lighthouse_serving(lighthouse: str) -> None:
+    port = int(lighthouse.rpartition(":")[2])
+    for garbage in (b"", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", bytes(range(256)) * 64):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            raw.sendall(garbage)
+    assert accepts(port)
+    LighthouseClient(lighthouse, timedelta(seconds=10)).heartbeat(replica_of("a"))
+    assert quorums(lighthouse, ["a"], step=0)["a"][1] == ["a"]

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import Processes
 from tests.factories import make_poisoned_csv, make_poisoned_model, make_reviews_csv
-from tests.support import has_ipv6_loopback, start_lighthouse, wait_for
+from tests.support import PEER_SECRET, has_ipv6_loopback, start_lighthouse, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ def start_pod(processes: Processes, tmp_path: Path, inputs_dir: Path, lighthouse
               address: str = "127.0.0.1"):
     env = {"TRAINER_CONFIG": json.dumps(spec), "JOB_ID": "live", "POD_NAME": f"live-{ordinal}",
            "POD_INCARNATION": str(incarnation), "POD_ADDRESS": address,
-           "HEAL_SECRET": "the-heal-secret",
+           "PEER_SECRET": PEER_SECRET,
            "TORCHFT_LIGHTHOUSE": lighthouse, "INPUTS_DIR": str(inputs_dir),
            "CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "MODEL_DIR": str(tmp_path / "model"),
            "TRAINER_CACHE_DIR": str(tmp_path / "cache"),
@@ -307,3 +307,37 @@ def test_a_killed_pod_of_an_8bit_lora_job_heals_just_the_adapters(
                  if e["data"]["type"] == "completed"}
     assert set(completed) == {"live-0", "live-1"}
     assert len(set(completed.values())) == 1, completed  # identical replicas, int8 base and all
+
+
+def test_a_stranger_can_neither_join_nor_evict_nor_be_healed_from(
+        inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
+    """A stock torchft replica asks the job's lighthouse for a quorum at step 10^9 while a pod
+    trains alone, serving a state whose unpickling would run code, and tells the lighthouse
+    that the pod left. Were it heard, the pod would heal from it (or be evicted)."""
+    make_reviews_csv(inputs_dir / "reviews.csv", rows=1000)
+    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log")
+    pod = start_pod(processes, tmp_path, inputs_dir, lighthouse, live_spec(epochs=4), 0)
+    reports = tmp_path / "reports.jsonl"
+    wait_for(lambda: any(r["kind"] == "metric" for r in records(reports)),
+             what="the pod to train", timeout=120, process=pod)
+    marker, result = tmp_path / "stranger-code-ran", tmp_path / "stranger.json"
+    stranger = processes.start(
+        [sys.executable, "-m", "tests.trainer.engine.stranger", "--lighthouse", lighthouse,
+         "--marker", str(marker), "--victim", "live-0", "--result", str(result)], {},
+        tmp_path / "stranger.log")
+    assert stranger.wait(timeout=120) == 0, (tmp_path / "stranger.log").read_text()
+    assert pod.wait(timeout=240) == 0
+
+    # The stock client retries a refused quorum until its timeout; the lighthouse says why.
+    attempts = json.loads(result.read_text())
+    assert attempts.pop("join").startswith("refused:")
+    assert "not members of this job" in (tmp_path / "lighthouse.log").read_text()
+    assert len(attempts) == 2 and all(
+        v.startswith("refused:") and "not a member" in v for v in attempts.values())
+    everything = records(reports)
+    assert {r["data"]["participants"] for r in everything if r["kind"] == "metric"} == {1}
+    assert not [r for r in everything if r["kind"] == "event"
+                and r["data"]["type"] in ("healed", "left")]
+    assert [r["data"]["type"] for r in everything if r["kind"] == "event"].count(
+        "completed") == 1
+    assert not marker.exists()
