@@ -82,7 +82,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         init_db(engine)
         broker.bind(asyncio.get_running_loop())
         install_collector(engine, lambda: broker.clients)
-        writer = ReportWriter(engine, events)
+        writer = ReportWriter(engine, events, settings.max_job_event_bytes)
         app.state.report_writer = writer
         writer.start()
         reconciler = Reconciler(engine, settings, chosen, events)

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from pydantic_core import from_json, to_json
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, create_engine
@@ -13,12 +14,22 @@ from sqlmodel import Session, create_engine
 from api.settings import Settings
 
 
+def _to_json(value: Any) -> str:
+    return to_json(value).decode()
+
+
+# JSON columns through pydantic's serializer, several times faster than the json module's on the
+# busiest path (every report record), and the one that sizes events (services/events.json_size).
+JSON_CODEC: dict[str, Any] = {"json_serializer": _to_json, "json_deserializer": from_json}
+
+
 def make_engine(settings: Settings) -> Engine:
     url = settings.sqlite_url
     if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True)
+        return create_engine(url, pool_pre_ping=True, **JSON_CODEC)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
+                           **JSON_CODEC)
 
     @event.listens_for(engine, "connect")
     def _pragmas(connection: Any, _record: Any) -> None:

@@ -12,6 +12,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from trainer.contract.store import UnlistableKey
+
 logger = logging.getLogger(__name__)
 
 
@@ -53,6 +55,10 @@ class PayloadTooLarge(DomainError):
     status_code, error = 413, "payload_too_large"
 
 
+class QuotaExceeded(DomainError):
+    status_code, error = 429, "quota_exceeded"
+
+
 class BackendUnavailable(DomainError):
     status_code, error = 503, "backend_unavailable"
 
@@ -66,7 +72,7 @@ class ErrorBody(BaseModel):
 
     error: str
     """`unauthorized`, `forbidden`, `not_found`, `conflict`, `invalid`, `payload_too_large`,
-    `backend_unavailable`, ..."""
+    `quota_exceeded`, `backend_unavailable`, ..."""
     detail: Any
     """A message; for `invalid`, a list of `{loc, msg, type}`, `loc` naming the field."""
 
@@ -80,6 +86,7 @@ MEANINGS = {
     413: "The body is too large (one declared too large by its Content-Length is refused "
          "unread, by the framework, in plain text)",
     422: "A value is invalid; `detail` names the field",
+    429: "A quota is used up; `detail` says which",
     501: "The job's backend cannot do this",
     503: "The backend (supervisor or Kubernetes) could not carry it out",
 }
@@ -140,6 +147,11 @@ def add_exception_handlers(app: FastAPI) -> None:
     async def domain_error(_request: Request, exc: DomainError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
         return JSONResponse(_body(exc.error, exc.detail), exc.status_code, headers=headers)
+
+    @app.exception_handler(UnlistableKey)
+    async def unlistable(_request: Request, exc: UnlistableKey) -> JSONResponse:
+        # What a pod wrote in its job's prefix: the job's artifacts cannot be read, nothing broke.
+        return JSONResponse(_body(Conflict.error, str(exc)), Conflict.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -7,7 +7,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
-from sqlalchemy import JSON, Column, DateTime, UniqueConstraint
+from sqlalchemy import JSON, Column, DateTime, Index, UniqueConstraint
 from sqlmodel import Field as SQLField
 from sqlmodel import SQLModel
 
@@ -76,6 +76,8 @@ class Job(SQLModel, table=True):
     completed_model_dir: str | None = None
     """Set when the primary reports completion; the reconciler then finalizes the job."""
     model_id: str | None = None
+    event_bytes: int = SQLField(default=0, sa_column_kwargs={"server_default": "0"})
+    """Bytes of events its reports stored, against settings.max_job_event_bytes."""
 
 
 class Progress(BaseModel):
@@ -244,11 +246,16 @@ which: trainer.contract.records); from the control plane: `job` (status moves, `
 class Event(SQLModel, table=True):
     """One streamable event; its id is the SSE event id (increasing over all jobs)."""
 
+    # Pages follow (job_id, id); the reconciler looks a job's completions up by type.
+    __table_args__ = (Index("ix_event_job_id_type", "job_id", "type"),)
+
     id: int | None = SQLField(default=None, primary_key=True)
     job_id: str = SQLField(foreign_key="job.id", index=True)
     type: str
     time: float
     data: dict[str, Any] = SQLField(sa_column=Column(JSON, nullable=False))
+    size: int = SQLField(default=0, sa_column_kwargs={"server_default": "0"})
+    """Bytes of `data` as compact JSON: pages are bounded by it, and quotas count it."""
 
 
 class EventPublic(BaseModel):

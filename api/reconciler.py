@@ -33,10 +33,13 @@ from api.models import (
     utc_now,
 )
 from api.services import checkpoints
-from api.services.events import EventLog, new_event
-from api.services.jobs import REMOVED, checkpoints_dir, model_dir, pods_of, still_active
-from api.services.models import register_model
+from api.services.artifacts import checkpoints_dir, model_dir
+from api.services.events import EventLog, completions, new_event
+from api.services.job_credentials import Renewals
+from api.services.jobs import REMOVED, pods_of, still_active
+from api.services.models import clear_export_staging, register_model
 from api.settings import Settings
+from trainer.contract import store
 from trainer.contract.checkpoints import EXPORTED
 from trainer.contract.spec import pod_count
 
@@ -49,6 +52,9 @@ COMPLETION_GRACE = 15.0
 """Seconds the other pods get to report completion after the primary did."""
 PRUNE_EVERY = 60.0
 """Seconds between two looks for finished jobs whose checkpoints have outlived their TTL."""
+SWEEPS_PER_PASS = 20
+"""Finished jobs whose export staging one pass looks for at most (a restarted control plane
+looks at each once: spread over passes, each a listing in the artifacts store)."""
 MIGRATION_TIMEOUT = 120.0
 """Seconds after which a migration whose replacement the backend no longer runs, and that
 never took part, has failed."""
@@ -63,6 +69,9 @@ class Reconciler:
         self._pruned_at = -PRUNE_EVERY
         self._pruned: set[str] = set()
         """Jobs whose checkpoints were pruned by this process (each is pruned once)."""
+        self.credentials = Renewals(settings) if settings.artifacts_per_job else None
+        self._swept: set[str] = set()
+        """Finished jobs whose export staging this process cleared (each is cleared once)."""
 
     def start(self) -> None:
         self.fail_unlaunched()
@@ -100,6 +109,8 @@ class Reconciler:
                     logger.warning("job %s: cannot observe pods: %s", job.id, exc)
                     continue
                 self.reconcile_job(session, job, status)
+            if self.credentials is not None:
+                self.credentials.keep(session)
             if time.monotonic() - self._orphans_checked >= ORPHANS_EVERY:
                 self._orphans_checked = time.monotonic()
                 self.delete_orphans(session)
@@ -118,7 +129,11 @@ class Reconciler:
             if job.id in self._pruned:
                 continue
             self._pruned.add(job.id)
-            removed = checkpoints.prune(checkpoints_dir(self.settings, job.id))
+            try:
+                removed = checkpoints.prune(checkpoints_dir(self.settings, job.id))
+            except store.UnlistableKey as exc:
+                logger.warning("job %s: checkpoints not pruned: %s", job.id, exc)
+                continue
             if removed:
                 events.append(new_event(
                     job.id, "job", type="checkpoints_pruned", removed=removed,
@@ -139,6 +154,25 @@ class Reconciler:
         for job_id in finished:
             logger.info("job %s has finished but its workload runs: deleting it", job_id)
             self._delete_workload(job_id)
+        self.sweep_export_staging(session, set(running))
+
+    def sweep_export_staging(self, session: Session, running: set[str]) -> None:
+        """Clear the export staging of finished jobs whose workload is gone: no pod is left
+        to finish (or to start) an export then."""
+        ended = session.exec(select(Job.id).where(col(Job.status).in_(FINISHED_STATUSES))).all()
+        for job_id in [j for j in ended if j not in self._swept and j not in running][
+                :SWEEPS_PER_PASS]:
+            try:
+                if not self.backend.gone(job_id):
+                    continue
+                removed = clear_export_staging(self.settings, job_id)
+            except (BackendError, OSError) as exc:
+                logger.warning("job %s: cannot clear its export staging yet: %s", job_id, exc)
+                continue
+            self._swept.add(job_id)
+            if removed:
+                logger.info("job %s: removed %s, left by killed exports", job_id,
+                            ", ".join(removed))
 
     def reconcile_job(self, session: Session, job: Job, status: WorkloadStatus) -> None:
         events = self._sync_pods(session, job, status) + self._settle_migrations(
@@ -255,16 +289,14 @@ class Reconciler:
         if not (status.finished and not status.reason):
             if job.completed_model_dir is None:
                 return None
-            completions = [e for e in session.exec(select(Event).where(
-                Event.job_id == job.id, Event.type == "job"))
-                if e.data.get("type") == "completed"]
-            everyone = {e.data.get("pod") for e in completions} >= {
+            completed = completions(session, job.id)
+            everyone = {pod for pod, _ in completed} >= {
                 f"{job.id}-{o}" for o in range(pod_count(job.spec))}
-            first = min((e.time for e in completions), default=time.time())
+            first = min((time_ for _, time_ in completed), default=time.time())
             if not (everyone or time.time() - first > COMPLETION_GRACE):
                 return None
         expected = model_dir(self.settings, job.id)
-        return expected if (expected / EXPORTED).is_file() else None
+        return expected if store.has_file(expected, EXPORTED) else None
 
     def _delete_workload(self, job_id: str) -> None:
         try:

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from upath import UPath
 
 from trainer.contract.runtime import host_port
 from trainer.contract.store import location
+
+CONTAINER = re.compile(r"[a-z0-9](?:-?[a-z0-9]){2,49}")
+"""An Azure container name short enough for `-<job id>` after it (63 characters at most)."""
 
 
 class Settings(BaseSettings):
@@ -29,7 +34,14 @@ class Settings(BaseSettings):
     prefix` (Azure Blob) or `s3://bucket/prefix` (S3, MinIO); the data dir's `jobs/` when unset.
     The store's credentials come from its client's standard environment variables
     (AZURE_STORAGE_CONNECTION_STRING; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL),
-    which the trainer pods inherit."""
+    which the trainer pods inherit (unless `artifacts_per_job`)."""
+    artifacts_per_job: bool = False
+    """Azure Blob only (`artifacts_url` = `az://<container>`): each job's artifacts go to a
+    container of its own, `<container>-<job id>`, and its pods get a SAS for that container
+    alone instead of the store's credentials (api/services/job_credentials.py)."""
+    artifacts_credential_lifetime: float = Field(default=86400, ge=60)
+    """Seconds a job's SAS stays valid without the control plane: it extends it while the job
+    runs and revokes it when the job ends."""
     inputs_dir: Path | None = None
     """Root for local models and datasets named by a relative path; `<data dir>/inputs` if unset."""
     host: str = "127.0.0.1"
@@ -43,6 +55,11 @@ class Settings(BaseSettings):
     """Largest request body accepted, but for reports (413 above, before it is read whole)."""
     max_report_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     """Largest report body accepted (413 above)."""
+    max_job_event_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
+    """Events a job's reports may store, in bytes of JSON: about 1.5 million metric points (170
+    bytes each), ten times what 16 pods report over 10,000 steps. Past it, reports get a 429 and
+    their metrics, evaluations, checkpoint records and sample ids are no longer stored (they
+    still move the job's progress); its lifecycle events still are, in 1/16 more."""
     reconcile_interval: float = 1.0
     """Seconds between two passes of the reconciler."""
     restart_budget: int = 5
@@ -106,10 +123,25 @@ class Settings(BaseSettings):
             location(value)  # raises on a URL that names no store
         return value or None
 
+    @model_validator(mode="after")
+    def _per_job_in_azure(self) -> Settings:
+        if not self.artifacts_per_job:
+            return self
+        parts = urlsplit(self.artifacts_url or "")
+        if parts.scheme not in ("az", "abfs"):
+            raise ValueError("artifacts_per_job needs an Azure Blob artifacts_url (az://"
+                             "container): S3 has no per-job credential here (see the README)")
+        if parts.path.strip("/") or not CONTAINER.fullmatch(parts.netloc):
+            raise ValueError("with artifacts_per_job, artifacts_url names a container alone: "
+                             "az://<3 to 50 lowercase letters, digits, single hyphens>")
+        return self
+
     @cached_property
     def artifacts(self) -> Path | UPath:
-        """The root of every job's artifacts (`<job id>/checkpoints`, `<job id>/model`)."""
-        return location(self.artifacts_url) if self.artifacts_url else self.jobs_dir
+        """The root of every job's artifacts (`<job id>/checkpoints`, `<job id>/model`); a
+        directory with its links resolved, as the store layer follows none below it."""
+        root = location(self.artifacts_url) if self.artifacts_url else self.jobs_dir
+        return root.resolve() if isinstance(root, Path) else root
 
     @property
     def jobs_dir(self) -> Path:

@@ -56,6 +56,9 @@ class NoopBackend:
     def active_jobs(self) -> list[str]:
         return list(self.replicas)
 
+    def gone(self, job_id: str) -> bool:
+        return job_id not in self.replicas
+
 
 def free_port() -> int:
     with socket.socket() as sock:

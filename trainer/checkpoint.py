@@ -9,6 +9,11 @@ rename wins, and the content is identical anyway. "Latest" is the highest step n
 never a file time. Retention keeps the last K complete checkpoints plus the best by validation
 accuracy.
 
+A step that has a complete checkpoint is saved again only to supersede it (`supersedes`: the
+epoch end done that it left pending), as the next revision `step-N.rR/`, written the same way;
+the superseded one is deleted after the new marker (trainer.contract.checkpoints). So a resume
+never redoes an epoch end that a restart already did.
+
 The directory may be an object store's prefix (trainer.contract.store): there the files are
 uploaded under the staging prefix, moved file by file, and the marker still comes last.
 """
@@ -37,10 +42,12 @@ from trainer.contract.checkpoints import (
     STATE_FILE,
     CheckpointInfo,
     apply_retention,
+    checkpoint_at,
     checkpoint_name,
     latest_checkpoint,
     list_checkpoints,
     read_info,
+    remove_checkpoint,
     shard_files,
     staging_name,
 )
@@ -66,18 +73,27 @@ def strip_module_prefix(state: dict[str, Any]) -> dict[str, Any]:
     return {k.removeprefix("module."): v for k, v in state.items()}
 
 
+def supersedes(meta: dict[str, Any], existing: dict[str, Any]) -> bool:
+    """Whether a checkpoint with `meta` replaces a complete one of the same step whose meta is
+    `existing`: it records the epoch end (its validation done) that the other left pending, as
+    an emergency checkpoint saved during that validation does. Else the same step's committed
+    state is already saved, and the existing checkpoint stays."""
+    return bool(meta.get("epoch_end")) and not existing.get("epoch_end")
+
+
 def save_checkpoint(directory: Path | UPath, step: int, model_state: dict[str, Any],
                     trainer_state: dict[str, Any], meta: dict[str, Any],
                     keep: int = 3, shared: bool = False) -> CheckpointInfo:
-    """Write `step-<step>/` atomically, then apply retention.
+    """Write `step-<step>/` atomically (or its next revision, see `supersedes`), then apply
+    retention; where the step's complete checkpoint is not superseded, return it.
 
     Only the primary calls this, except for emergency saves after a peer failure, when every
     survivor may (`shared=True`: no cleanup, no retention, concurrent writers of a step agree).
     """
     directory.mkdir(parents=True, exist_ok=True)
-    final = directory / checkpoint_name(step)
-    if (final / MARKER).is_file():
-        return read_info(final)
+    existing = checkpoint_at(directory, step)
+    if existing is not None and not supersedes(meta, existing.meta):
+        return existing
     if shared:
         staging = directory / staging_name(step, f"-{uuid.uuid4().hex[:12]}")
     else:
@@ -92,6 +108,23 @@ def save_checkpoint(directory: Path | UPath, step: int, model_state: dict[str, A
     write_durable(staging / STATE_FILE, lambda h: torch.save(trainer_state, h))
     write_durable(staging / META_FILE, lambda h: h.write(json.dumps(meta, indent=2).encode()))
     sync_dir(staging)
+    info = _publish(staging, directory, step, existing, meta, shared)
+    if not shared:
+        apply_retention(directory, keep)
+    return info
+
+
+def _revision_after(existing: CheckpointInfo | None) -> int:
+    return 0 if existing is None else existing.revision + 1
+
+
+def _publish(staging: Path | UPath, directory: Path | UPath, step: int,
+             existing: CheckpointInfo | None, meta: dict[str, Any],
+             shared: bool) -> CheckpointInfo:
+    """Move the whole `staging` to `step`'s checkpoint name (the revision after `existing`, the
+    step's complete checkpoint that it supersedes), mark it complete, then delete `existing`."""
+    revision = _revision_after(existing)
+    final = directory / checkpoint_name(step, revision)
     try:
         move(staging, final)
     except OSError:
@@ -103,10 +136,10 @@ def save_checkpoint(directory: Path | UPath, step: int, model_state: dict[str, A
     sync_dir(directory)
     write_durable(final / MARKER, lambda h: h.write(b"ok\n"))
     sync_dir(final)
-    info = CheckpointInfo(final, step, meta)
-    if not shared:
-        apply_retention(directory, keep)
-    return info
+    if existing is not None:
+        logger.info("%s supersedes %s", final.name, existing.path.name)
+        remove_checkpoint(existing.path)
+    return CheckpointInfo(final, step, meta, revision)
 
 
 def load_checkpoint(path: Path | UPath, map_location: str | torch.device = "cpu",
@@ -138,19 +171,20 @@ def complete_shards(directory: Path | UPath, step: int, shards: list[str], meta:
     missing = [s for s in shards for name in shard_files(s) if not (staging / name).is_file()]
     if missing:
         raise ValueError(f"checkpoint {step}: shards {sorted(set(missing))} were not written")
+    existing = checkpoint_at(directory, step)
+    if existing is not None and not supersedes(meta, existing.meta):
+        remove(staging)
+        return existing
     meta = {**meta, "step": step, "saved_at": time.time()}
     write_durable(staging / META_FILE, lambda h: h.write(json.dumps(meta, indent=2).encode()))
     sync_dir(staging)
-    final = directory / checkpoint_name(step)
-    if final.exists():  # an unfinished earlier write of the same step
-        remove(final)
-    move(staging, final)
-    sync_dir(directory)
-    write_durable(final / MARKER, lambda h: h.write(b"ok\n"))
-    sync_dir(final)
+    leftover = directory / checkpoint_name(step, _revision_after(existing))
+    if leftover.exists():  # an unfinished earlier write of the same step
+        remove(leftover)
+    info = _publish(staging, directory, step, existing, meta, shared=False)
     _remove_incomplete(directory)
     apply_retention(directory, keep)
-    return CheckpointInfo(final, step, meta)
+    return info
 
 
 def load_shard(path: Path | UPath, shard: str, map_location: str | torch.device = "cpu",

@@ -12,9 +12,15 @@ from typing import Any
 from torch import nn
 from upath import UPath
 
-from trainer.contract.checkpoints import ADAPTER_DIR, EXPORTED
+from trainer.contract.checkpoints import (
+    ADAPTER_DIR,
+    EXPORTED,
+    METRICS_FILE,
+    export_staging,
+    remove_export_staging,
+)
 from trainer.contract.spec import JobSpec
-from trainer.contract.store import entries, move, remove, upload
+from trainer.contract.store import move, remove, upload
 from trainer.model import unwrap
 
 logger = logging.getLogger(__name__)
@@ -93,8 +99,10 @@ def export_model(model: nn.Module, tokenizer: Any, target: Path | UPath, spec: J
     are saved alone in `adapter/` beside the merged `model`.
     """
     if not shared:
-        _remove_stale_staging(target)
-    staging = target.with_name(f"{_staging_prefix(target)}{uuid.uuid4().hex[:12]}")
+        # A lone exporter: no other export can be under way, while live peers may be staging
+        # theirs right now (the control plane clears theirs once the job's workload is gone).
+        remove_export_staging(target)
+    staging = target.with_name(f"{export_staging(target)}{uuid.uuid4().hex[:12]}")
     if isinstance(staging, Path):
         _save(model, tokenizer, staging, spec, metrics, data, adapter)
     else:
@@ -119,19 +127,17 @@ def export_model(model: nn.Module, tokenizer: Any, target: Path | UPath, spec: J
     return target
 
 
-def _staging_prefix(target: Path | UPath) -> str:
-    """What the names of `target`'s exports in progress start with."""
-    return f"{target.name}.tmp-"
-
-
-def _remove_stale_staging(target: Path | UPath) -> None:
-    """Remove what exports killed before their move left next to `target`. Only for a lone
-    exporter (not `shared`): then no other export can be under way, while live peers may be
-    staging theirs right now."""
-    for sibling in entries(target.parent):
-        if sibling.name.startswith(_staging_prefix(target)):
-            logger.info("removing %s, left by a killed export", sibling.name)
-            remove(sibling)
+def exported_metrics(target: Path | UPath, step: int) -> dict[str, Any] | None:
+    """The metrics saved with the whole export at `target` if it holds the model of `step`
+    (its test evaluation's step), else None."""
+    if not (target / EXPORTED).is_file():
+        return None
+    try:
+        metrics = json.loads((target / METRICS_FILE).read_text())["metrics"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    test = metrics.get("test") if isinstance(metrics, dict) else None
+    return metrics if isinstance(test, dict) and test.get("step") == step else None
 
 
 def _save(model: nn.Module, tokenizer: Any, directory: Path, spec: JobSpec,
@@ -140,6 +146,6 @@ def _save(model: nn.Module, tokenizer: Any, directory: Path, spec: JobSpec,
     if adapter is not None:
         adapter.save_pretrained(directory / ADAPTER_DIR)  # type: ignore[operator]
     tokenizer.save_pretrained(directory)
-    (directory / "metrics.json").write_text(json.dumps(
+    (directory / METRICS_FILE).write_text(json.dumps(
         {"metrics": metrics, "samples": data, "spec": spec.model_dump(mode="json")}, indent=2))
     (directory / "README.md").write_text(model_card(spec, metrics, data))

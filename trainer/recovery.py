@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from upath import UPath
 
-from trainer.contract.checkpoints import EXPORTED, MARKER, CheckpointInfo, checkpoint_name
+from trainer.contract.checkpoints import EXPORTED, CheckpointInfo, checkpoint_at
 from trainer.contract.checkpoints import latest_checkpoint as newest
+from trainer.export import exported_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -23,10 +26,10 @@ export before writing them themselves (the primary may have died after the last 
 short only costs a duplicate write: replicas hold the same weights and the first copy wins."""
 
 
-def appears(path: Path | UPath, timeout: float) -> bool:
-    """Whether `path` exists within `timeout` seconds (polled)."""
+def appears(found: Callable[[], bool], timeout: float) -> bool:
+    """Whether `found()` becomes true within `timeout` seconds (polled)."""
     deadline = time.monotonic() + timeout
-    while not path.exists():
+    while not found():
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.2)
@@ -62,6 +65,13 @@ class Recovery:
     def exports(self, is_primary: bool) -> bool:
         return is_primary
 
+    def exported(self, step: int) -> dict[str, Any] | None:
+        """The metrics of the export, if an earlier run of the job made it from `step`'s
+        state: a restart after the export then reports it instead of evaluating on test and
+        exporting again. Every participant finds the same: none of this run exports before
+        all have evaluated (a collective)."""
+        return exported_metrics(self.model_dir, step)
+
 
 class LiveRecovery(Recovery):
     """A live group: survivors train on, a pod that joins heals from a live peer, and when the
@@ -87,7 +97,7 @@ class LiveRecovery(Recovery):
     def writes_final_checkpoint(self, step: int, is_primary: bool) -> bool:
         # The final state lives only in memory until the primary's checkpoint is written; a pod
         # recreated later must resume from it, not retrain from an older one.
-        if is_primary or appears(self.checkpoint_dir / checkpoint_name(step) / MARKER,
+        if is_primary or appears(lambda: checkpoint_at(self.checkpoint_dir, step) is not None,
                                  TAKEOVER_SECONDS):
             return False
         logger.info("the primary wrote no final checkpoint: writing it (step %d)", step)
@@ -96,5 +106,10 @@ class LiveRecovery(Recovery):
 
     def exports(self, is_primary: bool) -> bool:
         # Live replicas hold identical weights: whichever exports first, the model is one.
-        return is_primary or self.primary_lost or not appears(self.model_dir / EXPORTED,
-                                                               TAKEOVER_SECONDS)
+        return is_primary or self.primary_lost or not appears(
+            (self.model_dir / EXPORTED).exists, TAKEOVER_SECONDS)
+
+    def exported(self, step: int) -> dict[str, Any] | None:
+        # Live pods end at different times: one that found the export would skip an
+        # evaluation its pipeline stages share. The takeover rules above settle the export.
+        return None

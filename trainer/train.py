@@ -339,16 +339,23 @@ class Trainer:
 
     def finish(self) -> None:
         """Evaluate on test, export the model (the primary, or a live pod that outlived it)
-        and report completion."""
+        and report completion; after a restart, what an earlier run of the job did already is
+        reported, not redone."""
         spec, runtime = self.config.spec, self.config.runtime
-        self.metrics["test"] = self.evaluate(self.test_data, "test")
         checksum = weights_checksum(self.model)
-        model_dir, whole = None, self._whole_model()
-        if whole is not None and self.recovery.exports(self.group.is_primary):
-            model_dir = str(export_model(whole, self.tokenizer, runtime.model_dir, spec,
-                                         self.metrics, self.data_sizes,
-                                         shared=self.recovery.shared_writes,
-                                         adapter=unwrap(self.model) if self.lora else None))
+        model_dir, exported = None, self.recovery.exported(self.step)
+        if exported is not None:
+            self.metrics = exported
+            self.reporter.emit(records.Evaluation(split="test", **exported["test"]))
+            model_dir = str(runtime.model_dir) if self.group.is_primary else None
+        else:
+            self.metrics["test"] = self.evaluate(self.test_data, "test")
+            whole = self._whole_model()
+            if whole is not None and self.recovery.exports(self.group.is_primary):
+                model_dir = str(export_model(whole, self.tokenizer, runtime.model_dir, spec,
+                                             self.metrics, self.data_sizes,
+                                             shared=self.recovery.shared_writes,
+                                             adapter=unwrap(self.model) if self.lora else None))
         self.reporter.emit(records.Completed(message="training completed", step=self.step,
                                      model_dir=model_dir, metrics=self.metrics,
                                      checksum=checksum, primary=self.group.is_primary))
@@ -507,8 +514,10 @@ class Trainer:
         survivor in an emergency."""
         if not (self.group.is_primary or emergency or self.pipeline):
             return
-        # The epoch of the last committed step, counted from 1 (the one just finished at an end).
-        epoch = self.sampler.epoch if epoch_end else self.sampler.epoch + 1
+        # The epoch of the last committed step, counted from 1: after an epoch's last step the
+        # sampler is at the next one's start already (an emergency save may come before the
+        # epoch end is done).
+        epoch = self.sampler.epoch + (1 if self.sampler.cursor else 0)
         spec = self.config.spec
         meta = {"epoch": epoch, "cursor": self.sampler.cursor, "epoch_end": epoch_end,
                 "emergency": emergency, "finetune": spec.finetune,

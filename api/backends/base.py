@@ -66,6 +66,9 @@ class Launch:
     """Per-pod resources from the job spec (not part of `spec`: the trainer does not take them)."""
     peer_secret: str = ""
     """The per-job secret a live pod must present to fetch a peer's state (the API keeps none)."""
+    store_env: dict[str, str] = field(default_factory=dict)
+    """The job's own credential for its artifacts, as the pods' environment variables, in place
+    of the store's (api.services.job_credentials); empty: the pods get the store's."""
 
 
 @dataclass(frozen=True)
@@ -149,3 +152,7 @@ class Backend(Protocol):
 
     def active_jobs(self) -> list[str]:
         """Ids of jobs whose workload exists, for re-adoption after a control-plane restart."""
+
+    def gone(self, job_id: str) -> bool:
+        """Whether no process of the job's workload is left (a deleted one's pods have ended),
+        so that nothing writes its artifacts any more. Observes only."""

@@ -104,7 +104,8 @@ def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: s
             threads: int, incarnation: str = "", ready_file: Path | None = None,
             replica_file: Path | None = None, replica_store: str | None = None,
             ) -> dict[str, str]:
-    """A trainer pod's environment, the job's secrets included (REPORT_TOKEN, PEER_SECRET).
+    """A trainer pod's environment, the job's secrets included (REPORT_TOKEN, PEER_SECRET, its
+    store credential).
 
     `pod_address` is how peers reach this pod, and the only address its processes listen on;
     `incarnation` tells this process's reports apart (empty: the trainer makes one up);
@@ -122,7 +123,7 @@ def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: s
                       replica_store=replica_store if live else None,
                       peer_secret=launch.peer_secret,
                       lighthouse=f"http://{coordinator}" if live else None)
-    env = {SPEC_ENV: json.dumps(launch.spec), **runtime.to_env(),
+    env = {SPEC_ENV: json.dumps(launch.spec), **runtime.to_env(), **launch.store_env,
            "OMP_NUM_THREADS": str(max(1, threads))}
     if not live:
         # Workers get their own process-group store on the lowest rank: the rendezvous store

@@ -528,6 +528,13 @@ class KubernetesBackend:
         return sorted(item["metadata"]["name"] for item in listing.get("items") or []
                       if not item["metadata"].get("deletionTimestamp"))
 
+    def gone(self, job_id: str) -> bool:
+        try:
+            self._anchor(job_id)
+        except WorkloadNotFound:
+            return True  # its pods went first: they block the anchor's foreground deletion
+        return False
+
 
 def ordinal_key(pod: dict[str, Any]) -> str | None:
     """`<job>-<ordinal>`: what the watch keeps a trainer pod's uids under (restarts are counted

@@ -222,6 +222,15 @@ class LocalBackend:
                 active.append(path.name)
         return active
 
+    def gone(self, job_id: str) -> bool:
+        job_dir = self._job_dir(job_id)
+        if not job_dir.path.is_dir():
+            return True
+        state = self._readable_state(job_id, job_dir)
+        listed = state.listed_processes() if state is not None else []
+        return not self._alive(job_id, job_dir, state) and not any(
+            same_process(pid, started) is not None for _, pid, started in listed)
+
     def _job_dir(self, job_id: str) -> JobDir:
         # Job ids become path components: anything but [a-z0-9-] could escape jobs_dir.
         if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):

@@ -3,7 +3,7 @@
 What the containers run comes from api/backends/commands.py, as on the local backend; only the
 addresses differ: a pod's own IP comes from the downward API (`$(POD_IP)`, expanded by the
 kubelet) and is the only address its processes listen on, the coordinator is reached through its
-Service, and the report token and heal secret come from the job's Secret. Every object carries the
+Service, and the report token and peer secret come from the job's Secret. Every object carries the
 same labels, so one label selector finds a job's pods and one finds every job of this control
 plane; the job's NetworkPolicy uses the first to let only the job's own trainers in.
 
@@ -250,8 +250,8 @@ IDENTITY = (POD_NAME, "POD_ORDINAL", Runtime.env_name("incarnation"))
 
 def trainer_env(launch: Launch, config: ClusterConfig) -> list[Manifest]:
     """pod_env() with the pod's IP from the downward API and the job's secrets (report token,
-    peer secret) from its Secret, never as literals in the manifest; each pod adds its identity
-    (`identity_env`)."""
+    peer secret, store credential) from its Secret, never as literals in the manifest; each pod
+    adds its identity (`identity_env`)."""
     cpu = trainer_resources(launch, config)["limits"]["cpu"]
     values = pod_env(pod_launch(launch), pod_name="", coordinator=coordinator_endpoint(launch),
                      pod_address="$(POD_IP)", threads=cpu_count(cpu),
@@ -260,7 +260,7 @@ def trainer_env(launch: Launch, config: ClusterConfig) -> list[Manifest]:
     for name, value in values.items():
         if name in IDENTITY:
             continue  # each pod's own
-        env.append(secret_env(launch, name) if name in SECRET_KEYS
+        env.append(secret_env(launch, name) if name in SECRET_KEYS or name in launch.store_env
                    else {"name": name, "value": value})
     env += [{"name": "HF_HOME", "value": str(CACHE_MOUNT / "huggingface")},
             {"name": "HOME", "value": "/tmp"},
@@ -270,9 +270,10 @@ def trainer_env(launch: Launch, config: ClusterConfig) -> list[Manifest]:
 
 
 def secret_env(launch: Launch, name: str) -> Manifest:
-    """The environment variable `name`, filled from the job's Secret by the kubelet."""
+    """The environment variable `name`, filled from the job's Secret by the kubelet (its store
+    credential is keyed by its variable's name)."""
     return {"name": name, "valueFrom": {"secretKeyRef": {
-        "name": secret_name(launch.job_id), "key": SECRET_KEYS[name]}}}
+        "name": secret_name(launch.job_id), "key": SECRET_KEYS.get(name, name)}}}
 
 
 def trainer_container(launch: Launch, config: ClusterConfig) -> Manifest:
@@ -280,8 +281,9 @@ def trainer_container(launch: Launch, config: ClusterConfig) -> Manifest:
     artifacts = [] if in_store(launch) else [
         {"name": "checkpoints", "mountPath": str(CHECKPOINTS_MOUNT), "subPath": launch.job_id},
         {"name": "models", "mountPath": str(MODELS_MOUNT), "subPath": launch.job_id}]
+    # The store's own credentials only where the job has none of its own (job_credentials).
     secret = ({"envFrom": [{"secretRef": {"name": config.artifacts_secret}}]}
-              if in_store(launch) and config.artifacts_secret else {})
+              if in_store(launch) and config.artifacts_secret and not launch.store_env else {})
     return {
         "name": TRAINER, "image": config.image, "imagePullPolicy": config.image_pull_policy,
         "command": ["sh", "-c", HOLD_SCRIPT, TRAINER, *argv],
@@ -400,9 +402,10 @@ def trainer_pod(template: Manifest, owner: Manifest, ordinal: int, incarnation: 
 
 
 def secret(launch: Launch, config: ClusterConfig) -> Manifest:
-    """The job's secrets: its report token, and the peer secret its pods and coordinator
-    prove to each other."""
-    data = {REPORT_TOKEN_KEY: launch.report_token, PEER_SECRET_KEY: launch.peer_secret}
+    """The job's secrets: its report token, the peer secret its pods and coordinator prove to
+    each other, and its own store credential if it has one (keyed by variable)."""
+    data = {REPORT_TOKEN_KEY: launch.report_token, PEER_SECRET_KEY: launch.peer_secret,
+            **launch.store_env}
     return {"apiVersion": "v1", "kind": "Secret",
             "metadata": _metadata(secret_name(launch.job_id), launch.job_id, TRAINER,
                                   config.namespace),

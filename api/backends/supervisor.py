@@ -53,6 +53,7 @@ from api.backends.standby import SETTLE_SECONDS, Standby
 from api.backends.supervised import POLL_SECONDS, Adopted, Extra, Pod, Watched, spawn
 from trainer.contract.process import ExitCode, failure_reason
 from trainer.contract.spec import stages_of
+from trainer.contract.store import STORE_VARIABLES
 from trainer.engine import lighthouse
 
 logger = logging.getLogger(__name__)
@@ -72,10 +73,12 @@ def free_port() -> int:
         return port
 
 
-def inherited_env() -> dict[str, str]:
+def inherited_env(store_credentials: bool) -> dict[str, str]:
     """This supervisor's environment without the control plane's own settings (its admin
-    token, database URL): a job's processes hold only their job's secrets."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_PREFIX)}
+    token, database URL): a job's processes hold only their job's secrets; without the artifact
+    store's credentials unless `store_credentials` (a job with its own gets that instead)."""
+    withheld = (SETTINGS_PREFIX, *(() if store_credentials else STORE_VARIABLES))
+    return {k: v for k, v in os.environ.items() if not k.startswith(withheld)}
 
 
 class Supervisor:
@@ -219,7 +222,8 @@ class Supervisor:
                 if self.live else
                 commands.store_argv(endpoint.port, python=sys.executable, host=endpoint.host))
         self.coordinator = spawn(argv, self.job_dir.path, self.job_dir.log(name),
-                                 env={**inherited_env(), **commands.coordinator_env(self.launch)})
+                                 env={**inherited_env(store_credentials=False),
+                                      **commands.coordinator_env(self.launch)})
         self.coordinator_starts += 1
         logger.info("%s on %s (pid %d)", name, endpoint, self.coordinator.pid)
         self.write_state()  # listed at once: should this supervisor die, it is found again
@@ -259,7 +263,8 @@ class Supervisor:
             store = str(commands.Endpoint(commands.LOOPBACK,
                                           self.replica_ports[ordinal // self.stages]))
         threads = (os.cpu_count() or 1) // max(self.replicas, 1)
-        return {**inherited_env(), **commands.pod_env(self.launch, name, self.coordinator_endpoint,
+        inherited = inherited_env(store_credentials=not self.launch.store_env)
+        return {**inherited, **commands.pod_env(self.launch, name, self.coordinator_endpoint,
                                                 commands.LOOPBACK, threads,
                                                 incarnation=incarnation, ready_file=ready,
                                                 replica_file=replica, replica_store=store)}

@@ -10,7 +10,8 @@ from api.errors import error_responses
 from api.models import CheckpointPublic, DownloadLink
 from api.routes import API_PREFIX
 from api.services import checkpoints as service
-from api.services.jobs import checkpoints_dir, get_job
+from api.services.artifacts import checkpoints_dir
+from api.services.jobs import get_job
 from api.services.links import signed_link
 
 router = APIRouter(prefix=API_PREFIX + "/jobs/{job_id}/checkpoints", tags=["checkpoints"],
@@ -18,7 +19,7 @@ router = APIRouter(prefix=API_PREFIX + "/jobs/{job_id}/checkpoints", tags=["chec
                    responses=error_responses(401, 403, 404, 422))
 
 
-@router.get("", response_model=list[CheckpointPublic])
+@router.get("", response_model=list[CheckpointPublic], responses=error_responses(409))
 def list_checkpoints(job_id: str, session: SessionDep,
                      settings: SettingsDep) -> list[CheckpointPublic]:
     get_job(session, job_id)
@@ -26,12 +27,12 @@ def list_checkpoints(job_id: str, session: SessionDep,
 
 
 @router.post("/{checkpoint_id}/download-link", response_model=DownloadLink,
-             responses=error_responses(413))
+             responses=error_responses(409, 413))
 def checkpoint_link(job_id: str, checkpoint_id: str, request: Request, session: SessionDep,
                     settings: SettingsDep) -> DownloadLink:
     """A URL that downloads the checkpoint without a token, for a few minutes."""
     get_job(session, job_id)
-    service.find(checkpoints_dir(settings, job_id), checkpoint_id)
+    service.readable(checkpoints_dir(settings, job_id), checkpoint_id)
     return signed_link(request, request.app.url_path_for(
         "download_checkpoint", job_id=job_id, checkpoint_id=checkpoint_id))
 

@@ -17,10 +17,11 @@ from api.routes import API_PREFIX
 from api.services import checkpoints
 from api.services import models as model_service
 from api.services.archive import iter_tar_gz
-from api.services.jobs import checkpoints_dir, get_job
+from api.services.artifacts import checkpoints_dir
+from api.services.jobs import get_job
 
 router = APIRouter(prefix=API_PREFIX, tags=["downloads"],
-                   route_class=LinkRoute, responses=error_responses(401, 403, 404, 422))
+                   route_class=LinkRoute, responses=error_responses(401, 403, 404, 409, 422))
 
 Format = Annotated[Literal["model", "adapter"], Query(
     description="`model` (the merged model), or `adapter`: a LoRA job's adapters alone")]
@@ -51,5 +52,5 @@ def download_checkpoint(job_id: str, checkpoint_id: str, session: SessionDep,
                         settings: SettingsDep, expires: Expires = None,
                         signature: Signature = None) -> StreamingResponse:
     get_job(session, job_id)
-    path = checkpoints.find(checkpoints_dir(settings, job_id), checkpoint_id)
+    path = checkpoints.readable(checkpoints_dir(settings, job_id), checkpoint_id)
     return _archive(path, checkpoint_id, f"{job_id}-{checkpoint_id}.tar.gz")

@@ -83,6 +83,8 @@ def list_events(job_id: str, session: SessionDep,
                 after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
                 limit: Annotated[int, Query(ge=1, le=1000)] = 200,
                 type: Annotated[list[str] | None, Query()] = None) -> EventsPublic:
+    """The job's events after id `after`, oldest first: at most `limit` of them and 1 MiB of
+    their data (but always one); follow `next_after` for the rest."""
     return service.list_events(session, job_id, after, limit, type)
 
 

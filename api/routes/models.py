@@ -39,7 +39,7 @@ def delete_model(model_id: str, request: Request, session: SessionDep,
 
 
 @router.post("/{model_id}/download-link", response_model=DownloadLink,
-             responses=error_responses(404, 413))
+             responses=error_responses(404, 409, 413))
 def model_link(model_id: str, request: Request, session: SessionDep,
                settings: SettingsDep, format: Format = "model") -> DownloadLink:
     """A URL that downloads the model (or a LoRA job's adapter) without a token, for a few
@@ -54,7 +54,7 @@ def model_link(model_id: str, request: Request, session: SessionDep,
 
 
 @router.post("/{model_id}/predict", response_model=PredictResponse,
-             responses=error_responses(404, 413, 422))
+             responses=error_responses(404, 409, 413, 422))
 def predict(model_id: str, body: PredictRequest, request: Request, session: SessionDep,
             settings: SettingsDep) -> PredictResponse:
     model = service.get_model(session, model_id)

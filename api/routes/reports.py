@@ -17,12 +17,15 @@ from trainer.contract.records import ReportBatch
 # The body limit (settings.max_report_bytes) is set where the app includes this router.
 router = APIRouter(prefix=API_PREFIX + "/jobs/{job_id}/reports", tags=["reports"],
                    route_class=ReportRoute,
-                   responses=error_responses(401, 403, 404, 413, 422))
+                   responses=error_responses(401, 403, 404, 413, 422, 429))
 
 
 @router.post("", response_model=ReportAccepted, openapi_extra=documented_body(ReportBatch))
 async def post_report(job_id: str, request: Request) -> ReportAccepted:
-    """Store a pod's records (idempotent by pod, incarnation and seq); see trainer.contract."""
+    """Store a pod's records (idempotent by pod, incarnation and seq); see trainer.contract.
+
+    A 429 says the job's event quota is used up: the batch's records were taken (they moved the
+    job's progress) but only its lifecycle events stored; sent again, they are duplicates."""
     # Parsed here by pydantic's JSON parser: about twice as fast as FastAPI's json.loads and
     # validation, on the busiest route of the API.
     batch = parse_body(ReportBatch, await request.body())

@@ -9,16 +9,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Query
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from sqlalchemy.engine import Engine
-from sqlmodel import col, select
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import Expires, LinkRoute, Signature
 from api.db import session_scope
 from api.deps import BrokerDep, EngineDep
 from api.errors import error_responses
-from api.models import Event
 from api.routes import API_PREFIX
-from api.services.events import event_item
+from api.services.events import event_item, event_page
 from api.services.jobs import get_job
 from trainer.contract.spec import MAX_INT
 
@@ -36,11 +34,11 @@ router = APIRouter(prefix=API_PREFIX + "/jobs/{job_id}/stream", tags=["stream"],
 REPLAY_PAGE = 1000
 
 
-def _page(engine: Engine, job_id: str, after: int) -> list[dict[str, Any]]:
+def _page(engine: Engine, job_id: str, after: int) -> tuple[list[dict[str, Any]], bool]:
+    """A page of the job's history after `after`, and whether more follows."""
     with session_scope(engine) as session:
-        events = session.exec(select(Event).where(Event.job_id == job_id, col(Event.id) > after)
-                              .order_by(col(Event.id)).limit(REPLAY_PAGE))
-        return [event_item(e) for e in events]
+        events, next_after = event_page(session, job_id, after, REPLAY_PAGE)
+        return [event_item(e) for e in events], next_after is not None
 
 
 def _sse(item: dict[str, Any]) -> ServerSentEvent:
@@ -62,11 +60,10 @@ async def stream(job_id: str, engine: EngineDep, broker: BrokerDep,
         replay = True
         while True:
             while replay:
-                page = await run_in_threadpool(_page, engine, job_id, last)
+                page, replay = await run_in_threadpool(_page, engine, job_id, last)
                 for item in page:
                     yield _sse(item)
                     last = item["id"]
-                replay = len(page) == REPLAY_PAGE
             received = await subscription.queue.get()
             if received is None:
                 return

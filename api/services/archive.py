@@ -11,6 +11,7 @@ from pathlib import Path
 
 from upath import UPath
 
+from api.errors import Conflict
 from trainer.contract import store
 
 _DONE = b""
@@ -41,20 +42,32 @@ class _QueueWriter:
         pass
 
 
+def refuse_links(directory: Path | UPath, what: str) -> None:
+    """409 for a directory holding what the store layer follows nowhere (links, unsafe keys):
+    an archive or a model loaded from it would lack them, or follow them."""
+    refused = store.links(directory)
+    if refused:
+        shown = ", ".join(refused[:5]) + (f" and {len(refused) - 5} more" if len(refused) > 5
+                                           else "")
+        raise Conflict(f"{what} holds links that the API does not follow: {shown}")
+
+
 def _add(tar: tarfile.TarFile, path: Path | UPath, name: str) -> None:
-    if isinstance(path, Path):
-        tar.add(path, arcname=name)
-        return
-    info = tarfile.TarInfo(name)
-    stat = path.stat()
-    info.size, info.mtime, info.mode = stat.st_size, int(stat.st_mtime or time.time()), 0o644
-    with path.open("rb") as source:  # streamed from the object store, block by block
+    # Opened without following a link (one may have replaced the file since it was listed).
+    with store.open_file(path) as source:  # from an object store: streamed block by block
+        if isinstance(path, Path):
+            info = tar.gettarinfo(arcname=name, fileobj=source)
+        else:
+            info = tarfile.TarInfo(name)
+            stat = path.stat()
+            info.size, info.mtime = stat.st_size, int(stat.st_mtime or time.time())
+            info.mode = 0o644
         tar.addfile(info, source)
 
 
 def iter_tar_gz(directory: Path | UPath, arcname: str) -> Iterator[bytes]:
     """Yield a gzip'd tar of `directory` (a local one or an object store's prefix; entries
-    under `arcname/`), never all in memory."""
+    under `arcname/`), never all in memory; links left out (`refuse_links` first)."""
     chunks: queue.Queue[bytes | BaseException] = queue.Queue(maxsize=32)
     stop = threading.Event()
 

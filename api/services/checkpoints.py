@@ -9,6 +9,7 @@ from upath import UPath
 
 from api.errors import Conflict, NotFound
 from api.models import CheckpointPublic, Job
+from api.services.archive import refuse_links
 from trainer.contract import store
 from trainer.contract.checkpoints import (
     NAME,
@@ -41,6 +42,13 @@ def find(directory: Path | UPath, checkpoint_id: str) -> Path | UPath:
         if info.path.name == checkpoint_id:
             return info.path
     raise NotFound(f"checkpoint {checkpoint_id!r} not found")
+
+
+def readable(directory: Path | UPath, checkpoint_id: str) -> Path | UPath:
+    """The complete checkpoint `checkpoint_id`, for a download: 409 where it holds a link."""
+    path = find(directory, checkpoint_id)
+    refuse_links(path, f"checkpoint {checkpoint_id}")
+    return path
 
 
 def delete(job: Job, directory: Path | UPath, checkpoint_id: str) -> None:

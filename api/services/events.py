@@ -8,6 +8,9 @@ take milliseconds. Slow work (a backend call, reading logs) happens before, outs
 Writers must not flush a session before they append (sessions here do not autoflush): a
 transaction that wrote outside the lock would hold the database's write lock while it waits for
 ours, and the report writer, inside ours, waits for that one.
+
+Readers take events in pages bounded in rows and in bytes (each event's `size`), so that no
+page, of the events list or of a stream's replay, reads a job's history whole.
 """
 
 from __future__ import annotations
@@ -18,17 +21,60 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlmodel import Session
+from pydantic_core import to_json
+from sqlalchemy import ColumnElement
+from sqlmodel import Session, col, select
 
 from api.models import Event
 
 Item = dict[str, Any]
 Publish = Callable[[str, list[Item]], None]
 
+PAGE_BYTES = 1024 * 1024
+"""Bytes of event data a page holds at most (but for its first event, which it always holds)."""
+
+
+def json_size(data: Any) -> int:
+    """Bytes of `data` as compact JSON: an event's `size`."""
+    return len(to_json(data))
+
 
 def new_event(job_id: str, type_: str, **data: Any) -> Event:
     """An event to append (not yet added to any session)."""
-    return Event(job_id=job_id, type=type_, time=time.time(), data=data)
+    return Event(job_id=job_id, type=type_, time=time.time(), data=data, size=json_size(data))
+
+
+def event_page(session: Session, job_id: str, after: int, limit: int,
+               types: Sequence[str] | None = None,
+               budget: int = PAGE_BYTES) -> tuple[list[Event], int | None]:
+    """The job's events after id `after` (of `types`, if given): at most `limit` of them and
+    `budget` bytes; and the `after` of the next page, None when this one is the last."""
+    where: list[ColumnElement[bool]] = [col(Event.job_id) == job_id, col(Event.id) > after]
+    if types:
+        where.append(col(Event.type).in_(types))
+    # Sizes first, so that a page reads no more data than it returns.
+    sizes = session.exec(select(Event.id, Event.size).where(*where)
+                         .order_by(col(Event.id)).limit(limit + 1)).all()
+    taken, total = 0, 0
+    for _, size in sizes[:limit]:
+        if taken and total + size > budget:
+            break
+        taken, total = taken + 1, total + size
+    if not taken:
+        return [], None
+    last = sizes[taken - 1][0]
+    events = session.exec(select(Event).where(*where, col(Event.id) <= last)
+                          .order_by(col(Event.id))).all()
+    return list(events), last if len(sizes) > taken else None
+
+
+def completions(session: Session, job_id: str) -> list[tuple[str | None, float]]:
+    """(pod, time) of the job's `completed` events, read by (job, type) and nothing else."""
+    data = col(Event.data)
+    return [(pod, time_) for pod, time_ in session.exec(
+        select(data["pod"].as_string(), Event.time).where(
+            Event.job_id == job_id, Event.type == "job",
+            data["type"].as_string() == "completed"))]
 
 
 def event_item(event: Event) -> Item:

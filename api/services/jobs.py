@@ -7,7 +7,6 @@ import logging
 import os
 import re
 import secrets
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +15,6 @@ from typing import TypeVar
 from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
-from upath import UPath
 
 from api.auth import hash_token
 from api.backends.base import (
@@ -49,7 +47,9 @@ from api.models import (
     Progress,
     utc_now,
 )
-from api.services.events import EventLog, new_event
+from api.services.artifacts import checkpoints_dir, delete_files, model_dir
+from api.services.events import EventLog, event_page, new_event
+from api.services.job_credentials import CredentialError, grant
 from api.settings import Settings
 from trainer.contract.spec import (
     DATASET_ALIASES,
@@ -58,7 +58,6 @@ from trainer.contract.spec import (
     pod_count,
     stages_of,
 )
-from trainer.contract.store import remove
 
 logger = logging.getLogger(__name__)
 
@@ -119,24 +118,6 @@ def check_quantization(spec: JobCreate, backend: str) -> None:
                                           "ask for a GPU per pod (resources.gpus)")
 
 
-def job_dir(settings: Settings, job_id: str) -> Path:
-    """The job's local directory (the local backend's launch, state and logs)."""
-    return settings.jobs_dir / job_id
-
-
-def artifacts_dir(settings: Settings, job_id: str) -> Path | UPath:
-    """Where the job's checkpoints and model are: its directory, or its prefix in the store."""
-    return settings.artifacts / job_id
-
-
-def checkpoints_dir(settings: Settings, job_id: str) -> Path | UPath:
-    return artifacts_dir(settings, job_id) / "checkpoints"
-
-
-def model_dir(settings: Settings, job_id: str) -> Path | UPath:
-    return artifacts_dir(settings, job_id) / "model"
-
-
 def _launch(settings: Settings, job: Job, spec: JobCreate, token: str) -> Launch:
     resources = Resources(**spec.resources.model_dump()) if spec.resources else None
     # A live pipeline needs another replica to heal from: one alone restarts as a whole.
@@ -148,7 +129,8 @@ def _launch(settings: Settings, job: Job, spec: JobCreate, token: str) -> Launch
                   report_token=token, peer_secret=secrets.token_urlsafe(32),
                   checkpoint_dir=checkpoints_dir(settings, job.id),
                   model_dir=model_dir(settings, job.id), inputs_dir=settings.resolved_inputs_dir,
-                  cache_dir=settings.cache_dir)
+                  cache_dir=settings.cache_dir,
+                  store_env=grant(settings, job.id) if settings.artifacts_per_job else {})
 
 
 def create_job(session: Session, settings: Settings, backend: Backend, events: EventLog,
@@ -165,12 +147,12 @@ def create_job(session: Session, settings: Settings, backend: Backend, events: E
                          for ordinal in range(spec.pods)])
         created.append(new_event(job.id, "job", status="pending", message="job created",
                                  spec=job.spec))
-    launch = _launch(settings, job, spec, token)
     try:
+        launch = _launch(settings, job, spec, token)
         backend.launch(launch)
     except Exception as exc:
         # Whatever failed, the job must not stay pending: it ends here, with the reason.
-        known = isinstance(exc, BackendError | OSError)
+        known = isinstance(exc, BackendError | OSError | CredentialError)
         reason = f"launch failed: {exc}" if known else "launch failed: internal error"
         job.status, job.reason, job.finished_at = JobStatus.failed, reason, utc_now()
         events.commit(session, [new_event(job.id, "job", status="failed", message=reason)])
@@ -298,23 +280,8 @@ def delete_job(session: Session, settings: Settings, job_id: str, artifacts: boo
         raise Conflict(f"job {job_id}'s model is registered in a database that ties it to the "
                        "job: delete with delete_artifacts=true to remove both") from None
     if artifacts:
-        _delete_files(settings, job_id, [model.path for model in models])
+        delete_files(settings, job_id, [model.path for model in models])
     logger.info("job %s deleted%s", job_id, " with its artifacts" if artifacts else "")
-
-
-def _delete_files(settings: Settings, job_id: str, model_paths: list[str]) -> None:
-    """The job's directory and what its links point to (Kubernetes volumes), never outside the
-    data dir; its prefix in the artifacts store."""
-    if settings.artifacts_url:
-        remove(artifacts_dir(settings, job_id))
-    root = settings.data_dir.resolve()
-    directory = job_dir(settings, job_id)
-    targets = [(root / path).resolve() for path in model_paths]
-    if directory.is_dir():
-        targets += [entry.resolve() for entry in directory.iterdir() if entry.is_symlink()]
-    for target in [*targets, directory]:
-        if target.is_relative_to(root) and target != root and target.is_dir():
-            shutil.rmtree(target, ignore_errors=True)
 
 
 def check_ordinal(job: Job, ordinal: int) -> None:
@@ -419,10 +386,5 @@ def migrate_pod(session: Session, backend: Backend, events: EventLog, job_id: st
 def list_events(session: Session, job_id: str, after: int, limit: int,
                 types: list[str] | None) -> EventsPublic:
     get_job(session, job_id)
-    query = select(Event).where(Event.job_id == job_id, col(Event.id) > after)
-    if types:
-        query = query.where(col(Event.type).in_(types))
-    events = list(session.exec(query.order_by(col(Event.id)).limit(limit + 1)))
-    page = events[:limit]
-    return EventsPublic(data=[EventPublic.model_validate(e) for e in page],
-                        next_after=page[-1].id if len(events) > limit and page else None)
+    page, next_after = event_page(session, job_id, after, limit, types)
+    return EventsPublic(data=[EventPublic.model_validate(e) for e in page], next_after=next_after)

@@ -17,9 +17,12 @@ from upath import UPath
 
 from api.errors import NotFound
 from api.models import Job, Model, ModelPublic, ModelsPublic, Prediction
+from api.services import artifacts
+from api.services.archive import refuse_links
+from api.services.artifacts import artifacts_dir, in_data_dir
 from api.settings import Settings
 from trainer.contract import store
-from trainer.contract.checkpoints import ADAPTER_DIR, EXPORTED
+from trainer.contract.checkpoints import ADAPTER_DIR, EXPORTED, METRICS_FILE, remove_export_staging
 
 logger = logging.getLogger(__name__)
 
@@ -33,18 +36,35 @@ def register_model(session: Session, settings: Settings, job: Job,
     if existing is not None:
         return existing
     metrics: dict[str, Any] = {}
-    metrics_file = model_dir / "metrics.json"
-    if metrics_file.is_file():
-        metrics = json.loads(metrics_file.read_text()).get("metrics", {})
+    if store.has_file(model_dir, METRICS_FILE):
+        metrics = json.loads(store.read_file(model_dir, METRICS_FILE)).get("metrics", {})
+    # `model_dir` is real up to the pods' part (api.services.artifacts): never resolved, so
+    # that a link the pods put there is not registered as this job's model.
     model = Model(id=model_id, job_id=job.id, name=job.name or job.id,
-                  path=(str(model_dir.resolve().relative_to(settings.data_dir.resolve()))
+                  path=(str(model_dir.relative_to(settings.data_dir.resolve()))
                         if isinstance(model_dir, Path) else str(model_dir)),
                   base_model=str(job.spec.get("model")), dataset=str(job.spec.get("dataset")),
-                  metrics=metrics, size_bytes=store.size(model_dir))
+                  metrics=metrics, size_bytes=_size(model_dir))
     session.add(model)
     job.model_id = model.id
     session.add(job)
     return model
+
+
+def _size(model_dir: Path | UPath) -> int:
+    try:
+        return store.size(model_dir)
+    except store.UnlistableKey as exc:  # registered all the same: downloads will say why not
+        logger.warning("%s", exc)
+        return 0
+
+
+def clear_export_staging(settings: Settings, job_id: str) -> list[str]:
+    """Remove what the job's killed exports left staged next to its model: for a job whose
+    workload is gone (a live pod killed while exporting leaves its staging to this, as its
+    peers may export at the same time). `model_dir` follows the Kubernetes backend's own link
+    to the volumes and no other (api.services.artifacts)."""
+    return remove_export_staging(artifacts.model_dir(settings, job_id))
 
 
 def to_public(model: Model) -> ModelPublic:
@@ -90,25 +110,27 @@ def _files(settings: Settings, model: Model) -> Path | UPath | None:
     there), or under the artifacts store's root; None for a path that leads elsewhere (never
     followed)."""
     if urlsplit(model.path).scheme in store.PROTOCOLS:
-        prefix = f"{settings.artifacts}/"
+        # The model's job's own prefix (a container's root reads with a "/" already).
+        prefix = f"{str(artifacts_dir(settings, model.job_id)).rstrip('/')}/"
         inside = settings.artifacts_url and model.path.startswith(prefix)
         return store.location(model.path) if inside and ".." not in model.path else None
-    root = settings.data_dir.resolve()
-    path = (root / model.path).resolve()
-    return path if path.is_relative_to(root) and path != root else None
+    return in_data_dir(settings, model.path)
 
 
 def model_path(settings: Settings, model: Model) -> Path | UPath:
+    """The model's files, for a download or predictions: 404 where they are gone, 409 where
+    they hold a link (the store layer follows none, but a model loader would)."""
     path = _files(settings, model)
-    if path is None or not (path / EXPORTED).is_file():
+    if path is None or not store.has_file(path, EXPORTED):
         raise NotFound(f"the files of model {model.id} are gone")
+    refuse_links(path, f"model {model.id}")
     return path
 
 
 def adapter_path(path: Path | UPath, model: Model) -> Path | UPath:
     """The adapters a LoRA job exported beside its merged model (`path`)."""
     adapter = path / ADAPTER_DIR
-    if not (adapter / "adapter_config.json").is_file():
+    if not store.has_file(adapter, "adapter_config.json"):
         raise NotFound(f"model {model.id} has no adapter: only a LoRA job's model has one")
     return adapter
 

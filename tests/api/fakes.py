@@ -103,3 +103,6 @@ class FakeBackend:
 
     def active_jobs(self) -> list[str]:
         return [job_id for job_id, w in self.workloads.items() if w.present]
+
+    def gone(self, job_id: str) -> bool:
+        return job_id not in self.active_jobs()

@@ -219,3 +219,50 @@ def test_a_job_with_a_killed_pod_keeps_its_artifacts_in_an_object_store(
         assert not (tmp_path / "data" / "cache" / "models" / model_id).exists()
     finally:
         plane.close()
+
+
+def test_a_jobs_pods_hold_a_credential_for_their_own_container_alone(
+        tmp_path: Path, inputs_dir: Path, processes: Processes, azure_server: Store,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """MIGRATOR_ARTIFACTS_PER_JOB on a real Azurite: the job's pods, one of them SIGKILLed,
+    train, resume and export with a SAS for the job's own container and never see the
+    account's key; the API serves what they wrote, and revokes the SAS once the job ended."""
+    from azure.storage.blob import BlobServiceClient
+
+    for name, value in azure_server.env.items():  # the test reads the store as the API does
+        monkeypatch.setenv(name, value)
+    root = azure_server.new_location("jobs")
+    make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
+    plane = ControlPlane(processes, tmp_path / "data", inputs_dir,
+                         env={"MIGRATOR_ARTIFACTS_URL": root, "MIGRATOR_ARTIFACTS_PER_JOB": "1",
+                              **azure_server.env})
+    plane.start()
+    try:
+        job_id = plane.http.post("/api/v1/jobs", json=SPEC).json()["id"]
+        checkpoints = location(f"{root}-{job_id}/checkpoints")
+        wait_for(lambda: latest_checkpoint(checkpoints) is not None, timeout=180,
+                 what="a checkpoint in the job's container")
+        environments = [process.environ() for pid in plane.pod_pids(job_id)
+                        for process in [psutil.Process(pid), *psutil.Process(pid).children()]]
+        assert environments and all(
+            "SharedAccessSignature=" in env["AZURE_STORAGE_CONNECTION_STRING"]
+            and azure_server.secret not in json.dumps(env) for env in environments)
+        assert plane.http.post(f"/api/v1/jobs/{job_id}/pods/1/kill",
+                               json={"grace_seconds": 0}).status_code == 202
+        job = plane.wait_status(job_id, "succeeded", "failed")
+        assert job["status"] == "succeeded", job["reason"]
+        resumed = [e for e in plane.events(job_id, "job") if e["data"].get("type") == "resumed"]
+        assert resumed, "the killed pod's group resumed from the container"
+        assert plane.http.get(f"/api/v1/models/{job['model_id']}/download").status_code == 200
+
+        container = f"{root}-{job_id}".removeprefix("az://")
+        connection = azure_server.env["AZURE_STORAGE_CONNECTION_STRING"]
+
+        def revoked() -> bool:
+            with BlobServiceClient.from_connection_string(connection) as client:
+                policy = client.get_container_client(container).get_container_access_policy()
+            return not policy["signed_identifiers"]
+
+        wait_for(revoked, what="the job's SAS to be revoked", timeout=30)
+    finally:
+        plane.close()

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel, select
 
 from api import migrations
-from api.models import Job
+from api.models import Event, Job
 
 
 def sqlite(path: Path) -> Engine:
@@ -53,16 +53,24 @@ def test_an_empty_database_gets_the_newest_schema(engine: Engine) -> None:
 
 
 def test_a_database_from_before_migrations_is_taken_over_with_its_rows(engine: Engine) -> None:
-    SQLModel.metadata.create_all(engine)  # what every earlier version did at start-up
-    with Session(engine) as session:
-        session.add(Job(id="job-0123abcd", spec={"model": "minilm"}, report_token_hash="x"))
-        session.commit()
+    with engine.begin() as connection:  # what every earlier version made at start-up
+        command.upgrade(migrations._config(connection), migrations.BASELINE)
+        connection.execute(text("DROP TABLE alembic_version"))
+        connection.execute(text(
+            "INSERT INTO job (id, status, spec, report_token_hash, created_at, epoch, step, "
+            "samples_seen) VALUES ('job-0123abcd', 'running', '{\"model\": \"minilm\"}', 'x', "
+            "CURRENT_TIMESTAMP, 0, 0, 0)"))
+        connection.execute(text("INSERT INTO event (job_id, type, time, data) VALUES "
+                                "('job-0123abcd', 'job', 1.0, '{\"status\": \"pending\"}')"))
     assert migrations.current(engine) is None
 
     migrations.upgrade(engine)
     assert migrations.current(engine) == migrations.head()
     with Session(engine) as session:
         assert [job.id for job in session.exec(select(Job))] == ["job-0123abcd"]
+        assert session.exec(select(Job)).one().event_bytes == 0
+        # Rows stored before sizes existed get the size of their JSON: pages count them too.
+        assert session.exec(select(Event)).one().size == len('{"status": "pending"}')
     migrations.upgrade(engine)  # at the newest already: nothing to do
     assert migrations.current(engine) == migrations.head()
 

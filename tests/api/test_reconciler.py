@@ -1,14 +1,27 @@
+import re
 import shutil
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from upath import UPath
 
+from api.app import create_app
 from api.backends.base import BackendError, WorkloadStatus
 from api.reconciler import Reconciler
 from api.services.events import EventLog
+from api.settings import Settings
 from tests.api.conftest import AUTH, create_job, metric, report
 from tests.api.fakes import FakeBackend
 from tests.factories import completed, record
+from tests.stores import Store
+from trainer.contract import store
+from trainer.contract.records import Quorum
 
 
 def reconcile(client: TestClient, backend: FakeBackend) -> list[tuple[str, list[dict]]]:
@@ -120,10 +133,83 @@ def test_completion_registers_the_model_and_deletes_the_workload(
     assert backend.deleted == [job["id"]]
 
 
+def ended_jobs_with_killed_exports(client: TestClient, backend: FakeBackend,
+                                   tiny_model_dir: Path) -> list[Path | UPath]:
+    """A succeeded and a cancelled job, each with a live export's staging left by a killed pod
+    next to its model; their workloads are deleted, their pods not gone yet. The stagings."""
+    ended, pods_still_end = [], backend.gone
+    backend.gone = lambda job_id: False  # type: ignore[method-assign]
+    for outcome in ("succeeded", "cancelled"):
+        job = create_job(client)
+        model_dir = backend.launches[-1].model_dir
+        staging = model_dir.with_name("model.tmp-0123456789ab")
+        for directory in (model_dir, staging):
+            if isinstance(directory, UPath):
+                store.upload(tiny_model_dir, directory)
+            else:
+                shutil.copytree(tiny_model_dir, directory)
+        if outcome == "succeeded":
+            report(client, backend, job["id"], [record(1, completed(str(model_dir)))])
+        else:
+            assert client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=AUTH).status_code \
+                == 202
+        reconcile(client, backend)
+        assert job_state(client, job["id"])["status"] == outcome
+        ended.append(staging)
+    assert all(staging.exists() for staging in ended)  # a pod may still be writing there
+    backend.gone = pods_still_end  # type: ignore[method-assign]
+    return ended
+
+
+def test_an_ended_jobs_export_staging_goes_with_its_workload(
+        client: TestClient, backend: FakeBackend, tiny_model_dir: Path) -> None:
+    stagings = ended_jobs_with_killed_exports(client, backend, tiny_model_dir)
+    reconcile(client, backend)
+    for staging in stagings:
+        assert not staging.exists()
+        assert sorted(p.name for p in staging.parent.iterdir()) == ["model"]
+        assert (staging.parent / "model" / "config.json").is_file()
+
+
+def test_a_kubernetes_jobs_export_staging_goes_from_its_volume_only(
+        client: TestClient, backend: FakeBackend, settings: Settings, tmp_path: Path) -> None:
+    """The job's model is a link to its volume (as the Kubernetes backend makes it): its
+    staging is cleared there, and a link its pods planted is not followed out of it."""
+    job = create_job(client)
+    volume = settings.resolved_volumes_dir / "models" / job["id"]
+    elsewhere = tmp_path / "another-job"
+    for directory in (volume / "model.tmp-0123456789ab", elsewhere / "model.tmp-ba9876543210"):
+        directory.mkdir(parents=True)
+    (volume / "model").symlink_to(elsewhere / "model")
+    link = backend.launches[0].model_dir
+    link.parent.mkdir(parents=True)
+    link.symlink_to(volume / "model")
+    assert client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=AUTH).status_code == 202
+    reconcile(client, backend)
+    assert [p.name for p in volume.iterdir()] == ["model"]
+    assert [p.name for p in elsewhere.iterdir()] == ["model.tmp-ba9876543210"]
+
+
+@pytest.fixture
+def in_a_store(settings: Settings, backend: FakeBackend,
+               object_store: Store) -> Iterator[TestClient]:
+    """The app with its jobs' artifacts in an object store."""
+    settings.artifacts_url = object_store.new_location("artifacts") + "/live-migrator"
+    with TestClient(create_app(settings, backend)) as test_client:
+        yield test_client
+
+
+def test_an_ended_jobs_export_staging_goes_with_its_workload_from_a_store(
+        in_a_store: TestClient, backend: FakeBackend, tiny_model_dir: Path) -> None:
+    stagings = ended_jobs_with_killed_exports(in_a_store, backend, tiny_model_dir)
+    reconcile(in_a_store, backend)
+    for staging in stagings:
+        assert isinstance(staging, UPath) and not staging.exists()
+        assert [p.name for p in store.entries(staging.parent)] == ["model"]
+
+
 def test_completion_waits_for_every_pod_to_report(client: TestClient, backend: FakeBackend,
                                                   tiny_model_dir: Path) -> None:
-    import time
-
     job = create_job(client)
     shutil.copytree(tiny_model_dir, backend.launches[0].model_dir)
 
@@ -191,3 +277,39 @@ def test_a_failed_deletion_is_retried_by_the_reconciler(client: TestClient,
     backend.delete = delete  # type: ignore[method-assign]
     reconcile(client, backend)
     assert backend.active_jobs() == [] and backend.deleted == [job["id"]]
+
+
+def test_a_finishing_job_is_read_by_its_completions_alone(client: TestClient,
+                                                          backend: FakeBackend,
+                                                          tiny_model_dir: Path) -> None:
+    """While a job waits for its pods' completions, each pass looks them up with an indexed
+    query, and reads none of the job's other events."""
+    job = create_job(client)
+    shutil.copytree(tiny_model_dir, backend.launches[0].model_dir)
+    history = [record(seq, Quorum(message="q", quorum_id=seq, participants=2, step=seq))
+               for seq in range(1, 2_001)]
+    report(client, backend, job["id"], [*history, record(2_001, completed("x"), time.time())])
+    engine: Engine = client.app.state.engine  # type: ignore[attr-defined]
+    reads: list[tuple[str, Any]] = []
+
+    def capture(_connection: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if re.search(r"\bFROM event\b", statement):
+            reads.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", capture)
+    try:
+        reconcile(client, backend)
+    finally:
+        event.remove(engine, "before_cursor_execute", capture)
+    assert job_state(client, job["id"])["status"] == "running"  # pod 1 has not completed yet
+    assert len(reads) == 1
+    statement, parameters = reads[0]
+    selected = statement.split("FROM")[0]
+    assert not re.search(r"(SELECT|,)\s+event\.data\s*(,|$)", selected)  # no event read whole
+    with engine.connect() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.exec_driver_sql("SET enable_seqscan = off")  # a small table, else
+        plan = " ".join(str(row) for row in connection.exec_driver_sql(
+            f"EXPLAIN {'QUERY PLAN ' if connection.dialect.name == 'sqlite' else ''}"
+            f"{statement}", parameters))
+    assert "ix_event_job_id_type" in plan, plan

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from upath import UPath
 
+from trainer import checkpoint
 from trainer.checkpoint import (
     MARKER,
     CheckpointInfo,
@@ -159,3 +161,66 @@ def test_survivors_writing_the_same_emergency_step_agree(tmp_path: Path) -> None
     assert [info.step for info in list_checkpoints(tmp_path)] == [5]
     assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
     assert load_checkpoint(tmp_path / "step-5")[0]["w"].tolist() == [1.0, 1.0]
+
+
+class Killed(Exception):
+    """Stands for a process killed at that point of a write."""
+
+
+def check_supersede(directory: Path | UPath, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An epoch-end checkpoint supersedes an emergency one of its step, which another
+    emergency save keeps; cut short anywhere, a supersede leaves a whole checkpoint of the
+    step, the newer once its marker is written, and the next save clears what is left over.
+    (Run on a directory and on each object store: there moves are copies.)"""
+    def names() -> list[str]:
+        return sorted(path.name for path in directory.iterdir())
+
+    def save(step: int, epoch_end: bool, shared: bool = False) -> CheckpointInfo:
+        return save_checkpoint(directory, step, {"w": torch.full((2,), float(step))},
+                               {"epoch_end_pending": not epoch_end},
+                               {"epoch_end": epoch_end, "emergency": shared,
+                                "metrics": {"val_accuracy": 0.5 if epoch_end else None}},
+                               keep=10, shared=shared)
+
+    def pending(info: CheckpointInfo) -> bool:
+        return load_checkpoint(info.path)[1]["epoch_end_pending"]
+
+    emergency = save(4, epoch_end=False, shared=True)
+    assert save(4, epoch_end=False, shared=True) == emergency  # the step is saved already
+    done = save(4, epoch_end=True)
+    assert (done.path.name, done.revision, names()) == ("step-4.r1", 1, ["step-4.r1"])
+    assert save(4, epoch_end=False, shared=True) == done
+    [listed] = list_checkpoints(directory)
+    assert listed.path == done.path and listed.meta["epoch_end"] and not pending(listed)
+
+    emergency = save(8, epoch_end=False, shared=True)
+    write_durable = checkpoint.write_durable
+
+    def killed_before_the_marker(path, write):  # type: ignore[no-untyped-def]
+        if path.name == MARKER and path.parent.name == "step-8.r1":
+            raise Killed
+        write_durable(path, write)
+
+    with monkeypatch.context() as patched, pytest.raises(Killed):
+        patched.setattr(checkpoint, "write_durable", killed_before_the_marker)
+        save(8, epoch_end=True)
+    assert latest_checkpoint(directory) == emergency and pending(emergency)
+    assert "step-8.r1" in names()  # whole but unmarked: nobody's to read
+
+    def killed_before_the_deletion(path: Path | UPath) -> None:
+        raise Killed
+
+    with monkeypatch.context() as patched, pytest.raises(Killed):
+        patched.setattr(checkpoint, "remove_checkpoint", killed_before_the_deletion)
+        save(8, epoch_end=True)
+    assert "step-8" in names() and (directory / "step-8" / MARKER).exists()
+    newest = latest_checkpoint(directory)
+    assert newest is not None and newest.path.name == "step-8.r1" and not pending(newest)
+    assert [info.path.name for info in list_checkpoints(directory)] == ["step-4.r1", "step-8.r1"]
+    save(9, epoch_end=False)
+    assert names() == ["step-4.r1", "step-8.r1", "step-9"]
+
+
+def test_an_epoch_end_supersedes_an_emergency_checkpoint_of_its_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    check_supersede(tmp_path, monkeypatch)

@@ -18,6 +18,7 @@ from upath import UPath
 from tests.conftest import ROOT
 from tests.stores import Store
 from tests.support import wait_for
+from tests.trainer.test_checkpoint import check_supersede
 from trainer.checkpoint import (
     MARKER,
     apply_retention,
@@ -83,6 +84,11 @@ def test_a_checkpoint_round_trips_through_the_store_marker_last(blob: UPath) -> 
     # Retention: the newest and the best (step 4's 0.5 beats step 12's 0.1); step-8 cleared.
     assert names(directory) == ["step-12", "step-4"]
     assert apply_retention(directory, keep=1) == []
+
+
+def test_an_epoch_end_supersedes_an_emergency_checkpoint_beside_it(
+        blob: UPath, monkeypatch: pytest.MonkeyPatch) -> None:
+    check_supersede(blob / "checkpoints", monkeypatch)
 
 
 WRITER = """

@@ -11,6 +11,7 @@ from trainer.checkpoint import list_checkpoints
 from trainer.config import TrainConfig
 from trainer.distributed import Group
 from trainer.model import choose_device
+from trainer.recovery import Recovery
 from trainer.report import JsonlSink, Reporter
 from trainer.state import weights_checksum
 from trainer.train import Trainer
@@ -97,6 +98,57 @@ def test_sample_ids_logged_per_step_cover_each_epoch_once(make_config, tmp_path:
         by_epoch[record["data"]["epoch"]].extend(record["data"]["ids"])
     for ids in by_epoch.values():
         assert sorted(ids) == list(range(trainer.data_sizes["train"]))
+
+
+def test_a_restart_after_the_last_step_redoes_no_finished_phase(make_config, tmp_path: Path,
+                                                               monkeypatch) -> None:
+    """Restart mode, a peer killed in each phase after the last step in turn: the epoch end's
+    validation, the test evaluation and the export each run once in all."""
+    config = make_config(epochs=1, checkpoint_every_steps=0)
+    checkpoints, model_dir = config.runtime.checkpoint_dir, config.runtime.model_dir
+    # A participant of a group of two: a failed collective calls for an emergency checkpoint.
+    monkeypatch.setattr(Recovery, "saves_on_failure", lambda self, participants: True)
+    evaluated: list[str] = []
+    killed_during: list[str] = []
+    evaluate = Trainer.evaluate
+
+    def evaluate_or_lose_the_peer(self: Trainer, data, split):  # type: ignore[no-untyped-def]
+        evaluated.append(split)
+        if split in killed_during:
+            killed_during.remove(split)
+            raise RuntimeError("the collective failed: a peer was killed")
+        return evaluate(self, data, split)
+
+    monkeypatch.setattr(Trainer, "evaluate", evaluate_or_lose_the_peer)
+    killed_during.append("validation")
+    with pytest.raises(RuntimeError, match="peer was killed"):
+        run(config, tmp_path / "1.jsonl")
+    [emergency] = list_checkpoints(checkpoints)
+    assert emergency.meta["emergency"] and not emergency.meta["epoch_end"]
+    assert emergency.meta["epoch"] == 1  # the epoch of its last step, not the next one
+
+    killed_during.append("test")  # the restart validates, then loses a peer in the test
+    with pytest.raises(RuntimeError, match="peer was killed"):
+        run(config, tmp_path / "2.jsonl")
+    [validated] = list_checkpoints(checkpoints)
+    assert (validated.step, validated.path.name) == (emergency.step, f"step-{emergency.step}.r1")
+    assert validated.meta["epoch_end"] and validated.val_accuracy is not None
+    assert sorted(p.name for p in checkpoints.iterdir()) == [validated.path.name]
+
+    finished = run(config, tmp_path / "3.jsonl")
+    assert evaluated == ["validation", "validation", "test", "test"]
+    exported = (model_dir / "config.json").stat().st_mtime_ns
+
+    # A peer killed after the export, before the job was seen to end: the next run reports.
+    again = run(config, tmp_path / "4.jsonl")
+    assert evaluated == ["validation", "validation", "test", "test"]
+    assert (model_dir / "config.json").stat().st_mtime_ns == exported
+    assert again.metrics == finished.metrics
+    [completed] = [e["data"] for e in records(tmp_path / "4.jsonl", "event")
+                   if e["data"]["type"] == "completed"]
+    assert completed["model_dir"] == str(model_dir) and completed["metrics"] == finished.metrics
+    [test] = records(tmp_path / "4.jsonl", "eval")
+    assert test["data"]["accuracy"] == finished.metrics["test"]["accuracy"]
 
 
 @pytest.mark.parametrize(("spec", "message"), [

@@ -13,9 +13,10 @@ validates them against the same ones, so a field exists on both sides or on neit
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Annotated, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import TypedDict  # pydantic needs it, not typing's, before Python 3.12
 
 from trainer.contract.spec import MAX_INT
 
@@ -29,8 +30,31 @@ class RecordData(BaseModel):
     KIND: ClassVar[Kind]
 
 
+# Every field is bounded: one record must not be able to fail its batch in the database (an
+# integer past 64 bits, a NaN that PostgreSQL's json refuses, a NUL that its text refuses) nor
+# fill it. Refused values are a 422 that names the field.
 Count = Annotated[int, Field(ge=0, le=MAX_INT)]
+"""A step, count, size or index: what a 64-bit database integer holds."""
+Ordinal = Annotated[int, Field(ge=1, le=MAX_INT)]
+"""Counted from 1 (an epoch)."""
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+"""Any float but NaN and Infinity, which JSON lacks and PostgreSQL's json refuses."""
+Rate = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+UnixTime = Annotated[float, Field(ge=0, le=253_402_300_799, allow_inf_nan=False)]
+"""Seconds since 1970, up to the end of the year 9999."""
+_PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
+Name = Annotated[str, Field(min_length=1, max_length=100, pattern=_PRINTABLE)]
+"""A pod's name, an incarnation, a checksum: one printable line."""
+Location = Annotated[str, Field(min_length=1, max_length=4096, pattern=_PRINTABLE)]
+"""A directory, a store URL or an address."""
+Message = Annotated[str, Field(max_length=10_000, pattern=r"^[^\x00]*$")]
+"""Text for people, lines included; no NUL, which PostgreSQL's text refuses."""
+MAX_SAMPLE_IDS = 65_536
+"""Sample ids of one step: batch_size (at most 1,024) x participants (16), with room."""
+SampleIdList = Annotated[list[Count], Field(max_length=MAX_SAMPLE_IDS)]
 EvalSplit = Literal["validation", "test"]
+DataSplit = Literal["train", "validation", "test"]
 
 
 class Metric(RecordData):
@@ -39,14 +63,14 @@ class Metric(RecordData):
     KIND = "metric"
     step: Count
     """Committed steps of the whole job."""
-    epoch: int = Field(ge=1)
+    epoch: Ordinal
     """Epoch of the step, counted from 1."""
-    loss: float
-    """Mean training loss over the samples this pod counted."""
-    learning_rate: float
-    samples_per_second: float
+    loss: Finite
+    """Mean training loss over the samples this pod counted; finite, as every float here."""
+    learning_rate: Rate
+    samples_per_second: Rate
     """Job-wide training throughput over the last few seconds."""
-    participants: int = Field(ge=0)
+    participants: Count
     """Pods that took part in the step."""
     samples_seen: Count
     """Training samples consumed by committed steps, over all epochs."""
@@ -57,13 +81,25 @@ class Evaluation(RecordData):
 
     KIND = "eval"
     split: EvalSplit
-    accuracy: float
-    loss: float
-    f1: float
+    accuracy: Fraction
+    loss: Finite
+    f1: Fraction
     """F1 of the positive class."""
     samples: Count
-    epoch: int = Field(ge=0)
+    epoch: Count
     """Epochs completed when evaluated."""
+    step: Count
+
+
+class Scores(TypedDict):
+    """An evaluation's figures as `Completed.metrics` holds them (an Evaluation but its split)."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+    accuracy: Fraction
+    loss: Finite
+    f1: Fraction
+    samples: Count
+    epoch: Count
     step: Count
 
 
@@ -72,12 +108,12 @@ class CheckpointSaved(RecordData):
 
     KIND = "checkpoint"
     step: Count
-    epoch: int = Field(ge=0)
-    path: str
+    epoch: Count
+    path: Name
     """The checkpoint's directory name, `step-N`."""
     size_bytes: Count
     epoch_end: bool
-    val_accuracy: float | None
+    val_accuracy: Fraction | None
     emergency: bool = False
     """Written by a survivor after a failure (restart mode), not on schedule."""
 
@@ -87,13 +123,13 @@ class SampleIds(RecordData):
 
     KIND = "samples"
     step: Count
-    epoch: int = Field(ge=1)
+    epoch: Ordinal
     cursor: Count
     """Position in the epoch's sample order where the step's window starts."""
-    rank: int = Field(ge=0)
-    ids: list[int]
+    rank: Count
+    ids: SampleIdList
     """Sample ids this pod trained on."""
-    window: list[int]
+    window: SampleIdList
     """Sample ids of every participant of the step."""
 
 
@@ -104,14 +140,14 @@ class Event(RecordData):
     """Something that happened to the pod or the job; `message` is for people."""
 
     KIND = "event"
-    message: str = Field(max_length=10_000)
+    message: Message
 
 
 class Started(Event):
     type: Literal["started"] = "started"
     step: Count
-    epoch: int = Field(ge=1)
-    samples: dict[str, int]
+    epoch: Ordinal
+    samples: dict[DataSplit, Count]
     """Samples per split: train, validation, test."""
     parameters: dict[Literal["trainable", "total"], Count] | None = None
     """The model's parameters (`total`) and how many of them train (`trainable`: a LoRA
@@ -122,9 +158,10 @@ class Resumed(Event):
     """Loaded a checkpoint (a restart, or a live group that lost every pod)."""
 
     type: Literal["resumed"] = "resumed"
-    checkpoint: str
+    checkpoint: Name
+    """The checkpoint's directory name, `step-N`."""
     step: Count
-    epoch: int = Field(ge=1)
+    epoch: Ordinal
     cursor: Count
 
 
@@ -133,23 +170,24 @@ class Healed(Event):
     replica takes the first one's initial weights)."""
 
     type: Literal["healed", "synced"] = "healed"
-    source: str
+    source: Name
     """Pod the state came from."""
-    target: str
+    target: Name
     step: Count
-    epoch: int = Field(ge=1)
+    epoch: Ordinal
     cursor: Count
     bytes: Count = 0
-    seconds: float = 0.0
-    source_address: str | None = None
+    seconds: Rate = 0.0
+    source_address: Location | None = None
 
 
 class Quorum(Event):
     """The set of participants changed (reported by the primary)."""
 
     type: Literal["quorum"] = "quorum"
-    quorum_id: int
-    participants: int = Field(ge=0)
+    quorum_id: int = Field(ge=-1, le=MAX_INT)
+    """-1 before torchft's first quorum."""
+    participants: Count
     step: Count
 
 
@@ -157,13 +195,13 @@ class Primary(Event):
     """This pod became the primary: it writes checkpoints and the export."""
 
     type: Literal["primary"] = "primary"
-    pod: str
+    pod: Name
     step: Count
 
 
 class EpochEnd(Event):
     type: Literal["epoch_end"] = "epoch_end"
-    epoch: int = Field(ge=1)
+    epoch: Ordinal
     step: Count
 
 
@@ -181,9 +219,9 @@ class Left(Event):
     """Left the job on purpose after committing `step`: its peers go on without it at once."""
 
     type: Literal["left"] = "left"
-    pod: str
+    pod: Name
     step: Count
-    epoch: int = Field(ge=1)
+    epoch: Ordinal
     reason: LeaveReason | None = None
     """Why it was asked to leave: the API fills it in (the pod only knows it got SIGTERM)."""
 
@@ -193,12 +231,12 @@ class Joined(Event):
     heal's size and duration)."""
 
     type: Literal["joined"] = "joined"
-    pod: str
+    pod: Name
     step: Count
-    epoch: int = Field(ge=1)
-    participants: int = Field(ge=1)
+    epoch: Ordinal
+    participants: int = Field(ge=1, le=MAX_INT)
     heal_bytes: Count = 0
-    heal_seconds: float = 0.0
+    heal_seconds: Rate = 0.0
 
 
 class Completed(Event):
@@ -206,9 +244,10 @@ class Completed(Event):
 
     type: Literal["completed"] = "completed"
     step: Count
-    model_dir: str | None
-    metrics: dict[str, Any]
-    checksum: str
+    model_dir: Location | None
+    metrics: dict[EvalSplit, Scores]
+    """The last evaluation of each split."""
+    checksum: Name
     """Digest of every weight: equal across replicas that hold equal weights."""
     primary: bool
 
@@ -221,11 +260,11 @@ class StepSkipped(Event):
     type: Literal["step_skipped"] = "step_skipped"
     step: Count
     """The step skipped (committed steps of the job, it included)."""
-    epoch: int = Field(ge=1)
+    epoch: Ordinal
     non_finite: Literal["nan", "inf", "-inf"]
     """The value that was not finite: this pod's loss, else the norm of the gradients (which
     the gradient synchronisation spreads from any participant to all)."""
-    loss: Annotated[float, Field(allow_inf_nan=False)] | None = None
+    loss: Finite | None = None
     """This pod's loss over the step's samples, where it was finite."""
     skipped: Count
     """Steps of the job skipped so far, this one included."""
@@ -249,7 +288,7 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     seq: int = Field(ge=1, le=MAX_INT)
-    time: float
+    time: UnixTime
     """Unix time the pod recorded it."""
 
 
@@ -287,9 +326,9 @@ class ReportBatch(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    pod: str = Field(min_length=1, max_length=100)
+    pod: Name
     """The pod's stable name, `<job>-<ordinal>`."""
-    incarnation: str = Field(min_length=1, max_length=100)
+    incarnation: Name
     """One process life of the pod; seq restarts at 1 with each."""
     dropped: int = Field(default=0, ge=0, le=MAX_INT)
     records: list[Record] = Field(max_length=10_000)

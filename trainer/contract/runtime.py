@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from upath import UPath
 
 from trainer.contract.credentials import SECRET_ENV
 from trainer.contract.store import Location
@@ -94,6 +95,13 @@ class Runtime(BaseModel):
     replica_file: Path | None = Field(default=None, alias="REPLICA_FILE")
     """Where a live pod writes its replica id once it joined the lighthouse: should the process
     die, its supervisor tells the lighthouse at once instead of letting heartbeats expire."""
+
+    @field_validator("checkpoint_dir", "model_dir")
+    @classmethod
+    def _resolved(cls, value: Path | UPath) -> Path | UPath:
+        """A directory's links are resolved once, here: the store layer follows none at or
+        below it (trainer.contract.store)."""
+        return value.resolve() if isinstance(value, Path) else value
 
     @model_validator(mode="after")
     def _token_with_url(self) -> Runtime:

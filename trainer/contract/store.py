@@ -14,20 +14,36 @@ an upload completes (there is no fsync), there is no atomic rename, and other pr
 must be seen at once (so directory listings are never cached). Writers stage under a temporary
 prefix, `move()` file by file with the completion marker last, and delete the marker first
 (`remove()`); readers trust nothing without the marker.
+
+A job's directory is written by its pods, which may plant symbolic links there (into another
+job's directory, or anywhere the API can read). Nothing here follows a link at or below the
+path it is given: a link is neither a file nor a directory, `files()` and `size()` leave it out,
+`remove()` deletes the link and never what it points to, and `links()` names them, so that a
+download or a prediction can refuse what holds one. What lies above the path is the caller's:
+the API and the trainer resolve their roots once (the data dir, the artifacts URL, the API's
+own links to a job's volumes). An object store has no links, but a key may hold `..` or empty
+segments: `files()` leaves those out (a copy to a local directory must stay in it) and
+`links()` names them too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import os
 import shutil
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Annotated, Any, cast
 from urllib.parse import urlsplit
 
+from obstore.exceptions import InvalidPathError
 from pydantic import PlainSerializer, PlainValidator
 from upath import UPath
+
+logger = logging.getLogger(__name__)
 
 PROTOCOLS = ("az", "abfs", "s3")
 """The object stores an artifacts URL may name, besides `file://` and plain paths.
@@ -35,12 +51,30 @@ PROTOCOLS = ("az", "abfs", "s3")
 S3 goes through obstore (Rust's object_store), not s3fs: s3fs's botocore wants
 python-dateutil<3, which the kubernetes client (>=36) does not allow beside it."""
 
+STORE_VARIABLES = ("AZURE_", "AWS_")
+"""Prefixes of the variables the stores' clients take credentials and endpoints from."""
+
 ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT")
 """Where an S3-compatible server (MinIO, a test server) is, as the AWS clients read it."""
 
 
 class StoreError(ValueError):
     """An artifacts URL that names no supported store, or carries credentials."""
+
+
+class UnlistableKey(OSError):
+    """A prefix holding a key that is no path (`..`, `.` or empty segments): obstore refuses
+    to list it at all, so nothing below the prefix can be listed."""
+
+
+@contextlib.contextmanager
+def _listing(directory: UPath) -> Iterator[None]:
+    try:
+        yield
+    except InvalidPathError as exc:
+        reason = str(exc).splitlines()[0]
+        raise UnlistableKey(f"{directory} holds a key that is no path, which the store's "
+                            f"client refuses to list: {reason}") from None
 
 
 def location(value: str | os.PathLike[str] | UPath) -> Path | UPath:
@@ -131,50 +165,193 @@ class _Copying:
         self._handle.flush()
 
 
+_NO_FOLLOW = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+@contextlib.contextmanager
+def _opened_dir(directory: Path) -> Iterator[int | None]:
+    """A descriptor of the directory `directory`, opened without following a link there; None
+    when it is missing, not a directory, or a link (said in a warning: a pod planted it)."""
+    try:
+        fd = os.open(directory, _NO_FOLLOW | os.O_DIRECTORY)
+    except (FileNotFoundError, NotADirectoryError):
+        if directory.is_symlink():
+            logger.warning("not following the link %s (-> %s)", directory, _target(directory))
+        yield None
+        return
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _target(link: Path) -> str:
+    with contextlib.suppress(OSError):
+        return str(link.readlink())
+    return "?"
+
+
 def entries(directory: Path | UPath) -> list[Path | UPath]:
     """What lies directly in `directory`: none when it does not exist (as an object store's
-    prefix does not until it holds a file). In a store, one listing request."""
+    prefix does not until it holds a file), or is a link. In a store, one listing request."""
     if isinstance(directory, Path):
-        return list(directory.iterdir()) if directory.is_dir() else []
+        with _opened_dir(directory) as fd:
+            names = [] if fd is None else os.listdir(fd)  # noqa: PTH208 (by its descriptor)
+        return [directory / name for name in sorted(names)]
     root = directory.path.rstrip("/")
     try:
-        found = directory.fs.ls(root, detail=False)
+        with _listing(directory):
+            found = directory.fs.ls(root, detail=False)
     except FileNotFoundError:
         return []
     return [directory / name.rsplit("/", 1)[-1] for name in found if name.rstrip("/") != root]
 
 
+def has_file(directory: Path | UPath, name: str) -> bool:
+    """Whether `directory` (not a link) holds the file `name` (not a link)."""
+    if isinstance(directory, UPath):
+        return (directory / name).is_file()
+    with _opened_dir(directory) as fd:
+        if fd is None:
+            return False
+        try:
+            return stat.S_ISREG(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+        except OSError:
+            return False
+
+
+def read_file(directory: Path | UPath, name: str) -> bytes:
+    """The content of the file `name` in `directory`; OSError where either is a link."""
+    if isinstance(directory, UPath):
+        return (directory / name).read_bytes()
+    with _opened_dir(directory) as fd:
+        if fd is None:
+            raise NotADirectoryError(f"{directory} is no directory (or a link, not followed)")
+        with _open_regular(name, dir_fd=fd) as handle:
+            return handle.read()
+
+
+def open_file(path: Path | UPath) -> IO[bytes]:
+    """`path` opened for reading; OSError where it is a link."""
+    if isinstance(path, UPath):
+        return cast(IO[bytes], path.open("rb"))
+    return _open_regular(path)
+
+
+def _open_regular(path: str | Path, dir_fd: int | None = None) -> IO[bytes]:
+    """A regular file opened for reading, neither through a link nor blocking on a FIFO that
+    replaced it after it was listed."""
+    fd = os.open(path, _NO_FOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+def _walk(directory: Path) -> Iterator[tuple[str, str, os.stat_result]]:
+    """(relative directory, name, lstat) of everything below `directory`, never through a link
+    (os.fwalk opens each directory by descriptor, without following one)."""
+    if not stat.S_ISDIR(_lstat(directory)):
+        return
+    for parent, dirnames, filenames, fd in os.fwalk(directory, follow_symlinks=False):
+        relative = os.path.relpath(parent, directory)
+        for name in dirnames + filenames:
+            with contextlib.suppress(FileNotFoundError):
+                yield relative, name, os.stat(name, dir_fd=fd, follow_symlinks=False)
+
+
+def _lstat(path: Path) -> int:
+    try:
+        return os.lstat(path).st_mode
+    except OSError:
+        return 0
+
+
+def _joined(relative: str, name: str) -> str:
+    return name if relative == "." else f"{relative}/{name}"
+
+
+def _unsafe(relative: str) -> bool:
+    """A key that would climb out of a directory it is copied to, or names no file."""
+    return any(part in ("", ".", "..") for part in relative.split("/"))
+
+
+def links(directory: Path | UPath) -> list[str]:
+    """What below `directory` the functions here will not follow, relative to it (`.` for
+    `directory` itself): links in a directory, keys with `.`, `..` or empty segments in a store."""
+    if isinstance(directory, UPath):
+        root = directory.path.rstrip("/")
+        with _listing(directory):
+            found = directory.fs.find(root)
+        return sorted(relative for key in found
+                      if _unsafe(relative := key[len(root):].lstrip("/")))
+    if stat.S_ISLNK(_lstat(directory)):
+        return ["."]
+    return sorted(_joined(relative, name) for relative, name, info in _walk(directory)
+                  if stat.S_ISLNK(info.st_mode))
+
+
 def files(directory: Path | UPath) -> Iterator[tuple[str, Path | UPath]]:
-    """(path relative to `directory`, path) of every file below it, sorted; no symlinks."""
+    """(path relative to `directory`, path) of every file below it, sorted; links (and unsafe
+    keys, see `links`) left out, each with a warning."""
     if isinstance(directory, Path):
-        for path in sorted(directory.rglob("*")):
-            if path.is_file() and not path.is_symlink():
-                yield path.relative_to(directory).as_posix(), path
+        if stat.S_ISLNK(_lstat(directory)):
+            logger.warning("not following the link %s (-> %s)", directory, _target(directory))
+        found = []
+        for relative, name, info in _walk(directory):
+            path = _joined(relative, name)
+            if stat.S_ISLNK(info.st_mode):
+                logger.warning("not following the link %s in %s", path, directory)
+            elif stat.S_ISREG(info.st_mode):
+                found.append(path)
+        for path in sorted(found, key=lambda p: p.split("/")):
+            yield path, directory / path
         return
     root = directory.path.rstrip("/")
-    for found in sorted(directory.fs.find(root)):
+    with _listing(directory):
+        keys = directory.fs.find(root)
+    for found in sorted(keys):
         relative = found[len(root):].lstrip("/")
-        if relative:
+        if relative and _unsafe(relative):
+            logger.warning("leaving out the key %r in %s: it would not stay inside a copy",
+                           relative, directory)
+        elif relative:
             yield relative, directory.joinpath(*relative.split("/"))
 
 
 def size(directory: Path | UPath) -> int:
-    """Bytes of every file below `directory`."""
+    """Bytes of every file below `directory` (links not followed)."""
     if isinstance(directory, Path):
-        return sum(p.stat().st_size for _, p in files(directory))
-    details = directory.fs.find(directory.path.rstrip("/"), detail=True)
+        return sum(info.st_size for _, _, info in _walk(directory) if stat.S_ISREG(info.st_mode))
+    with _listing(directory):
+        details = directory.fs.find(directory.path.rstrip("/"), detail=True)
     return sum(int(info.get("size") or 0) for info in details.values())
 
 
 def remove(directory: Path | UPath, first: str | None = None) -> None:
     """Delete `directory` and all below it; the file `first` (a completion marker) before the
-    rest, so that a deletion cut short never leaves something that looks whole."""
-    if first is not None:
-        (directory / first).unlink(missing_ok=True)
-    if isinstance(directory, Path):
-        shutil.rmtree(directory, ignore_errors=True)
-    elif directory.exists():
-        directory.fs.rm(directory.path.rstrip("/"), recursive=True)
+    rest, so that a deletion cut short never leaves something that looks whole. A link is
+    deleted, never what it points to, be it `directory` itself or anything below it."""
+    if isinstance(directory, UPath):
+        if first is not None:
+            (directory / first).unlink(missing_ok=True)
+        with _listing(directory), contextlib.suppress(FileNotFoundError):
+            # (another writer may delete it meanwhile)
+            if directory.exists():
+                directory.fs.rm(directory.path.rstrip("/"), recursive=True)
+        return
+    if stat.S_ISLNK(_lstat(directory)):
+        logger.warning("deleting the link %s, not what it points to (%s)", directory,
+                       _target(directory))
+        directory.unlink(missing_ok=True)
+        return
+    with _opened_dir(directory) as fd:
+        if fd is not None and first is not None:
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                os.unlink(first, dir_fd=fd)
+    # rmtree works by descriptors here: it unlinks the links below, never follows them, and
+    # refuses a `directory` that became a link meanwhile.
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def move(source: Path | UPath, target: Path | UPath, last: str | None = None) -> None:

@@ -389,10 +389,12 @@ def test_delete_is_foreground_keeps_volumes_and_is_idempotent(
     # Still there while being deleted (the control plane decided already: no verdict).
     deleting = backend.status(launch.job_id)
     assert (deleting.present, deleting.finished, len(deleting.pods)) == (True, False, 2)
+    assert not backend.gone(launch.job_id)  # its pods may still write
     fake_k8s.cluster.collect_garbage = True
     wait_for(lambda: sorted({k[0] for k in fake_k8s.cluster.store.objects}) == [
         "persistentvolumeclaims"], what="every object but the PVCs to be gone", timeout=10)
     assert backend.status(launch.job_id).present is False
+    assert backend.gone(launch.job_id)
     backend.delete(launch.job_id)  # again: nothing to do, no error
     assert backend.active_jobs() == []
     assert launch.checkpoint_dir.resolve().is_dir()  # checkpoints stay on their volume

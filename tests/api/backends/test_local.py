@@ -252,11 +252,13 @@ def test_delete_kills_the_pods_of_a_dead_or_hung_supervisor(
     if fate == "dead":  # and not replaced: nothing observed the job in between
         wait_for(lambda: same_process(supervisor_pid, started) is None,
                  what="the supervisor to die")
+    assert not backend.gone("job-orphans")  # its pod still runs, and may write
     with caplog.at_level("WARNING", logger="api.backends.local"):
         backend.delete("job-orphans")
     assert "pod job-orphans-0 left behind: SIGKILL" in caplog.text
     assert ("supervisor did not stop" in caplog.text) == (fate == "hung")
     assert_no_processes(jobs_dir / "job-orphans")
+    assert backend.gone("job-orphans")
 
 
 def kill_supervisor(job_dir: Path) -> dict[str, Any]:
@@ -435,7 +437,8 @@ def test_a_reused_pid_is_not_a_live_supervisor(fake_jobs: Path) -> None:
                                     "job\n"])
 def test_path_like_job_ids_are_rejected(backend: LocalBackend, job_id: str) -> None:
     for call in (lambda: backend.status(job_id), lambda: backend.kill_pod(job_id, 0, 0),
-                 lambda: backend.delete(job_id), lambda: backend.tail_logs(job_id, 0, 5)):
+                 lambda: backend.delete(job_id), lambda: backend.tail_logs(job_id, 0, 5),
+                 lambda: backend.gone(job_id)):
         with pytest.raises(WorkloadNotFound):
             call()
 

@@ -214,6 +214,23 @@ def test_artifacts_in_a_store_need_no_volumes_and_come_with_the_stores_secret() 
     assert "envFrom" not in container(make_launch())
 
 
+def test_a_job_with_its_own_store_credential_gets_it_from_its_secret_alone() -> None:
+    root = "az://artifacts-job-1a2b3c4d"
+    sas = "BlobEndpoint=https://account.blob.core.windows.net/;SharedAccessSignature=sv=x&si=pods"
+    launch = dataclasses.replace(make_launch(), checkpoint_dir=location(f"{root}/checkpoints"),
+                                 model_dir=location(f"{root}/model"),
+                                 store_env={"AZURE_STORAGE_CONNECTION_STRING": sas})
+    cluster = dataclasses.replace(CLUSTER, artifacts_secret="migrator-artifacts")
+    secret = manifests.secret(launch, cluster)
+    assert secret["stringData"]["AZURE_STORAGE_CONNECTION_STRING"] == sas
+    trainer = manifests.trainer_container(launch, cluster)
+    assert "envFrom" not in trainer  # not the store's own credentials
+    assert {"name": "AZURE_STORAGE_CONNECTION_STRING", "valueFrom": {"secretKeyRef": {
+        "name": manifests.secret_name(launch.job_id), "key": "AZURE_STORAGE_CONNECTION_STRING",
+    }}} in trainer["env"]
+    assert sas not in json.dumps(manifests.anchor(launch, cluster))
+
+
 @pytest.mark.parametrize("mode", ["live", "restart"])
 def test_trainer_runs_the_shared_pod_command_and_environment(mode: str) -> None:
     launch = make_launch(mode)

@@ -1,9 +1,13 @@
 import pytest
 from fastapi.testclient import TestClient
+from sqlmodel import Session
 
 from api.reconciler import Reconciler
+from api.services.events import PAGE_BYTES, event_page, json_size
 from tests.api.conftest import AUTH, create_job
 from tests.api.fakes import FakeBackend
+from tests.factories import record
+from trainer.contract.records import Quorum
 
 
 def test_endpoints_need_the_admin_token(client: TestClient) -> None:
@@ -49,7 +53,7 @@ def test_create_with_defaults_launches_the_pods(client: TestClient,
     assert launch.job_id == job["id"] and launch.replicas == 2
     assert launch.report_url == f"http://127.0.0.1:8123/api/v1/jobs/{job['id']}/reports"
     assert len(launch.report_token) > 30 and launch.report_token not in response.text
-    # A heal secret of its own, which no response shows and no other job shares.
+    # A peer secret of its own, which no response shows and no other job shares.
     assert len(launch.peer_secret) > 30 and launch.peer_secret not in response.text
     assert launch.peer_secret != launch.report_token
     assert client.post("/api/v1/jobs", json={}, headers=AUTH).status_code == 201
@@ -283,6 +287,35 @@ def test_events_are_paged_with_after(client: TestClient) -> None:
                       headers=AUTH).json()
     ids = [e["id"] for e in first["data"] + rest["data"]]
     assert ids == sorted(ids) and len(set(ids)) == len(ids) and rest["next_after"] is None
+
+
+def post_big_events(client: TestClient, backend: FakeBackend, job_id: str, count: int) -> None:
+    """`count` events of about 9 KB each, as a pod may send them."""
+    token = next(launch.report_token for launch in backend.launches if launch.job_id == job_id)
+    records = [record(seq, Quorum(message="q" * 9_000, quorum_id=seq, participants=2, step=seq))
+               for seq in range(1, count + 1)]
+    response = client.post(f"/api/v1/jobs/{job_id}/reports",
+                           headers={"Authorization": f"Bearer {token}"},
+                           json={"pod": f"{job_id}-0", "incarnation": "i", "records": records})
+    assert response.status_code == 200, response.text
+
+
+def test_event_pages_are_bounded_in_bytes(client: TestClient, backend: FakeBackend) -> None:
+    job = create_job(client)
+    post_big_events(client, backend, job["id"], 300)  # 2.7 MB
+    seen, after, pages = [], 0, 0
+    while after is not None:
+        page = client.get(f"/api/v1/jobs/{job['id']}/events?after={after}&limit=1000",
+                          headers=AUTH).json()
+        assert sum(json_size(e["data"]) for e in page["data"]) <= PAGE_BYTES
+        seen += [e["id"] for e in page["data"]]
+        after, pages = page["next_after"], pages + 1
+        assert after is None or after == seen[-1]
+    assert pages >= 3 and seen == sorted(set(seen))
+    assert len(seen) == 300 + 3  # and the job's created, starting and running events
+    with Session(client.app.state.engine) as session:  # type: ignore[attr-defined]
+        events, next_after = event_page(session, job["id"], 0, 1000, budget=1)
+    assert len(events) == 1 and next_after == events[0].id  # a page holds one event at least
 
 
 def test_pending_jobs_at_start_up_are_failed(client: TestClient, backend: FakeBackend,

@@ -4,6 +4,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 from tests.api.conftest import AUTH, create_job, report
@@ -11,6 +12,7 @@ from tests.api.fakes import FakeBackend
 from tests.api.test_reconciler import reconcile
 from tests.factories import completed, record
 from trainer import lora
+from trainer.checkpoint import save_checkpoint
 from trainer.config import JobSpec
 from trainer.contract.checkpoints import ADAPTER_DIR
 
@@ -140,3 +142,57 @@ def test_a_deleted_model_is_gone_with_its_files(client: TestClient, model_id: st
     job = client.get(f"/api/v1/jobs/{backend.launches[0].job_id}", headers=AUTH).json()
     assert job["model_id"] is None  # the job's record stays
     assert client.delete(f"/api/v1/models/{model_id}", headers=AUTH).status_code == 404
+
+
+def test_a_model_holding_a_link_is_neither_served_nor_loaded(
+        client: TestClient, model_id: str, backend: FakeBackend, tmp_path: Path) -> None:
+    files = backend.launches[0].model_dir
+    secret = tmp_path / "secret"
+    secret.write_text("[PAD]\nnot theirs to read\n")
+    (files / "vocab.txt").unlink()
+    (files / "vocab.txt").symlink_to(secret)  # what a tokenizer would read as its vocabulary
+    base = f"/api/v1/models/{model_id}"
+    for method, url, body in (("GET", f"{base}/download", None),
+                              ("GET", f"{base}/download?format=adapter", None),
+                              ("POST", f"{base}/download-link", None),
+                              ("POST", f"{base}/predict", {"texts": ["fine"]})):
+        refused = client.request(method, url, headers=AUTH, json=body)
+        assert refused.status_code == 409, url
+        assert "vocab.txt" in refused.json()["detail"] and "not follow" in refused.text
+
+    assert client.delete(base, headers=AUTH).status_code == 204
+    assert not files.exists() and secret.read_text() == "[PAD]\nnot theirs to read\n"
+
+
+def test_a_model_directory_linked_to_another_jobs_is_not_registered_nor_deleted(
+        client: TestClient, model_id: str, backend: FakeBackend, settings) -> None:
+    """The Kubernetes layout: the API links a job's directories to its sub-directories of the
+    volumes, which its pods write; there a pod replaces its model by a link to another job's,
+    and leaves a link to that job in its job's directory too."""
+    theirs = backend.launches[0].model_dir
+    mine = create_job(client)
+    launch = backend.launches[-1]
+    volume = settings.resolved_volumes_dir
+    for name, path in (("checkpoints", launch.checkpoint_dir), ("models", launch.model_dir)):
+        (volume / name / mine["id"]).mkdir(parents=True)
+        target = volume / name / mine["id"] / ("model" if name == "models" else "")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.symlink_to(target, target_is_directory=True)  # as KubernetesBackend links them
+    save_checkpoint(volume / "checkpoints" / mine["id"], 5, {"w": torch.ones(1)}, {}, {})
+    (volume / "models" / mine["id"] / "model").symlink_to(theirs, target_is_directory=True)
+    (settings.jobs_dir / mine["id"] / "theirs").symlink_to(theirs.parent)
+
+    checkpoints = client.get(f"/api/v1/jobs/{mine['id']}/checkpoints", headers=AUTH).json()
+    assert [c["id"] for c in checkpoints] == ["step-5"]  # the API's own link is followed
+    report(client, backend, mine["id"], [record(1, completed("x"))])
+    reconcile(client, backend)
+    assert client.get(f"/api/v1/jobs/{mine['id']}", headers=AUTH).json()["model_id"] is None
+
+    assert client.post(f"/api/v1/jobs/{mine['id']}/cancel", headers=AUTH).status_code == 202
+    assert client.delete(f"/api/v1/jobs/{mine['id']}?delete_artifacts=true",
+                         headers=AUTH).status_code == 204
+    assert not (settings.jobs_dir / mine["id"]).exists()
+    assert not (volume / "checkpoints" / mine["id"]).exists()
+    assert not (volume / "models" / mine["id"] / "model").is_symlink()
+    assert (theirs / "config.json").is_file()
+    assert client.get(f"/api/v1/models/{model_id}/download", headers=AUTH).status_code == 200

@@ -10,7 +10,9 @@ from api.app import create_app
 from tests.api.conftest import AUTH, metric
 from tests.api.fakes import FakeBackend
 from tests.api.live import serve, sse_events, take
+from tests.factories import record
 from tests.support import wait_for
+from trainer.contract.records import Quorum
 
 
 @pytest.fixture
@@ -185,3 +187,36 @@ def test_concurrent_writers_lose_no_event_on_the_stream(server) -> None:
                     break
             first = stored.index(received[0])
             assert received == stored[first:]
+
+
+def test_the_replay_reads_history_in_pages_bounded_in_bytes(server, monkeypatch) -> None:
+    import api.routes.stream
+    from api.services.events import PAGE_BYTES, event_page, json_size
+
+    pages: list[int] = []
+
+    def measured(*args, **kwargs):
+        events, next_after = event_page(*args, **kwargs)
+        pages.append(sum(json_size(event.data) for event in events))
+        return events, next_after
+
+    monkeypatch.setattr(api.routes.stream, "event_page", measured)
+    url, backend = server
+    with httpx.Client(base_url=url, timeout=30) as http:
+        job_id = start_job(http)
+        token = next(launch.report_token for launch in backend.launches)
+        big = [record(seq, Quorum(message="q" * 9_000, quorum_id=seq, participants=2, step=seq))
+               for seq in range(1, 301)]  # 2.7 MB of history
+        assert http.post(f"/api/v1/jobs/{job_id}/reports",
+                         headers={"Authorization": f"Bearer {token}"},
+                         json={"pod": f"{job_id}-0", "incarnation": "i",
+                               "records": big}).status_code == 200
+        quorums = []
+        with http.stream("GET", f"/api/v1/jobs/{job_id}/stream", headers=AUTH) as response:
+            for event in sse_events(response):
+                if event["data"].get("type") == "quorum":
+                    quorums.append(event["data"]["quorum_id"])
+                    if quorums[-1] == 300:
+                        break
+    assert quorums == list(range(1, 301))
+    assert len(pages) >= 3 and max(pages) <= PAGE_BYTES
