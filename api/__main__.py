@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import uvicorn
@@ -14,6 +15,8 @@ from api.logs import configure_logging
 from api.migrations import SchemaError
 from api.services.login import LOGIN_CODE_SECONDS, LoginCodes
 from api.settings import Settings
+from trainer.contract.process import PRIVATE_UMASK
+from trainer.contract.runtime import host_port
 
 
 def login_hint(url: str, token: AdminToken, codes: LoginCodes, terminal: bool) -> str:
@@ -49,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"invalid settings: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_format)
+    os.umask(PRIVATE_UMASK)  # the database, the token, the job directories: this user's alone
     engine = make_engine(settings)
     try:
         init_db(engine)
@@ -58,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         engine.dispose()
     app = create_app(settings)
-    url = f"http://{settings.host}:{settings.port}"
+    url = f"http://{host_port(settings.host, settings.port)}"
     print(f"Live Migrator control plane on {url} ({settings.backend} backend, data in "
           f"{settings.data_dir.resolve()})", flush=True)
     print(login_hint(url, app.state.admin_token, app.state.login_codes, sys.stdout.isatty()),

@@ -21,6 +21,7 @@ from api.broker import Broker
 from api.db import init_db, make_engine
 from api.errors import add_exception_handlers, document_schemas
 from api.metrics import LatencyMiddleware, install_collector
+from api.private import private_dir
 from api.reconciler import Reconciler
 from api.routes import checkpoints, downloads, health, jobs, login, models, pods, reports, stream
 from api.routes.web import mount_web
@@ -33,7 +34,6 @@ from api.settings import Settings
 from trainer.contract.records import ReportBatch
 
 logger = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,7 @@ def make_backend(settings: Settings) -> Backend:
 
 def create_app(settings: Settings | None = None, backend: Backend | None = None) -> FastAPI:
     settings = settings or Settings()
+    private_dir(settings.data_dir)  # it holds the admin token, the database, the jobs' secrets
     engine = make_engine(settings)
     broker = Broker()
     chosen = backend or make_backend(settings)

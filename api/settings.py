@@ -12,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from upath import UPath
 
+from trainer.contract.runtime import host_port
 from trainer.contract.store import location
 
 CONTAINER = re.compile(r"[a-z0-9](?:-?[a-z0-9]){2,49}")
@@ -166,4 +167,4 @@ class Settings(BaseSettings):
 
     @property
     def base_url(self) -> str:
-        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+        return (self.public_url or f"http://{host_port(self.host, self.port)}").rstrip("/")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import csv
+import math
 import random
 from pathlib import Path
 
 from trainer.contract.records import Completed, Evaluation, Metric, RecordData
+from trainer.contract.spec import JobSpec
 
 POSITIVE = ["good", "great", "fun", "moving", "brilliant", "warm", "superb", "clever"]
 NEGATIVE = ["bad", "dull", "boring", "awful", "weak", "tedious", "clumsy", "flat"]
@@ -58,6 +60,54 @@ def make_reviews_csv(path: Path, rows: int = 200, seed: int = 0) -> Path:
             positive = index % 2 == 0
             writer.writerow([review(rng, positive), "positive" if positive else "negative"])
     return path
+
+
+UNKNOWN_WORD = "zyzzyva"
+"""A word outside the tiny vocabulary: it tokenizes to [UNK]."""
+
+
+def make_poisoned_model(directory: Path) -> Path:
+    """The tiny model with an infinite [UNK] embedding: the loss of any batch that holds a word
+    outside its vocabulary is NaN (a corrupt weight that only some data reaches)."""
+    from safetensors.torch import load_file, save_file
+
+    make_tiny_model(directory)
+    weights = load_file(directory / "model.safetensors")
+    weights["bert.embeddings.word_embeddings.weight"][SPECIAL.index("[UNK]")] = float("inf")
+    save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
+    return directory
+
+
+def make_poisoned_csv(path: Path, rows: int = 200, at: int = 3) -> Path:
+    """make_reviews_csv's dataset with UNKNOWN_WORD in its row `at` (counted from 0). With the
+    spec's default seed, row 3 of 200 lands in the training split, and not in the first 16 of
+    any of the first three epochs' sample order (not in a live job's first step, in which the
+    second replica only syncs the first one's weights)."""
+    make_reviews_csv(path, rows)
+    lines = path.read_text().splitlines()
+    text, label = lines[at + 1].rsplit(",", 1)
+    lines[at + 1] = f"{text} {UNKNOWN_WORD},{label}"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def poisoned_steps(spec: JobSpec, inputs_dir: Path, epochs: int,
+                   participants: int = 1) -> list[int]:
+    """The steps whose window holds the training text with UNKNOWN_WORD, with `participants`
+    in every step."""
+    import numpy as np
+
+    from trainer.data import load_source, make_splits
+    from trainer.sampler import GlobalSampler
+
+    train = make_splits(load_source(spec, inputs_dir, None), spec).train
+    poisoned = [i for i, text in enumerate(train.texts) if UNKNOWN_WORD in text]
+    assert len(poisoned) == 1, "the poisoned row must land in the training split"
+    sampler, window = GlobalSampler(len(train), spec.batch_size, spec.seed), \
+        spec.batch_size * participants
+    per_epoch = math.ceil(len(train) / window)
+    return [epoch * per_epoch + 1 + int(np.flatnonzero(sampler.order(epoch) == poisoned[0])[0])
+            // window for epoch in range(epochs)]
 
 
 def record(seq: int, data: RecordData, time: float | None = None) -> dict:

@@ -4,6 +4,7 @@ the API's report endpoint."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -59,9 +60,34 @@ def wait_for(condition: Callable[[], T], *, what: str = "condition", timeout: fl
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+def not_private(root: Path) -> list[str]:
+    """What under `root`, itself included, a group or other users may read, write or enter, as
+    `mode path` lines (links left out: their own mode means nothing; what vanishes meanwhile,
+    too)."""
+    found = []
+    for directory, _, files in os.walk(root):
+        for path in (Path(directory), *(Path(directory) / name for name in files)):
+            try:
+                mode = path.lstat().st_mode
+            except FileNotFoundError:
+                continue
+            if not path.is_symlink() and mode & 0o077:
+                found.append(f"{oct(mode & 0o777)} {path}")
+    return found
 
 
 def accepts(port: int, host: str = "127.0.0.1") -> bool:
@@ -74,20 +100,20 @@ def accepts(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def start_lighthouse(processes: Starter, log: Path, secret: str = PEER_SECRET,
-                     **flags: int) -> str:
+                     host: str = "127.0.0.1", **flags: int) -> str:
     """A job's lighthouse process, started as the backends start it (`flags` override its
-    `--name value` options), on a free port, for the job whose peer secret is `secret`; its
-    address once it listens."""
-    from api.backends.commands import lighthouse_argv
+    `--name value` options), on a free port of `host`, for the job whose peer secret is
+    `secret`; its address once it listens."""
+    from api.backends.commands import Endpoint, lighthouse_argv
     from trainer.contract.credentials import SECRET_ENV
 
-    port = free_port()
-    argv = lighthouse_argv(f"127.0.0.1:{port}", python=sys.executable)
+    port = free_port(host)
+    argv = lighthouse_argv(host, port, python=sys.executable)
     for name, value in flags.items():
         argv[argv.index(f"--{name}") + 1] = str(value)
     processes.start(argv, {SECRET_ENV: secret}, log)
-    wait_for(lambda: accepts(port), what="the lighthouse to listen", timeout=30)
-    return f"http://127.0.0.1:{port}"
+    wait_for(lambda: accepts(port, host), what="the lighthouse to listen", timeout=30)
+    return f"http://{Endpoint(host, port)}"
 
 
 class ReportServer:

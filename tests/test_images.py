@@ -80,7 +80,8 @@ def test_api_image_has_a_healthcheck_and_the_dashboard() -> None:
     assert "WORKDIR /app" in final
     check = next(line for line in final if line.startswith("HEALTHCHECK"))
     assert "http://127.0.0.1:8000/healthz" in check
-    assert any(line.startswith("CMD") and '"api"' in line and '"0.0.0.0"' in line
+    # Every address of either family: an IPv6-only cluster reaches it too.
+    assert any(line.startswith("CMD") and '"api"' in line and '"::"' in line
                for line in final)
 
 

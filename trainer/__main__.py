@@ -2,8 +2,10 @@ import logging
 import os
 import sys
 
+from trainer.contract.process import PRIVATE_UMASK
 from trainer.main import main
 
+os.umask(PRIVATE_UMASK)  # checkpoints, the export, the tokenization cache, logs: private
 code = main()
 logging.shutdown()
 sys.stdout.flush()

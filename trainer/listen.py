@@ -12,13 +12,10 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from trainer.contract.runtime import url_host as url_host  # where this module's users find it
+
 STORE_TIMEOUT = timedelta(seconds=300)
 """TCPStore's own default: how long a client waits for the server and for keys."""
-
-
-def url_host(address: str) -> str:
-    """`address` as the host part of a URL or `host:port` (IPv6 literals in brackets)."""
-    return f"[{address}]" if ":" in address else address
 
 
 def gloo_backend(store: dist.Store, rank: int, world_size: int, timeout: timedelta,

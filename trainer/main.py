@@ -15,10 +15,11 @@ from trainer.contract.records import Failed
 from trainer.data import DataError
 from trainer.distributed import Group, die_with_parent
 from trainer.model import ModelError, choose_device
+from trainer.nonfinite import NonFiniteLoss
 from trainer.report import HeartbeatFile, HttpSink, JsonlSink, MetricsSink, Reporter
 
 if TYPE_CHECKING:
-    from trainer.train import Prepared
+    from trainer.prepare import Prepared
 
 logger = logging.getLogger("trainer")
 
@@ -114,6 +115,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
     except (DataError, ModelError) as exc:
         logger.error("%s", exc)
         reporter.emit(Failed(message=str(exc), reason="bad_input"))
+        return ExitCode.BAD_INPUT
+    except NonFiniteLoss as exc:  # a restart would compute the same value again
+        logger.error("%s", exc)
+        reporter.emit(Failed(message=str(exc), reason="non_finite_loss"))
         return ExitCode.BAD_INPUT
     except Exception as exc:
         logger.exception("training failed")

@@ -361,8 +361,9 @@ class PipelineModel:
         dist.send(output[0].float().contiguous(), group=group, group_dst=ranks[stage.index + 1])
         return None
 
-    def sync_and_clip(self, max_norm: float) -> None:
-        """Average the gradients over the stage's replicas; clip by the whole model's norm."""
+    def sync_and_clip(self, max_norm: float) -> float:
+        """Average the gradients over the stage's replicas; clip by the whole model's norm and
+        return it (the same on every stage of every replica)."""
         grads = [p.grad for p in self.stage.parameters() if p.grad is not None]
         if grads:
             flat = torch.cat([g.flatten() for g in grads])
@@ -371,11 +372,12 @@ class PipelineModel:
             for g in grads:
                 g.copy_(flat[offset:offset + g.numel()].view_as(g))
                 offset += g.numel()
-        if max_norm <= 0:
-            return
         squares = torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads else (
             torch.zeros((), device=self.group.device.device))
         dist.all_reduce(squares, group=self.group.pipeline_group)
-        coefficient = torch.clamp(max_norm / (squares.sqrt() + 1e-6), max=1.0)
-        for g in grads:
-            g.mul_(coefficient.to(g.dtype))
+        norm = squares.sqrt()
+        if max_norm > 0:
+            coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+            for g in grads:
+                g.mul_(coefficient.to(g.dtype))
+        return float(norm.item())

@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,6 +25,18 @@ logger = logging.getLogger(__name__)
 
 Record = dict[str, Any]
 DROPPABLE = "metric"
+
+
+def encode(record: Record) -> str | None:
+    """`record` as strict JSON; None, logged, where it has none: a NaN or an infinity, which
+    JSON lacks and the API refuses, or an object that JSON cannot hold. Dropping it costs one
+    record; sending it would cost every later one (its batch refused again and again)."""
+    try:
+        return json.dumps(record, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        logger.error("report record %s (%s) dropped: not JSON (%s)", record.get("seq"),
+                     record.get("kind"), exc)
+        return None
 
 
 class MetricsSink(Protocol):
@@ -54,12 +67,17 @@ class JsonlSink:
     def __init__(self, path: Path, pod: str, incarnation: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._stamp = {"pod": pod, "incarnation": incarnation}
+        self.unserializable = 0
+        """Records dropped because they had no JSON form."""
         # One os.write per line on an O_APPEND descriptor: lines of processes never interleave.
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
     def write(self, record: Record) -> None:
-        line = json.dumps({**self._stamp, **record}, separators=(",", ":")) + "\n"
-        os.write(self._fd, line.encode())
+        line = encode({**self._stamp, **record})
+        if line is None:
+            self.unserializable += 1
+            return
+        os.write(self._fd, (line + "\n").encode())
 
     def flush(self, timeout: float = 0.0) -> bool:
         return True
@@ -97,8 +115,21 @@ class HeartbeatFile:
         pass
 
 
+@dataclass(frozen=True)
+class _Encoded:
+    """A record waiting to be sent, in the JSON it is sent as."""
+
+    seq: int
+    kind: str
+    text: str
+
+
 class HttpSink:
-    """Posts batches from a background thread; retries with backoff, buffers while unreachable."""
+    """Posts batches from a background thread; retries with backoff, buffers while unreachable.
+
+    Records are encoded as they are written: one without a JSON form is dropped there (logged
+    and counted), and nothing ends the thread, so later records are always delivered.
+    """
 
     def __init__(self, url: str, token: str, pod: str, incarnation: str, *,
                  interval: float = 1.0, heartbeat_interval: float = 5.0, capacity: int = 50_000,
@@ -108,29 +139,35 @@ class HttpSink:
         self.capacity, self.max_batch = capacity, max_batch
         self._client = client or httpx.Client(
             timeout=httpx.Timeout(5.0), headers={"Authorization": f"Bearer {token}"})
-        self._buffer: deque[Record] = deque()
+        self._buffer: deque[_Encoded] = deque()
         self._lock = threading.Condition()
         self._wake = threading.Event()
         self._stopping = False
         self._dropped = 0
         self._last_post = 0.0
         self.delivered = 0
+        self.unserializable = 0
+        """Records dropped because they had no JSON form."""
         self._thread = threading.Thread(target=self._run, name="report-sender", daemon=True)
         self._thread.start()
 
     def write(self, record: Record) -> None:
+        text = encode(record)
         with self._lock:
-            self._buffer.append(record)
+            if text is None:
+                self.unserializable += 1
+                return
+            self._buffer.append(_Encoded(record["seq"], record["kind"], text))
             if len(self._buffer) > self.capacity:
                 self._shed()
 
     def _shed(self) -> None:
         """Drop the oldest half of the metric records; events and checkpoints are never dropped."""
-        metrics = sum(1 for r in self._buffer if r["kind"] == DROPPABLE)
+        metrics = sum(1 for r in self._buffer if r.kind == DROPPABLE)
         to_drop = max(metrics // 2, 1) if metrics else 0
-        kept: deque[Record] = deque()
+        kept: deque[_Encoded] = deque()
         for record in self._buffer:
-            if to_drop and record["kind"] == DROPPABLE:
+            if to_drop and record.kind == DROPPABLE:
                 to_drop -= 1
                 self._dropped += 1
                 continue
@@ -159,36 +196,49 @@ class HttpSink:
         while True:
             self._wake.wait(timeout=backoff or self.interval)
             self._wake.clear()
-            with self._lock:
-                if self._stopping:
-                    return
-                batch = [self._buffer[i] for i in range(min(len(self._buffer), self.max_batch))]
-                dropped = self._dropped
-            idle = time.monotonic() - self._last_post >= self.heartbeat_interval
-            if not batch and not idle:
-                continue
-            outcome = self._post(batch, dropped)
-            if outcome == "retry":
-                backoff = min(max(backoff * 2, 0.2), 5.0)
-                continue
-            backoff = 0.0
-            self._last_post = time.monotonic()
-            with self._lock:
-                last_seq = batch[-1]["seq"] if batch else None
-                while last_seq is not None and self._buffer and self._buffer[0]["seq"] <= last_seq:
-                    self._buffer.popleft()
-                self._dropped -= dropped
-                if outcome == "sent":
-                    self.delivered += len(batch)
-                self._lock.notify_all()
-            if self._buffer:
-                self._wake.set()
+            try:
+                after = self._send(backoff)
+            except Exception:  # nothing may end this thread: the job would go on unheard
+                logger.exception("reports not sent: unexpected error; will retry")
+                after = min(max(backoff * 2, 0.2), 5.0)
+            if after is None:
+                return
+            backoff = after
 
-    def _post(self, batch: list[Record], dropped: int) -> str:
-        body = {"pod": self.pod, "incarnation": self.incarnation, "dropped": dropped,
-                "records": batch}
+    def _send(self, backoff: float) -> float | None:
+        """Post the next batch (or a heartbeat when due); the backoff before the next try, or
+        None once the sink is closed."""
+        with self._lock:
+            if self._stopping:
+                return None
+            batch = [self._buffer[i] for i in range(min(len(self._buffer), self.max_batch))]
+            dropped = self._dropped
+        idle = time.monotonic() - self._last_post >= self.heartbeat_interval
+        if not batch and not idle:
+            return backoff
+        outcome = self._post(batch, dropped)
+        if outcome == "retry":
+            return min(max(backoff * 2, 0.2), 5.0)
+        self._last_post = time.monotonic()
+        with self._lock:
+            last_seq = batch[-1].seq if batch else None
+            while last_seq is not None and self._buffer and self._buffer[0].seq <= last_seq:
+                self._buffer.popleft()
+            self._dropped -= dropped
+            if outcome == "sent":
+                self.delivered += len(batch)
+            self._lock.notify_all()
+        if self._buffer:
+            self._wake.set()
+        return 0.0
+
+    def _post(self, batch: list[_Encoded], dropped: int) -> str:
+        head = json.dumps({"pod": self.pod, "incarnation": self.incarnation,
+                           "dropped": dropped}, separators=(",", ":"))
+        body = f'{head[:-1]},"records":[{",".join(r.text for r in batch)}]}}'
         try:
-            response = self._client.post(self.url, json=body)
+            response = self._client.post(self.url, content=body.encode(),
+                                         headers={"Content-Type": "application/json"})
         except httpx.HTTPError as exc:
             logger.debug("report post failed (%s); will retry", exc)
             return "retry"

@@ -51,7 +51,7 @@ def redirect_output(log: Path) -> None:
     """Send this process's stdout and stderr (Python's and native code's) to `log`."""
     sys.stdout.flush()
     sys.stderr.flush()
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
@@ -82,7 +82,7 @@ def run(ready_file: Path, die_with_parent: bool = False) -> int:
     configure_logging(config.runtime.job_id, NAME)
     from trainer.data import DataError
     from trainer.engine import live  # noqa: F401  (imported now, not when the pod starts)
-    from trainer.train import prepare
+    from trainer.prepare import prepare
 
     try:
         prepared = prepare(config, choose_device().device)

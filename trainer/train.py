@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import signal
 import time
 from dataclasses import dataclass
@@ -16,16 +17,17 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from trainer import checkpoint, lora
+from trainer import checkpoint, lora, nonfinite
 from trainer.config import TrainConfig
 from trainer.contract import records, store
 from trainer.contract.spec import JobSpec
-from trainer.data import TokenizedSplit, load_source, make_splits, tokenize
+from trainer.data import TokenizedSplit
 from trainer.distributed import Group
 from trainer.evaluation import evaluate
 from trainer.export import export_model
-from trainer.model import load_model, load_tokenizer, resolve_model, unwrap
+from trainer.model import load_model, resolve_model, unwrap
 from trainer.pipeline import Pipelined, PipelineModel
+from trainer.prepare import Prepared, prepare
 from trainer.recovery import Recovery
 from trainer.report import Reporter
 from trainer.sampler import Assignment, GlobalSampler
@@ -48,57 +50,8 @@ class StepResult:
     stop_requested: bool
     took_part: bool = True
     """False for a pod that fetched the live state in this step instead of computing it."""
-
-
-@dataclass
-class Prepared:
-    """What a pod loads before it needs to know which pod it is: a warm standby
-    (trainer.standby) holds it ready, so the pod it becomes starts with a heal."""
-
-    key: str
-    """The spec and input directories it was loaded for."""
-    tokenizer: Any
-    train: TokenizedSplit
-    validation: TokenizedSplit
-    test: TokenizedSplit
-    model: nn.Module
-    """Freshly initialised (seeded), on its device, not wrapped yet."""
-
-    def fits(self, config: TrainConfig, device: torch.device) -> bool:
-        return self.key == _prepared_key(config) and next(self.model.parameters()).device == device
-
-
-def _prepared_key(config: TrainConfig) -> str:
-    runtime = config.runtime
-    return f"{config.spec.model_dump_json()} {runtime.inputs_dir} {runtime.cache_dir}"
-
-
-def prepare(config: TrainConfig, device: torch.device) -> Prepared:
-    """The tokenizer, the tokenized splits and the seeded model of the job's spec."""
-    spec, runtime = config.spec, config.runtime
-    lora.check_quantization(spec, device)
-    name_or_path = resolve_model(spec.model, runtime.inputs_dir)
-    tokenizer = load_tokenizer(name_or_path)
-    splits = make_splits(load_source(spec, runtime.inputs_dir, runtime.cache_dir), spec)
-    train, validation, test = (tokenize(split, tokenizer, spec.max_length, runtime.cache_dir)
-                               for split in (splits.train, splits.validation, splits.test))
-    model = adapt(load_model(name_or_path, spec.seed, spec.quantization, device), spec)
-    if spec.quantization == "none":  # a quantized model was loaded onto the device
-        model = model.to(device)
-    return Prepared(_prepared_key(config), tokenizer, train, validation, test, model)
-
-
-def adapt(model: nn.Module, spec: JobSpec) -> nn.Module:
-    """The model as the spec trains it: with LoRA adapters, with gradient checkpointing."""
-    if spec.quantization != "none":
-        model = lora.prepare_quantized(model, spec)  # checkpointing too, where asked
-    elif spec.gradient_checkpointing:
-        # Non-reentrant: the frozen inputs of a LoRA model need no requires_grad to recompute.
-        model.gradient_checkpointing_enable(  # type: ignore[operator]
-            gradient_checkpointing_kwargs={"use_reentrant": False})
-    if spec.finetune == "lora":
-        model = lora.apply_lora(model, spec)
-    return model
+    skipped: nonfinite.NonFiniteStep | None = None
+    """Committed without its update: its gradients were not finite."""
 
 
 class Trainer:
@@ -117,6 +70,8 @@ class Trainer:
     """Committed optimizer steps of the whole job."""
     samples_seen: int
     """Training samples consumed by committed steps, over all epochs."""
+    skipped_steps: int
+    """Committed steps whose gradients were not finite, skipped (`nonfinite_loss: "skip"`)."""
     epoch_end_pending: bool
     """The last committed step ended an epoch whose evaluation and checkpoint are not done."""
     metrics: dict[str, Any]
@@ -155,6 +110,7 @@ class Trainer:
                                        spec.epochs * len(self.train_data))
         self.sampler = GlobalSampler(len(self.train_data), spec.batch_size, spec.seed)
         self.step, self.samples_seen, self.epoch_end_pending, self.metrics = 0, 0, False, {}
+        self.skipped_steps = 0
         self.stop_reason = None
         self.checkpoints = checkpoint.CheckpointWriter()
         self.recovery = group.recovery(runtime.checkpoint_dir, runtime.model_dir)
@@ -179,6 +135,7 @@ class Trainer:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.schedule.state_dict(),
                 "sampler": self.sampler.state_dict(), "rng": rng_state(),
                 "progress": {"step": self.step, "samples_seen": self.samples_seen,
+                             "skipped_steps": self.skipped_steps,
                              "epoch_end_pending": self.epoch_end_pending},
                 "metrics": self.metrics}
 
@@ -202,6 +159,7 @@ class Trainer:
         set_rng_state(state["rng"])
         self.step = int(state["progress"]["step"])
         self.samples_seen = int(state["progress"]["samples_seen"])
+        self.skipped_steps = int(state["progress"].get("skipped_steps", 0))
         self.epoch_end_pending = bool(state["progress"].get("epoch_end_pending", False))
         self.metrics = state["metrics"]
 
@@ -270,37 +228,44 @@ class Trainer:
             # Nothing to train on (fewer samples left than participants, or this pod is still
             # fetching the live state or may resume): join the collective with a zero weight.
             indices, weight = self.sampler.order(assignment.epoch)[:1], 0.0
-        loss_sum, counted = self._compute(self.train_data.batch(indices), weight,
-                                          participants / assignment.window)
+        loss_sum, counted, grad_norm = self._compute(self.train_data.batch(indices), weight,
+                                                     participants / assignment.window)
         # Loss over the samples counted: all participants' in a static world, this pod's in a
         # live one (whose statistics stay local).
         stats = self.group.all_reduce_sum(torch.tensor(
             [loss_sum, counted, float(self._stop_requested)], dtype=torch.float64))
         committed = self.group.should_commit()  # a healing pod loads the live state here
+        loss_total, counted, stops = stats.tolist()
+        skipped = None
         if newest is not None and self.step == 0:  # no live peer was ahead: resume instead
             self.resume(newest)
             self.group.resume_at(self.step)
             committed = False
         elif committed:
+            # Judged from the synchronised gradients: every participant fails or skips alike.
+            skipped = nonfinite.check(self.step + 1, loss_total / counted if counted else None,
+                                      grad_norm, self.config.spec.nonfinite_loss)
             # Read after should_commit: a pod that just healed holds the peers' progress.
             for group in self.optimizer.param_groups:
                 group["lr"] = self.schedule.lr_at(self.samples_seen)
-            self.optimizer.step()
+            if skipped is None:
+                self.optimizer.step()
+            else:
+                self.skipped_steps += 1
             assignment = self.sampler.assign(self.group.rank, participants)
             self.sampler.commit(assignment)
             self.step += 1
             self.samples_seen += assignment.window
         self.optimizer.zero_grad(set_to_none=True)
-        loss_total, counted, stops = stats.tolist()
         return StepResult(committed, loss_total / max(counted, 1.0), assignment, used, stops > 0,
-                          took_part=not idle)
+                          took_part=not idle, skipped=skipped)
 
     def _compute(self, batch: dict[str, torch.Tensor], weight: float, scale: float,
-                 ) -> tuple[float, float]:
+                 ) -> tuple[float, float, float]:
         """Forward and backward of this pod's share of the step, gradients synchronised and
         clipped: (the loss summed over the share's samples, the samples) times `weight` (0: a
-        share that only joins the collectives). A pipeline's earlier stages count none: the
-        last one holds the loss."""
+        share that only joins the collectives), and the synchronised gradients' norm. A
+        pipeline's earlier stages count none: the last one holds the loss."""
         self.model.train()
         autocast = (torch.autocast(self.device.device.type, dtype=self.device.autocast_dtype)
                     if self.device.autocast_dtype else contextlib.nullcontext())
@@ -310,9 +275,9 @@ class Trainer:
         if self.pipeline is not None:
             with autocast:
                 loss = self.pipeline.forward_backward(batch, weight * scale)
-            self.pipeline.sync_and_clip(max_norm)
+            norm = self.pipeline.sync_and_clip(max_norm)
             counted = weight * len(batch["labels"]) if self.pipeline.stage.is_last else 0.0
-            return weight * loss, counted
+            return weight * loss, counted, norm
         batch = {k: v.to(self.device.device, non_blocking=True) for k, v in batch.items()}
         with autocast:
             logits = self.model(input_ids=batch["input_ids"],
@@ -320,9 +285,10 @@ class Trainer:
         loss_sum = weight * functional.cross_entropy(logits.float(), batch["labels"],
                                                      reduction="sum")
         (loss_sum * scale).backward()
-        if max_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        return loss_sum.item(), weight * len(batch["labels"])
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        total = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+                 if max_norm > 0 else torch.nn.utils.get_total_norm(grads))
+        return loss_sum.item(), weight * len(batch["labels"]), total.item()
 
     def _observe_group(self) -> None:
         """Report membership changes: quorums and primaries (job-level, so by the primary)."""
@@ -362,6 +328,8 @@ class Trainer:
                     and self.recovery.writes_final_checkpoint(self.step, self.group.is_primary)):
                 self.save_checkpoint(epoch_end=True, emergency=True)
             return finished
+        except nonfinite.NonFiniteLoss:
+            raise  # not a failed collective: the last committed step needs no emergency copy
         except Exception:
             if self.recovery.saves_on_failure(self.group.participants):
                 self.save_emergency_checkpoint()
@@ -434,12 +402,19 @@ class Trainer:
 
     def _report_step(self, assignment: Assignment, result: StepResult,
                      throughput: float) -> None:
-        self.reporter.emit(records.Metric(step=self.step, epoch=assignment.epoch + 1,
-                                          loss=result.loss,
-                                          learning_rate=self.optimizer.param_groups[0]["lr"],
-                                          samples_per_second=throughput,
-                                          participants=self.group.participants,
-                                          samples_seen=self.samples_seen))
+        if result.skipped is not None:  # a loss to chart it has not: an event instead
+            self.reporter.emit(result.skipped.record(assignment.epoch + 1, self.skipped_steps))
+        elif not math.isfinite(result.loss):
+            # Gradients finite all the same: this pod's did not count (torchft's first step,
+            # in which it only takes the first replica's weights).
+            logger.warning("step %d: loss %s here, but not in the update", self.step,
+                           result.loss)
+        else:
+            self.reporter.emit(records.Metric(
+                step=self.step, epoch=assignment.epoch + 1, loss=result.loss,
+                learning_rate=self.optimizer.param_groups[0]["lr"],
+                samples_per_second=throughput, participants=self.group.participants,
+                samples_seen=self.samples_seen))
         # A pipeline replica's stages train on the same samples: its last stage reports them.
         if self.config.runtime.log_sample_ids and (self.pipeline is None
                                                    or self.pipeline.stage.is_last):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from api.backends.base import Launch
 from trainer.contract.credentials import SECRET_ENV
-from trainer.contract.runtime import LOOPBACK, RENDEZVOUS_BACKEND, SPEC_ENV, Runtime
+from trainer.contract.runtime import LOOPBACK, RENDEZVOUS_BACKEND, SPEC_ENV, Runtime, host_port
 from trainer.contract.spec import stages_of
 
 LIGHTHOUSE_PORT = 29510
@@ -46,7 +46,13 @@ class Endpoint:
     port: int
 
     def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
+        return host_port(self.host, self.port)
+
+    @classmethod
+    def parse(cls, text: str) -> Endpoint:
+        """The endpoint `str` gave (`host:port`, `[ipv6]:port`)."""
+        host, _, port = text.rpartition(":")
+        return cls(host.removeprefix("[").removesuffix("]"), int(port))
 
 
 def coordinator_env(launch: Launch) -> dict[str, str]:
@@ -55,9 +61,11 @@ def coordinator_env(launch: Launch) -> dict[str, str]:
     return {SECRET_ENV: launch.peer_secret}
 
 
-def lighthouse_argv(bind: str, python: str = "python") -> list[str]:
-    """The lighthouse of a live job (trainer.engine.lighthouse), listening on `bind`."""
-    return [python, "-m", "trainer.engine.lighthouse", "--min_replicas", "1", "--bind", bind,
+def lighthouse_argv(host: str, port: int, python: str = "python") -> list[str]:
+    """The lighthouse of a live job (trainer.engine.lighthouse), listening on `host:port`.
+    Apart, as the store's: a Kubernetes pod's `$(POD_IP)` may be an IPv6 address."""
+    return [python, "-m", "trainer.engine.lighthouse", "--min_replicas", "1", "--host", host,
+            "--port", str(port),
             "--quorum_tick_ms", "100",
             "--join_timeout_ms", str(JOIN_TIMEOUT_MS),
             "--heartbeat_timeout_ms", str(HEARTBEAT_TIMEOUT_MS)]

@@ -57,6 +57,7 @@ from api.backends.local_jobdir import (
     write_launch,
     write_state,
 )
+from trainer.contract.process import PRIVATE_UMASK
 
 logger = logging.getLogger(__name__)
 
@@ -246,7 +247,7 @@ class LocalBackend:
                 child = subprocess.Popen(
                     [*argv, "--adopt"] if adopt else argv, cwd=job_dir.path, env=env,
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True)
+                    start_new_session=True, umask=PRIVATE_UMASK)
         except OSError as exc:
             raise BackendError(f"cannot start the supervisor of {job_dir.job_id}: {exc}") \
                 from None

@@ -255,10 +255,11 @@ _STATE = TypeAdapter(StateDocument)
 _COMMAND: TypeAdapter[Command] = TypeAdapter(Command)
 
 
-def write_json_atomic(path: Path, data: Any, mode: int = 0o644) -> None:
-    """Readers see the old or the new document, never half of one."""
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Readers see the old or the new document, never half of one; only this user reads it
+    (launch.json holds the job's secrets)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         json.dump(data, handle)
     tmp.replace(path)
@@ -286,7 +287,7 @@ def write_launch(job_dir: JobDir, document: LaunchDocument) -> None:
             data[field.name] = str(value.absolute())
     data |= {"max_restarts": document.max_restarts, "restart_backoff": document.restart_backoff,
              "standby": document.standby}
-    write_json_atomic(job_dir.launch, data, mode=0o600)  # it holds the job's report token
+    write_json_atomic(job_dir.launch, data)
 
 
 def read_launch(job_dir: JobDir) -> LaunchDocument | None:

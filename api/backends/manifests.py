@@ -85,7 +85,9 @@ SECRET_KEYS = {Runtime.env_name("report_token"): REPORT_TOKEN_KEY,
                Runtime.env_name("peer_secret"): PEER_SECRET_KEY}
 """The trainer's environment variables whose values come from the job's Secret, by key."""
 USER_ID = 10001
-"""The non-root user of both images (Dockerfile.api, Dockerfile.trainer)."""
+"""The non-root user of both images (Dockerfile.api, Dockerfile.trainer) and of every pod, the
+API's (k8s/base/api.yaml) too: files are created private (PRIVATE_UMASK), so the API reads what
+the trainers write on the shared volumes only as their user."""
 INPUTS_MOUNT = Path("/inputs")
 CHECKPOINTS_MOUNT = Path("/checkpoints")
 MODELS_MOUNT = Path("/models")
@@ -440,7 +442,8 @@ def coordinator_deployment(launch: Launch, config: ClusterConfig) -> Manifest:
     listening on its pod IP like every process of a job."""
     job, component = launch.job_id, coordinator_component(launch)
     endpoint = coordinator_endpoint(launch)
-    argv = (lighthouse_argv(f"$(POD_IP):{endpoint.port}") if component == LIGHTHOUSE
+    # The kubelet expands $(POD_IP), an IPv4 or IPv6 address: each program joins it to its port.
+    argv = (lighthouse_argv("$(POD_IP)", endpoint.port) if component == LIGHTHOUSE
             else store_argv(endpoint.port, host="$(POD_IP)"))
     container = {
         "name": component, "image": config.image, "imagePullPolicy": config.image_pull_policy,

@@ -156,8 +156,7 @@ class Supervisor:
         coordinator = previous.coordinator
         if coordinator is not None:
             # The pods know the coordinator by this endpoint: a new one must listen there too.
-            host, _, port = coordinator.endpoint.rpartition(":")
-            self.coordinator_endpoint = commands.Endpoint(host, int(port))
+            self.coordinator_endpoint = commands.Endpoint.parse(coordinator.endpoint)
             self.coordinator_starts = coordinator.restarts + 1
             if coordinator.pid is not None:
                 self.coordinator = Adopted(coordinator.pid, coordinator.pid_started)
@@ -221,8 +220,9 @@ class Supervisor:
             logger.warning("%s exited with code %s: restarting it", name,
                            "unknown" if code is None else code)
         endpoint = self.coordinator_endpoint
-        argv = (commands.lighthouse_argv(str(endpoint), python=sys.executable) if self.live
-                else commands.store_argv(endpoint.port, python=sys.executable))
+        argv = (commands.lighthouse_argv(endpoint.host, endpoint.port, python=sys.executable)
+                if self.live else
+                commands.store_argv(endpoint.port, python=sys.executable, host=endpoint.host))
         self.coordinator = spawn(argv, self.job_dir.path, self.job_dir.log(name),
                                  env={**inherited_env(store_credentials=False),
                                       **commands.coordinator_env(self.launch)})
@@ -262,7 +262,8 @@ class Supervisor:
         """A pod's environment (the standby's: no name, incarnation or ready file)."""
         store = None
         if self.replica_ports and ordinal is not None:
-            store = f"{commands.LOOPBACK}:{self.replica_ports[ordinal // self.stages]}"
+            store = str(commands.Endpoint(commands.LOOPBACK,
+                                          self.replica_ports[ordinal // self.stages]))
         threads = (os.cpu_count() or 1) // max(self.replicas, 1)
         inherited = inherited_env(store_credentials=not self.launch.store_env)
         return {**inherited, **commands.pod_env(self.launch, name, self.coordinator_endpoint,

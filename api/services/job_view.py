@@ -11,7 +11,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from api.models import JobStatus
-from trainer.contract.records import Completed, Evaluation, Metric, RecordData, Started
+from trainer.contract.records import (
+    Completed,
+    Evaluation,
+    Metric,
+    RecordData,
+    Started,
+    StepSkipped,
+)
 from trainer.contract.spec import MAX_INT
 
 LIVE_METRICS = ("loss", "samples_per_second", "learning_rate", "participants")
@@ -60,6 +67,9 @@ class JobView:
             case Completed() if data.model_dir:
                 # The primary's export, or a live pod's that outlived it.
                 self.completed_model_dir = data.model_dir
+            case StepSkipped():  # every participant counts the job's skipped steps alike
+                skipped = max(data.skipped, self.metrics.get("skipped_steps", 0))
+                self.metrics = {**self.metrics, "skipped_steps": skipped}
             case _:
                 return
         self.changed = True

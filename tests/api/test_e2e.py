@@ -13,12 +13,18 @@ import pytest
 from api import migrations
 from tests.api.control_plane import ControlPlane
 from tests.conftest import Processes
-from tests.factories import make_reviews_csv
+from tests.factories import (
+    make_poisoned_csv,
+    make_poisoned_model,
+    make_reviews_csv,
+    poisoned_steps,
+)
 from tests.postgres import PostgresServer
 from tests.stores import Store
-from tests.support import wait_for
+from tests.support import not_private, wait_for
 from trainer.checkpoint import latest_checkpoint, list_checkpoints
 from trainer.contract.checkpoints import NAME
+from trainer.contract.spec import JobSpec
 from trainer.contract.store import location
 
 pytestmark = pytest.mark.slow
@@ -53,6 +59,33 @@ def test_job_runs_to_a_downloadable_model(control_plane: ControlPlane, tmp_path:
     assert [p["label"] for p in predictions["predictions"]] == ["positive", "negative"]
     checkpoints = control_plane.http.get(f"/api/v1/jobs/{job_id}/checkpoints").json()
     assert checkpoints and checkpoints[0]["epoch_end"]
+    # What the control plane, the supervisor and the pods wrote is this user's alone: the
+    # database (its WAL too), the job's directory (launch.json, logs, checkpoints, the model)
+    # and the tokenization cache.
+    written = {path.relative_to(control_plane.data_dir).as_posix()
+               for path in control_plane.data_dir.rglob("*")}
+    assert {"migrator.db-wal", f"jobs/{job_id}/launch.json", f"jobs/{job_id}/model/config.json",
+            f"jobs/{job_id}/logs", "cache/tokens"} <= written
+    assert not_private(control_plane.data_dir) == []
+
+
+def test_a_nan_loss_fails_the_job_with_the_step_and_the_value(control_plane: ControlPlane,
+                                                              inputs_dir: Path) -> None:
+    """Restart mode, two pods under torchrun: both see the NaN (their gradients are averaged)
+    and exit as for bad input, which no restart retries."""
+    make_poisoned_model(inputs_dir / "poisoned")
+    make_poisoned_csv(inputs_dir / "poisoned.csv")
+    spec = {**SPEC, "model": "poisoned", "dataset": "poisoned.csv", "epochs": 1}
+    step = poisoned_steps(JobSpec(**spec), inputs_dir, epochs=1, participants=2)[0]
+    job_id = control_plane.http.post("/api/v1/jobs", json=spec).json()["id"]
+    job = control_plane.wait_status(job_id, "succeeded", "failed")
+    assert job["status"] == "failed"
+    assert job["reason"].endswith(f"failed: bad input: loss became nan at step {step}; the "
+                                  "spec's nonfinite_loss \"skip\" would skip such steps")
+    failed = [e["data"] for e in control_plane.events(job_id, "job")
+              if e["data"].get("type") == "failed"]
+    assert failed and {e["reason"] for e in failed} == {"non_finite_loss"}
+    assert [p["restarts"] for p in job["pods"]] == [0, 0]
 
 
 def test_killed_pod_is_recreated_and_the_job_succeeds(control_plane: ControlPlane) -> None:

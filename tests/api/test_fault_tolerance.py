@@ -26,7 +26,7 @@ from tests.api.scenarios import (
     spec,
 )
 from tests.factories import make_tiny_model
-from tests.support import wait_for
+from tests.support import not_private, wait_for
 from trainer.checkpoint import MARKER, latest_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -169,6 +169,9 @@ def test_a_pod_stopped_with_a_grace_leaves_gracefully_and_is_recreated(
     job.wait_steps(3, stopped_at, 2, (0, 1), "pods 0 and 1 to train without pod 2")
     job.wait_rejoined((2,), stopped_at)
     assert plane.state(job.id)["pods"][2]["pid"] == standby["pid"]
+    # The live pods' replica ids, the standby's log and everything else: this user's alone.
+    assert list((plane.data_dir / "jobs" / job.id / "ready").glob("*.replica"))
+    assert not_private(plane.data_dir) == []
 
     finished = job.finish()
     assert [p["restarts"] for p in finished["pods"]] == [0, 0, 0]

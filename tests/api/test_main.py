@@ -20,7 +20,8 @@ import pytest
 
 from api.__main__ import parse_settings
 from tests.conftest import ROOT
-from tests.support import free_port, wait_for
+from tests.support import free_port, has_ipv6_loopback, not_private, wait_for
+from trainer.contract.runtime import host_port
 
 
 def test_the_environment_wins_unless_a_flag_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -41,13 +42,26 @@ def test_without_either_the_defaults_hold(monkeypatch: pytest.MonkeyPatch) -> No
     assert (settings.host, settings.port) == ("127.0.0.1", 8000)
 
 
+def test_an_ipv6_host_is_bracketed_in_urls() -> None:
+    settings = parse_settings(["--host", "::1", "--port", "9000"])
+    assert settings.base_url == "http://[::1]:9000"  # where local pods post their reports
+
+
+@pytest.mark.skipif(not has_ipv6_loopback(), reason="no IPv6 loopback (::1) here")
+def test_it_serves_on_an_ipv6_address(tmp_path: Path) -> None:
+    with started({"MIGRATOR_DATA_DIR": str(tmp_path)}, terminal=False, host="::1") as (
+            printed, url):
+        assert url.startswith("http://[::1]:") and f"control plane on {url} " in printed
+
+
 @contextmanager
-def started(env: dict[str, str], terminal: bool) -> Iterator[tuple[str, str]]:
+def started(env: dict[str, str], terminal: bool, host: str = "127.0.0.1",
+            ) -> Iterator[tuple[str, str]]:
     """`python -m api` printing to a pipe or to a pseudo-terminal: what it printed on start and
     its URL, while it runs."""
-    port = free_port()
+    port = free_port(host)
     read_end, write_end = pty.openpty() if terminal else os.pipe()
-    process = subprocess.Popen([sys.executable, "-m", "api", "--port", str(port)],
+    process = subprocess.Popen([sys.executable, "-m", "api", "--host", host, "--port", str(port)],
                                env={**os.environ, **env}, stdout=write_end,
                                stderr=subprocess.DEVNULL, cwd=ROOT, start_new_session=True)
     os.close(write_end)
@@ -59,7 +73,7 @@ def started(env: dict[str, str], terminal: bool) -> Iterator[tuple[str, str]]:
             assert time.monotonic() < deadline and process.poll() is None, output
             if select.select([read_end], [], [], 1)[0]:
                 output += os.read(read_end, 4096)
-        url = f"http://127.0.0.1:{port}"
+        url = f"http://{host_port(host, port)}"
 
         def healthy() -> bool:
             assert process.poll() is None, output
@@ -112,3 +126,14 @@ def test_a_generated_token_is_printed_only_to_a_terminal_and_in_no_url(tmp_path:
     # The next start read it from the file, not generated it: not printed again.
     with started(env, terminal=True) as (printed, url):
         assert token not in printed and logged_in(printed, url) == token
+
+
+def test_the_data_dir_is_this_users_alone(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)  # as an earlier version left it, with the default umask
+    data.chmod(0o755)
+    with started({"MIGRATOR_DATA_DIR": str(data)}, terminal=False):
+        assert oct(data.stat().st_mode & 0o777) == "0o700"
+        made = {path.name for path in data.iterdir()}
+        assert {"admin_token", "migrator.db", "migrator.db-wal", "migrator.db-shm"} <= made
+        assert not_private(data) == []

@@ -87,6 +87,10 @@ def test_api_deployment_mounts_what_the_backend_expects() -> None:
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # Trainers write checkpoints and models 0600 (PRIVATE_UMASK): the API reads them on the
+    # shared volumes as the same user.
+    assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]) == (
+        manifests.USER_ID, manifests.USER_ID)
     service = objects[("Service", "migrator-api")]
     assert matches(deployment["spec"]["template"]["metadata"]["labels"],
                    parse_selector(",".join(f"{k}={v}"

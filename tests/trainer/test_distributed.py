@@ -6,8 +6,10 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import Processes
-from tests.support import PEER_SECRET, free_port
+from tests.support import PEER_SECRET, free_port, has_ipv6_loopback
 
 POD_ADDRESS = "127.0.0.2"  # any loopback address: not the one a host name resolves to
 WORKER = """
@@ -28,12 +30,15 @@ dist.barrier()  # neither leaves before both have listed their sockets
 """
 
 
-def test_workers_listen_on_the_pod_address_only(tmp_path: Path, processes: Processes) -> None:
-    port = free_port(POD_ADDRESS)
+@pytest.mark.parametrize("address", [POD_ADDRESS, pytest.param("::1", marks=pytest.mark.skipif(
+    not has_ipv6_loopback(), reason="no IPv6 loopback (::1) here"))])
+def test_workers_listen_on_the_pod_address_only(address: str, tmp_path: Path,
+                                                processes: Processes) -> None:
+    port = free_port(address)
     # As torchrun's agents set it up with an unshared store: the lowest rank hosts the store.
-    env = {"WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": POD_ADDRESS,
+    env = {"WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": address,
            "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "False",
-           "POD_ADDRESS": POD_ADDRESS, "PEER_SECRET": PEER_SECRET, "OMP_NUM_THREADS": "1"}
+           "POD_ADDRESS": address, "PEER_SECRET": PEER_SECRET, "OMP_NUM_THREADS": "1"}
     workers = [processes.start([sys.executable, "-c", WORKER], {**env, "RANK": str(rank)},
                                tmp_path / f"rank-{rank}.log") for rank in (0, 1)]
     for rank, worker in enumerate(workers):
@@ -43,6 +48,6 @@ def test_workers_listen_on_the_pod_address_only(tmp_path: Path, processes: Proce
     assert [r["sum"] for r in reports] == [3.0, 3.0]
     # Rank 0: the group's store (on MASTER_PORT: the job's own, for members only) and gloo's
     # listener; rank 1: gloo's.
-    assert {ip for r in reports for ip, _ in r["listening"]} == {POD_ADDRESS}
-    assert [POD_ADDRESS, port] in reports[0]["listening"]
+    assert {ip for r in reports for ip, _ in r["listening"]} == {address}
+    assert [address, port] in reports[0]["listening"]
     assert [len(r["listening"]) for r in reports] == [2, 1]

@@ -10,9 +10,11 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import Processes
-from tests.factories import make_reviews_csv
+from tests.factories import make_poisoned_csv, make_poisoned_model, make_reviews_csv, poisoned_steps
 from tests.support import wait_for
 from trainer.checkpoint import MARKER, latest_checkpoint
+from trainer.contract.process import ExitCode, failure_reason
+from trainer.contract.spec import JobSpec
 
 pytestmark = pytest.mark.slow
 
@@ -123,3 +125,24 @@ def test_two_processes_under_torchrun_match_one_with_twice_the_batch(
         pair_losses = [m["data"]["loss"] for m in events(pair, "metric") if m["pod"] == pod]
         torch.testing.assert_close(torch.tensor(pair_losses), torch.tensor(single_losses),
                                    atol=1e-4, rtol=1e-4)
+
+
+def test_a_nan_loss_fails_the_job_with_the_step_and_the_value(
+        inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
+    make_poisoned_model(inputs_dir / "poisoned")
+    make_poisoned_csv(inputs_dir / "poisoned.csv")
+    step = poisoned_steps(JobSpec(model="poisoned", dataset="poisoned.csv", batch_size=8),
+                          inputs_dir, epochs=1)[0]
+    # Unclipped: the gradients' norm is computed for the check alone.
+    args = trainer_args(inputs_dir, tmp_path, "--model", "poisoned", "--dataset", "poisoned.csv",
+                        "--epochs", "1", "--max-grad-norm", "0")
+    process = processes.trainer(args, tmp_path / "trainer.log")
+    assert finish(process) == ExitCode.BAD_INPUT  # no restart would compute another value
+    failed = [e["data"] for e in events(tmp_path) if e["data"]["type"] == "failed"]
+    message = (f"loss became nan at step {step}; the spec's nonfinite_loss \"skip\" would skip "
+               "such steps")
+    assert failed == [{"type": "failed", "reason": "non_finite_loss", "message": message}]
+    # What the backends give as the job's reason: the trainer's last error line.
+    assert failure_reason((tmp_path / "trainer.log").read_text().splitlines()) == message
+    assert [m["data"]["step"] for m in events(tmp_path, "metric")] == list(range(1, step))
+    assert not (tmp_path / "model").exists()

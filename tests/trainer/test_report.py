@@ -1,13 +1,22 @@
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
+import httpx
 import pytest
 
 from tests.factories import metric_data
 from tests.support import ReportServer, wait_for
-from trainer.contract.records import CheckpointSaved, Started
+from trainer.contract.records import CheckpointSaved, Kind, RecordData, Started
 from trainer.report import HttpSink, JsonlSink, Reporter
+
+
+class Loose(RecordData):
+    """Record data the contract would refuse (any float at all): what a bug could emit."""
+
+    KIND: ClassVar[Kind] = "metric"
+    value: float
 
 
 @pytest.fixture
@@ -113,3 +122,46 @@ def test_jsonl_sink_stamps_pod_and_appends(tmp_path: Path) -> None:
     data = metric_data(1).model_dump(mode="json")
     assert [(line["pod"], line["seq"], line["kind"], line["data"]) for line in lines] == [
         ("job-0", 1, "metric", data), ("job-1", 1, "metric", data)]
+
+
+def test_a_record_without_json_is_dropped_and_later_ones_are_delivered(
+        server: ReportServer, tmp_path: Path) -> None:
+    server.start()
+    reporter, sink = reporter_for(server)
+    lines = JsonlSink(tmp_path / "reports.jsonl", "job-0", "inc-1")
+    reporter.sinks.append(lines)
+    reporter.emit(metric_data(1))
+    reporter.emit(Loose(value=float("nan")))  # JSON has no NaN: the API would refuse it
+    reporter.emit(Loose(value=float("-inf")))
+    for step in range(2, 6):
+        reporter.emit(metric_data(step))
+    assert sink.flush(timeout=20)
+    reporter.close()
+    assert [r["seq"] for r in server.records()] == [1, 4, 5, 6, 7]
+    assert [r["data"]["step"] for r in server.records()] == [1, 2, 3, 4, 5]
+    assert sink.unserializable == lines.unserializable == 2
+    assert len((tmp_path / "reports.jsonl").read_text().splitlines()) == 5
+
+
+class FailsOnce(httpx.HTTPTransport):
+    """A real transport whose first request fails in a way no HTTP error does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("something nobody expected")
+        return super().handle_request(request)
+
+
+def test_the_sender_outlives_an_unexpected_error(server: ReportServer) -> None:
+    server.start()
+    transport = FailsOnce()
+    reporter, sink = reporter_for(server, client=httpx.Client(transport=transport))
+    reporter.emit(metric_data(1))
+    assert sink.flush(timeout=20)
+    reporter.close()
+    assert transport.failed and [r["seq"] for r in server.records()] == [1]

@@ -1,10 +1,12 @@
 import json
+import math
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.factories import make_poisoned_csv, make_poisoned_model, poisoned_steps
 from trainer.checkpoint import list_checkpoints
 from trainer.config import TrainConfig
 from trainer.distributed import Group
@@ -159,3 +161,42 @@ def test_bad_inputs_fail_before_training(make_config, spec: dict, message: str) 
 
     with pytest.raises((DataError, ModelError), match=message):
         Trainer(make_config(**spec), Group(choose_device(), environ={}), Reporter("p"))
+
+
+def test_skipped_steps_keep_the_weights_and_use_their_samples_once(
+        make_config, inputs_dir: Path, tmp_path: Path) -> None:
+    """A real cause: a corrupt [UNK] embedding that one training text reaches makes its steps'
+    loss NaN, once per epoch; `skip` commits those steps without their update."""
+    make_poisoned_model(inputs_dir / "poisoned")
+    make_poisoned_csv(inputs_dir / "poisoned.csv")
+    config = make_config(model="poisoned", dataset="poisoned.csv", nonfinite_loss="skip",
+                         epochs=3)
+    config.runtime.log_sample_ids = True
+    reports = tmp_path / "reports.jsonl"
+    reporter = Reporter("test-0", "i", [JsonlSink(reports, "test-0", "i")])
+    trainer = Trainer(config, Group(choose_device(), environ={}), reporter)
+    expected = poisoned_steps(config.spec, inputs_dir, epochs=3)
+    trainer.train()
+    reporter.close()
+
+    skipped = [e["data"] for e in records(reports, "event")
+               if e["data"]["type"] == "step_skipped"]
+    assert [(e["step"], e["non_finite"], e["loss"], e["skipped"]) for e in skipped] == [
+        (step, "nan", None, count) for count, step in enumerate(expected, 1)]
+    assert skipped[0]["message"] == f"step {expected[0]} skipped: loss became nan at step " \
+                                    f"{expected[0]}"
+    assert trainer.skipped_steps == 3
+    steps = [m["data"]["step"] for m in records(reports, "metric")]
+    assert steps == [s for s in range(1, trainer.step + 1) if s not in expected]
+    assert all(math.isfinite(m["data"]["loss"]) for m in records(reports, "metric"))
+    # The skipped steps' samples count as used: each epoch's samples once, theirs included.
+    by_epoch: dict[int, list[int]] = {1: [], 2: [], 3: []}
+    for record in records(reports, "samples"):
+        by_epoch[record["data"]["epoch"]].extend(record["data"]["ids"])
+    for ids in by_epoch.values():
+        assert sorted(ids) == list(range(trainer.data_sizes["train"]))
+    # No update came from them: every weight but the corrupt row stays finite, and it learns.
+    for name, tensor in trainer.model.state_dict().items():
+        if name != "bert.embeddings.word_embeddings.weight":
+            assert torch.isfinite(tensor).all(), name
+    assert trainer.metrics["test"]["accuracy"] >= 0.9

@@ -5,7 +5,7 @@ Both sides import these modules and nothing of it is copied:
   bounds and field docs;
 - `records`: the report records pods post to `POST /api/v1/jobs/{id}/reports`, typed by kind;
 - `runtime`: where a pod runs, as the backends pass it in environment variables;
-- `process`: exit codes and the log-line format the backends read reasons from;
+- `process`: exit codes, the log-line format the backends read reasons from, the umask;
 - `checkpoints`: the layout of a job's checkpoint directory.
 
 Nothing here may import torch: the API's supervisors and routes import it too.

@@ -1,4 +1,5 @@
-"""What a trainer process tells its backend without HTTP: its exit code and its log lines."""
+"""What a trainer process tells its backend without HTTP (its exit code and its log lines), and
+how every process of the product creates files."""
 
 from __future__ import annotations
 
@@ -12,10 +13,18 @@ class ExitCode(IntEnum):
     FAILED = 1
     """Training failed; the backend recreates the pod (within the job's restart budget)."""
     BAD_INPUT = 2
-    """The job cannot run as specified (unknown dataset, bad config): no restart helps."""
+    """The job cannot run as specified (unknown dataset, bad config, a loss that is not finite
+    where the spec says to fail): no restart helps."""
     PEER_STOPPED = 3
     """Stopped because another participant got SIGTERM: not done, so never 0 (torchrun would
     take a 0 for the end of training)."""
+
+
+PRIVATE_UMASK = 0o077
+"""The umask of the control plane and of every process of a job: files 0600, directories 0700.
+A job's directory holds its report token and heal secret, its logs and checkpoints hold its data
+and model. On Kubernetes the API and the trainer pods run as one user (`manifests.USER_ID`, the
+API Deployment's `runAsUser`), so each still reads what the other wrote on the shared volumes."""
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s job={job_id} pod={pod} %(name)s: %(message)s"

@@ -252,13 +252,33 @@ class Completed(Event):
     primary: bool
 
 
+class StepSkipped(Event):
+    """A step whose gradients were not finite, committed without its update (the spec's
+    `nonfinite_loss: "skip"`): its samples count as used; the weights and the optimizer's state
+    stay as they were."""
+
+    type: Literal["step_skipped"] = "step_skipped"
+    step: Count
+    """The step skipped (committed steps of the job, it included)."""
+    epoch: Ordinal
+    non_finite: Literal["nan", "inf", "-inf"]
+    """The value that was not finite: this pod's loss, else the norm of the gradients (which
+    the gradient synchronisation spreads from any participant to all)."""
+    loss: Finite | None = None
+    """This pod's loss over the step's samples, where it was finite."""
+    skipped: Count
+    """Steps of the job skipped so far, this one included."""
+
+
 class Failed(Event):
     type: Literal["failed"] = "failed"
-    reason: Literal["bad_input", "error"]
+    reason: Literal["bad_input", "error", "non_finite_loss"]
+    """`non_finite_loss`: a step's loss or gradients were not finite (`nonfinite_loss: "fail"`)."""
 
 
 EventData = Annotated[Started | Resumed | Healed | Quorum | Primary | EpochEnd | Stopped
-                      | Left | Joined | Completed | Failed, Field(discriminator="type")]
+                      | Left | Joined | Completed | StepSkipped | Failed,
+                      Field(discriminator="type")]
 
 
 # --- records and batches -------------------------------------------------------------------

@@ -130,3 +130,13 @@ class Runtime(BaseModel):
         values = self.model_dump(by_alias=True, exclude_unset=True, exclude_none=True)
         return {name: str(value).lower() if isinstance(value, bool) else str(value)
                 for name, value in values.items()}
+
+
+def url_host(address: str) -> str:
+    """`address` as the host part of a URL or of `host:port`: an IPv6 literal in brackets."""
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
+def host_port(host: str, port: int) -> str:
+    """`host:port` for a host name, an IPv4 or an IPv6 address (`[fd00::1]:29510`)."""
+    return f"{url_host(host)}:{port}"

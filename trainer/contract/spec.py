@@ -202,6 +202,11 @@ class JobSpec(BaseModel):
     max_grad_norm: float = Field(default=1.0, ge=0, le=1000)
     """Gradients are clipped to this global L2 norm (0 disables clipping)."""
 
+    nonfinite_loss: Literal["fail", "skip"] = "fail"
+    """A step whose loss or gradients are not finite (NaN, infinity): `fail` ends the job with
+    the step and the value; `skip` commits the step without its update (its samples count as
+    used) and reports it, and training goes on."""
+
     validation_fraction: float = Field(default=0.2, ge=0, lt=1)
     """Share of the training split held out for validation when the source has none."""
 

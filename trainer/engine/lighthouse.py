@@ -34,6 +34,7 @@ import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
 
 from trainer.contract import credentials
+from trainer.contract.runtime import host_port
 
 logger = logging.getLogger(__name__)
 
@@ -278,7 +279,8 @@ def leave(lighthouse: str, replica_id: str, timeout: float = 5.0) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bind", required=True, help="host:port to listen on")
+    parser.add_argument("--host", required=True, help="address to listen on (the pod's)")
+    parser.add_argument("--port", type=int, required=True, help="TCP port to listen on")
     parser.add_argument("--min_replicas", type=int, default=1)
     parser.add_argument("--join_timeout_ms", type=int, default=1000)
     parser.add_argument("--heartbeat_timeout_ms", type=int, default=500)
@@ -292,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
         secret = credentials.require(os.environ.get(credentials.SECRET_ENV, ""), "the lighthouse")
     except credentials.MissingSecret as exc:
         sys.exit(f"lighthouse: {exc}")
-    asyncio.run(serve(args.bind, options, secret))
+    asyncio.run(serve(host_port(args.host, args.port), options, secret))
 
 
 if __name__ == "__main__":

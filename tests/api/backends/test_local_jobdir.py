@@ -167,10 +167,10 @@ def test_tail_lines_reads_a_bounded_tail(tmp_path: Path) -> None:
     assert tail_lines(tmp_path / "missing.log", 5) == []
 
 
-def test_write_json_atomic_sets_the_mode_and_leaves_no_temporary(tmp_path: Path) -> None:
+def test_write_json_atomic_is_private_and_leaves_no_temporary(tmp_path: Path) -> None:
     path = tmp_path / "launch.json"
-    write_json_atomic(path, {"report_token": "secret"}, mode=0o600)
-    write_json_atomic(path, {"report_token": "other"}, mode=0o600)
+    write_json_atomic(path, {"report_token": "secret"})  # whatever this process's umask
+    write_json_atomic(path, {"report_token": "other"})
     assert json.loads(path.read_text()) == {"report_token": "other"}
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert [p.name for p in tmp_path.iterdir()] == ["launch.json"]

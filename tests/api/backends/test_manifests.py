@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ from api.backends import commands, manifests
 from api.backends.base import Launch, Resources
 from api.backends.manifests import ClusterConfig
 from tests.api.backends.k8s_fake import SCHEMA_VERSION
-from tests.support import wait_for
+from tests.conftest import Processes
+from tests.support import accepts, free_port, has_ipv6_loopback, wait_for
 from trainer.contract.store import location
 
 CLUSTER = ClusterConfig(namespace="live-migrator", image="registry.example/trainer:1.2.3")
@@ -270,11 +272,14 @@ def test_coordinators_run_the_shared_commands_behind_a_service() -> None:
     live, restart = make_launch("live"), make_launch("restart")
     lighthouse = manifests.coordinator_deployment(live, CLUSTER)
     store = manifests.coordinator_deployment(restart, CLUSTER)
-    # Each listens on its pod IP only (expanded by the kubelet from the downward API).
-    assert lighthouse["spec"]["template"]["spec"]["containers"][0]["command"] == \
-        commands.lighthouse_argv(f"$(POD_IP):{commands.LIGHTHOUSE_PORT}")
-    assert store["spec"]["template"]["spec"]["containers"][0]["command"] == \
-        commands.store_argv(commands.STORE_PORT, host="$(POD_IP)")
+    # Each listens on its pod IP only, which the kubelet expands from the downward API: an IPv4
+    # or an IPv6 address, so it is an argument of its own, joined to the port by the program.
+    assert lighthouse["spec"]["template"]["spec"]["containers"][0]["command"] == [
+        "python", "-m", "trainer.engine.lighthouse", "--min_replicas", "1",
+        "--host", "$(POD_IP)", "--port", "29510", "--quorum_tick_ms", "100",
+        "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "500"]
+    assert store["spec"]["template"]["spec"]["containers"][0]["command"] == [
+        "python", "-m", "trainer.engine.store", "--host", "$(POD_IP)", "--port", "29400"]
     for launch, deployment in ((live, lighthouse), (restart, store)):
         container = deployment["spec"]["template"]["spec"]["containers"][0]
         assert container["env"][0] == {"name": "POD_IP", "valueFrom": {
@@ -290,6 +295,40 @@ def test_coordinators_run_the_shared_commands_behind_a_service() -> None:
         port = manifests.coordinator_endpoint(launch).port
         assert service["spec"]["ports"][0]["port"] == port
         assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+@pytest.mark.skipif(not has_ipv6_loopback(), reason="no IPv6 loopback (::1) here")
+@pytest.mark.parametrize("mode", ["live", "restart"])
+def test_a_coordinator_listens_on_an_ipv6_pod_ip(mode: str, processes: Processes,
+                                                 tmp_path: Path) -> None:
+    """The coordinator's command as the kubelet runs it in a pod of an IPv6-only cluster: its
+    $(POD_IP) expanded to an IPv6 address (here ::1), and a member of the job reaches it there."""
+    from trainer.contract import credentials
+    from trainer.engine import lighthouse
+    from trainer.engine.store import MemberStore
+
+    launch = make_launch(mode)
+    command = manifests.coordinator_deployment(launch, CLUSTER)["spec"]["template"]["spec"][
+        "containers"][0]["command"]
+    fixed, port = str(manifests.coordinator_endpoint(launch).port), free_port("::1")
+    argv = [sys.executable if arg == "python" else
+            arg.replace("$(POD_IP)", "::1").replace(fixed, str(port)) for arg in command]
+    process = processes.start(argv, commands.coordinator_env(launch),
+                              tmp_path / "coordinator.log")
+    wait_for(lambda: accepts(port, "::1"), process=process, timeout=30,
+             what=f"the {mode} coordinator to listen on [::1]:{port}")
+    endpoint = commands.Endpoint("::1", port)
+    assert str(endpoint) == f"[::1]:{port}"  # as pods are told of it
+    assert commands.Endpoint.parse(str(endpoint)) == endpoint  # as an adopting supervisor reads it
+    secret = launch.peer_secret
+    if mode == "live":
+        lighthouse.leave(f"http://{endpoint}", credentials.member_id(secret, "job-1a2b3c4d-0"))
+    else:
+        client = MemberStore(str(endpoint), credentials.store_credential(secret),
+                             timedelta(seconds=30))
+        client.set("reached", "over IPv6")
+        assert client.get("reached") == b"over IPv6"
+    assert process.poll() is None, (tmp_path / "coordinator.log").read_text()
 
 
 def test_secret_and_headless_service() -> None:

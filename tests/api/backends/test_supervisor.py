@@ -22,7 +22,7 @@ from api.backends.local import LocalBackend
 from api.backends.local_jobdir import same_process, write_json_atomic
 from tests.conftest import ROOT
 from tests.factories import make_reviews_csv
-from tests.support import ReportServer, wait_for
+from tests.support import PEER_SECRET, ReportServer, wait_for
 
 SPEC: dict[str, Any] = {"model": "tiny", "dataset": "reviews.csv", "batch_size": 8,
                         "learning_rate": 0.003, "epochs": 2, "checkpoint_every_steps": 5}
@@ -60,9 +60,9 @@ def write_job(job_dir: Path, inputs_dir: Path, sink: ReportServer, max_restarts:
         "max_restarts": max_restarts, "restart_backoff": restart_backoff,
         "job_id": job_dir.name, "replicas": replicas, "fault_tolerance": "restart",
         "spec": {**SPEC, "replicas": replicas, **spec}, "report_url": sink.url,
-        "report_token": "t",
+        "report_token": "t", "peer_secret": PEER_SECRET,
         "checkpoint_dir": str(job_dir / "checkpoints"), "model_dir": str(job_dir / "model"),
-        "inputs_dir": str(inputs_dir), "cache_dir": str(job_dir / "cache")}, mode=0o600)
+        "inputs_dir": str(inputs_dir), "cache_dir": str(job_dir / "cache")})
 
 
 class Supervisors:

@@ -41,7 +41,8 @@ def test_create_with_defaults_launches_the_pods(client: TestClient,
         "gradient_checkpointing": False, "quantization": "none",
         "checkpoint_every_steps": 50, "seed": 42,
         "warmup_ratio": 0.1, "weight_decay": 0.01, "max_grad_norm": 1.0,
-        "validation_fraction": 0.2, "eval_batch_size": 64, "keep_checkpoints": 3,
+        "nonfinite_loss": "fail", "validation_fraction": 0.2, "eval_batch_size": 64,
+        "keep_checkpoints": 3,
         "text_column": "text", "label_column": "label", "resources": None}
     assert launch_spec(backend) == job["spec"]  # the pods get exactly the stored spec
     assert [(p["ordinal"], p["name"], p["phase"]) for p in job["pods"]] == [

@@ -17,7 +17,7 @@ from tests.api.live import serve
 from tests.api.services.test_reports import POISON, refuse_in_database
 from tests.api.test_reconciler import reconcile
 from tests.factories import completed, evaluation, metric_data, record
-from trainer.contract.records import MAX_SAMPLE_IDS, Quorum, Started
+from trainer.contract.records import MAX_SAMPLE_IDS, Quorum, Started, StepSkipped
 
 
 def test_reports_update_progress_and_are_idempotent(client: TestClient,
@@ -53,6 +53,24 @@ def test_evaluations_and_completion(client: TestClient, backend: FakeBackend) ->
     events = client.get(f"/api/v1/jobs/{job['id']}/events?type=job", headers=AUTH).json()
     assert any(e["data"].get("type") == "completed" and e["data"]["pod"] == f"{job['id']}-0"
                for e in events["data"])
+
+
+def test_skipped_steps_are_events_and_counted_on_the_job(client: TestClient,
+                                                         backend: FakeBackend) -> None:
+    job = create_job(client, nonfinite_loss="skip")
+    assert job["spec"]["nonfinite_loss"] == "skip"
+    skips = [StepSkipped(message="step 12 skipped: loss became nan at step 12", step=12,
+                         epoch=1, non_finite="nan", skipped=1),
+             StepSkipped(message="step 40 skipped: the gradients became inf at step 40 (loss "
+                                 "0.6931)", step=40, epoch=2, non_finite="inf", loss=0.6931,
+                         skipped=2)]
+    report(client, backend, job["id"], [metric(1, 11), record(2, skips[0]), metric(3, 13),
+                                        record(4, skips[1])])
+    state = client.get(f"/api/v1/jobs/{job['id']}", headers=AUTH).json()
+    assert state["metrics"]["skipped_steps"] == 2 and state["progress"]["step"] == 13
+    events = client.get(f"/api/v1/jobs/{job['id']}/events?type=job", headers=AUTH).json()
+    assert [(e["data"]["step"], e["data"]["non_finite"]) for e in events["data"]
+            if e["data"].get("type") == "step_skipped"] == [(12, "nan"), (40, "inf")]
 
 
 def test_report_tokens_are_per_job(client: TestClient, backend: FakeBackend) -> None:

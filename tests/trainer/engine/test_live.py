@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import Processes
-from tests.factories import make_reviews_csv
-from tests.support import PEER_SECRET, start_lighthouse, wait_for
+from tests.factories import make_poisoned_csv, make_poisoned_model, make_reviews_csv
+from tests.support import PEER_SECRET, has_ipv6_loopback, start_lighthouse, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -28,9 +28,10 @@ def live_spec(**overrides: Any) -> dict[str, Any]:
 
 
 def start_pod(processes: Processes, tmp_path: Path, inputs_dir: Path, lighthouse: str,
-              spec: dict, ordinal: int, incarnation: int = 0, module: str = "trainer"):
+              spec: dict, ordinal: int, incarnation: int = 0, module: str = "trainer",
+              address: str = "127.0.0.1"):
     env = {"TRAINER_CONFIG": json.dumps(spec), "JOB_ID": "live", "POD_NAME": f"live-{ordinal}",
-           "POD_INCARNATION": str(incarnation), "POD_ADDRESS": "127.0.0.1",
+           "POD_INCARNATION": str(incarnation), "POD_ADDRESS": address,
            "PEER_SECRET": PEER_SECRET,
            "TORCHFT_LIGHTHOUSE": lighthouse, "INPUTS_DIR": str(inputs_dir),
            "CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "MODEL_DIR": str(tmp_path / "model"),
@@ -99,6 +100,61 @@ def test_survivors_keep_training_and_a_killed_pod_rejoins_live(
     assert sorted(by_epoch) == [1, 2, 3, 4, 5, 6]
     for epoch, counts in by_epoch.items():
         assert counts == Counter(range(train_size)), f"epoch {epoch}"
+
+
+@pytest.mark.skipif(not has_ipv6_loopback(), reason="no IPv6 loopback (::1) here")
+def test_a_live_job_runs_on_ipv6_addresses(inputs_dir: Path, tmp_path: Path,
+                                           processes: Processes) -> None:
+    """Pods and lighthouse of an IPv6-only cluster: every server (lighthouse, torchft's manager,
+    the heal server, the stores, gloo) listens on ::1 and every peer finds it there."""
+    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log", host="::1")
+    assert lighthouse.startswith("http://[::1]:")
+    pods = [start_pod(processes, tmp_path, inputs_dir, lighthouse, live_spec(), ordinal,
+                      address="::1") for ordinal in (0, 1)]
+    for ordinal, pod in enumerate(pods):
+        assert pod.wait(timeout=240) == 0, (tmp_path / f"pod-{ordinal}-0.log").read_text()[-3000:]
+    events = [r["data"] for r in records(tmp_path / "reports.jsonl") if r["kind"] == "event"]
+    synced = [e for e in events if e["type"] == "synced"]  # the first weights, over HTTP
+    assert synced and synced[0]["source_address"].startswith("http://[::1]:")
+    completed = {e["checksum"] for e in events if e["type"] == "completed"}
+    assert len(completed) == 1
+    metrics = [r["data"] for r in records(tmp_path / "reports.jsonl") if r["kind"] == "metric"]
+    assert max(m["participants"] for m in metrics) == 2
+
+
+def test_replicas_skip_a_step_that_one_of_them_made_nan_together(
+        inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
+    """One replica's NaN loss spreads to every replica's gradients through their all-reduce:
+    all of them skip that step (committed, no update), or none would hold the same weights."""
+    make_poisoned_model(inputs_dir / "poisoned")
+    make_poisoned_csv(inputs_dir / "poisoned.csv")
+    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log")
+    spec = live_spec(model="poisoned", dataset="poisoned.csv", epochs=2, nonfinite_loss="skip")
+    pods = [start_pod(processes, tmp_path, inputs_dir, lighthouse, spec, ordinal)
+            for ordinal in (0, 1)]
+    for ordinal, pod in enumerate(pods):
+        assert pod.wait(timeout=240) == 0, (tmp_path / f"pod-{ordinal}-0.log").read_text()[-3000:]
+    everything = records(tmp_path / "reports.jsonl")
+    skipped = {pod: [(r["data"]["step"], r["data"]["skipped"]) for r in everything
+                     if r["pod"] == pod and r["kind"] == "event"
+                     and r["data"]["type"] == "step_skipped"] for pod in ("live-0", "live-1")}
+    assert len(skipped["live-0"]) == 2 and skipped["live-0"] == skipped["live-1"]  # each epoch
+    # The replica that held the poisoned text saw its loss become NaN; the other, only the
+    # gradients it got from it.
+    losses = sorted((r["data"]["loss"] is None) for r in everything
+                    if r["kind"] == "event" and r["data"]["type"] == "step_skipped"
+                    and r["data"]["step"] == skipped["live-0"][0][0])
+    assert losses == [False, True]
+    completed = {r["data"]["checksum"] for r in everything
+                 if r["kind"] == "event" and r["data"]["type"] == "completed"}
+    assert len(completed) == 1  # identical replicas
+    windows: dict[tuple[int, int], list[int]] = {}
+    for r in everything:
+        if r["kind"] == "samples":
+            windows.setdefault((r["data"]["epoch"], r["data"]["step"]), r["data"]["window"])
+    for epoch in (1, 2):  # the skipped steps' samples count as used, once
+        used = Counter(i for (e, _), window in windows.items() if e == epoch for i in window)
+        assert set(used.values()) == {1}
 
 
 def test_a_survivor_takes_over_checkpoints_and_export_when_the_primary_dies(

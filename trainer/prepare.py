@@ -1,0 +1,66 @@
+"""What a pod loads before it knows which pod it is: tokenizer, tokenized data, seeded model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer import lora
+from trainer.config import TrainConfig
+from trainer.contract.spec import JobSpec
+from trainer.data import TokenizedSplit, load_source, make_splits, tokenize
+from trainer.model import load_model, load_tokenizer, resolve_model
+
+
+@dataclass
+class Prepared:
+    """What a pod loads before it needs to know which pod it is: a warm standby
+    (trainer.standby) holds it ready, so the pod it becomes starts with a heal."""
+
+    key: str
+    """The spec and input directories it was loaded for."""
+    tokenizer: Any
+    train: TokenizedSplit
+    validation: TokenizedSplit
+    test: TokenizedSplit
+    model: nn.Module
+    """Freshly initialised (seeded), on its device, not wrapped yet."""
+
+    def fits(self, config: TrainConfig, device: torch.device) -> bool:
+        return self.key == _prepared_key(config) and next(self.model.parameters()).device == device
+
+
+def _prepared_key(config: TrainConfig) -> str:
+    runtime = config.runtime
+    return f"{config.spec.model_dump_json()} {runtime.inputs_dir} {runtime.cache_dir}"
+
+
+def prepare(config: TrainConfig, device: torch.device) -> Prepared:
+    """The tokenizer, the tokenized splits and the seeded model of the job's spec."""
+    spec, runtime = config.spec, config.runtime
+    lora.check_quantization(spec, device)
+    name_or_path = resolve_model(spec.model, runtime.inputs_dir)
+    tokenizer = load_tokenizer(name_or_path)
+    splits = make_splits(load_source(spec, runtime.inputs_dir, runtime.cache_dir), spec)
+    train, validation, test = (tokenize(split, tokenizer, spec.max_length, runtime.cache_dir)
+                               for split in (splits.train, splits.validation, splits.test))
+    model = adapt(load_model(name_or_path, spec.seed, spec.quantization, device), spec)
+    if spec.quantization == "none":  # a quantized model was loaded onto the device
+        model = model.to(device)
+    return Prepared(_prepared_key(config), tokenizer, train, validation, test, model)
+
+
+def adapt(model: nn.Module, spec: JobSpec) -> nn.Module:
+    """The model as the spec trains it: with LoRA adapters, with gradient checkpointing."""
+    if spec.quantization != "none":
+        model = lora.prepare_quantized(model, spec)  # checkpointing too, where asked
+    elif spec.gradient_checkpointing:
+        # Non-reentrant: the frozen inputs of a LoRA model need no requires_grad to recompute.
+        model.gradient_checkpointing_enable(  # type: ignore[operator]
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+    if spec.finetune == "lora":
+        model = lora.apply_lora(model, spec)
+    return model
