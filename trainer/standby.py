@@ -93,7 +93,7 @@ def run(ready_file: Path, die_with_parent: bool = False) -> int:
     logger.info("ready in %.1f s: waiting to become a pod", time.monotonic() - started)
     line = sys.stdin.readline()
     if not line:
-        logger.info("no pod to become: the supervisor is gone")
+        logger.info("no pod to become: whoever started it is gone")
         return ExitCode.OK
     try:
         environ, log = read_assignment(line)

@@ -103,8 +103,13 @@ def test_sigkilled_pod_is_recreated_alone_and_the_survivor_restarts_its_worker(
         backend: LocalBackend, make_launch: Callable[..., Launch], jobs_dir: Path,
         inputs_dir: Path, sink: ReportServer) -> None:
     make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
-    backend.launch(make_launch("job-kill", epochs=3, checkpoint_every_steps=1000))
+    # Long enough for pod 0's agent to load a warm worker before the kill.
+    backend.launch(make_launch("job-kill", epochs=30, checkpoint_every_steps=1000))
     wait_for(lambda: len(sink.records("job-kill-0", "metric")) >= 5, what="five steps")
+    # Pod 0's agent keeps a warm worker for its next round once this one has settled.
+    wait_for(lambda: any("waiting to become a pod" in line
+                         for line in backend.tail_logs("job-kill", 0, 500)),
+             what="pod 0's warm worker to be loaded", timeout=60)
     survivor = recorded_processes(jobs_dir / "job-kill")[1][0]
     backend.kill_pod("job-kill", 1, grace_seconds=0)
 
@@ -124,7 +129,13 @@ def test_sigkilled_pod_is_recreated_alone_and_the_survivor_restarts_its_worker(
     assert steps == list(range(1, steps[-1] + 1))
     emergency = [r for r in sink.records("job-kill-0", "checkpoint") if r["data"]["emergency"]]
     assert emergency
+    # The round after the kill started from the warm worker, not a fresh Python.
+    assert any("becomes pod job-kill-0" in line for line in backend.tail_logs("job-kill", 0, 2000))
     assert_no_processes(jobs_dir / "job-kill")
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if "--die-with-parent" in (p.info["cmdline"] or [])
+                and str(jobs_dir) in " ".join(p.info["cmdline"] or [])
+                ], "a warm worker outlived its pod"
 
 
 def listening(pid: int) -> list[tuple[str, int]]:
