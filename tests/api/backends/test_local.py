@@ -102,26 +102,28 @@ def test_two_pods_run_to_completion(backend: LocalBackend, make_launch: Callable
 def test_sigkilled_pod_is_recreated_alone_and_the_survivor_restarts_its_worker(
         backend: LocalBackend, make_launch: Callable[..., Launch], jobs_dir: Path,
         inputs_dir: Path, sink: ReportServer) -> None:
-    make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
-    # Long enough for pod 0's agent to load a warm worker before the kill.
-    backend.launch(make_launch("job-kill", epochs=30, checkpoint_every_steps=1000))
+    make_reviews_csv(inputs_dir / "reviews.csv", rows=2000)
+    # Far more epochs than the test waits for: however fast this machine trains, the job is
+    # still running when pod 0's warm worker has loaded and when the new round has stepped.
+    # The job is deleted at the end (test_fault_tolerance runs a restart-mode kill to the end).
+    backend.launch(make_launch("job-kill", epochs=100, checkpoint_every_steps=100_000))
     wait_for(lambda: len(sink.records("job-kill-0", "metric")) >= 5, what="five steps")
     # Pod 0's agent keeps a warm worker for its next round once this one has settled.
     wait_for(lambda: any("waiting to become a pod" in line
                          for line in backend.tail_logs("job-kill", 0, 500)),
-             what="pod 0's warm worker to be loaded", timeout=60)
+             what="pod 0's warm worker to be loaded", timeout=90)
     survivor = recorded_processes(jobs_dir / "job-kill")[1][0]
     backend.kill_pod("job-kill", 1, grace_seconds=0)
 
     restarted = wait_for(lambda: (s := backend.status("job-kill")).pods[1].restarts == 1 and s,
                          what="pod 1 to be recreated", timeout=30)
-    assert restarted.present
-    status = wait_finished(backend, "job-kill", timeout=120)
-    assert status.reason is None
-    assert [(p.phase, p.restarts) for p in status.pods] == [("Succeeded", 0), ("Succeeded", 1)]
+    assert restarted.present and not restarted.finished
+    # The new round steps on both pods: pod 1's second incarnation reports steps.
+    wait_for(lambda: any(b["pod"] == "job-kill-1" and b["incarnation"].split("-")[0] == "1"
+                         and any(r["kind"] == "metric" for r in b["records"])
+                         for b in list(sink.batches)),
+             what="pod 1's new incarnation to step", timeout=90)
     assert recorded_processes(jobs_dir / "job-kill")[1][0] == survivor  # pod 0 was not touched
-    assert (jobs_dir / "job-kill" / "model" / "config.json").is_file()
-    assert {i.split("-")[0] for i in sink.incarnations("job-kill-1")} == {"0", "1"}
     # Pod 0's agent restarted its worker (peer lost, then peer back) from the emergency
     # checkpoint of its last committed step: no step was lost or done twice.
     assert len(sink.incarnations("job-kill-0")) >= 2
@@ -131,6 +133,9 @@ def test_sigkilled_pod_is_recreated_alone_and_the_survivor_restarts_its_worker(
     assert emergency
     # The round after the kill started from the warm worker, not a fresh Python.
     assert any("becomes pod job-kill-0" in line for line in backend.tail_logs("job-kill", 0, 2000))
+
+    backend.delete("job-kill")
+    wait_finished(backend, "job-kill", timeout=60)
     assert_no_processes(jobs_dir / "job-kill")
     assert not [p for p in psutil.process_iter(["cmdline"])
                 if "--die-with-parent" in (p.info["cmdline"] or [])
