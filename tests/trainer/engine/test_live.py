@@ -225,7 +225,9 @@ def test_a_pod_that_gets_sigterm_leaves_without_failing_a_step_of_its_peers(
     make_reviews_csv(inputs_dir / "reviews.csv", rows=2000)
     lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log")
     reports = tmp_path / "reports.jsonl"
-    spec = live_spec(epochs=10, checkpoint_every_steps=25)
+    # Long enough that the peers are still training when the recreated pod has started and
+    # healed: on a loaded machine a start took 20 s, and 10 epochs ended before it.
+    spec = live_spec(epochs=16, checkpoint_every_steps=25)
     pods = [start_pod(processes, tmp_path, inputs_dir, lighthouse, spec, o) for o in range(3)]
 
     def events(kind: str) -> list[dict]:
