@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 from upath import UPath
 
-from api.backends.base import Backend, BackendError, WorkloadStatus
+from api.backends.base import MIGRATION_TIMEOUT, Backend, BackendError, WorkloadStatus
 from api.db import session_scope
 from api.models import (
     ACTIVE_STATUSES,
@@ -55,9 +55,6 @@ PRUNE_EVERY = 60.0
 SWEEPS_PER_PASS = 20
 """Finished jobs whose export staging one pass looks for at most (a restarted control plane
 looks at each once: spread over passes, each a listing in the artifacts store)."""
-MIGRATION_TIMEOUT = 120.0
-"""Seconds after which a migration whose replacement the backend no longer runs, and that
-never took part, has failed."""
 
 
 class Reconciler:

@@ -10,6 +10,11 @@ from trainer.contract.store import Location
 
 PodPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
 
+MIGRATION_TIMEOUT = 120.0
+"""Seconds a migration's replacement has to take part (heal and train). A backend that runs
+one gives up on it then (Kubernetes deletes it, and the pod stays where it is), and the
+control plane records the migration as failed once the backend no longer runs it."""
+
 
 class BackendError(Exception):
     """The backend could not carry out a request (the cluster or supervisor is unreachable)."""

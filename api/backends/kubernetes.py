@@ -35,6 +35,7 @@ from urllib3.exceptions import HTTPError
 
 from api.backends import manifests
 from api.backends.base import (
+    MIGRATION_TIMEOUT,
     BackendError,
     Launch,
     Moving,
@@ -65,9 +66,6 @@ SYNC_WAIT = 2.0
 MERGE_PATCH = "application/merge-patch+json"
 EXPECT_SECONDS = 30.0
 """How long a created pod may take to show in the watch before it counts as not created."""
-MIGRATION_TIMEOUT = 120.0
-"""Seconds a migration's replacement has to get ready (heal and take part) before it is
-deleted and the pod stays where it is (the API records `migration_failed` then)."""
 
 
 def api_client(settings: Settings) -> client.ApiClient:
