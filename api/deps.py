@@ -1,54 +1,61 @@
-"""Dependencies shared by the routes, each an Annotated alias defined once."""
+"""Dependencies shared by the routes, each an Annotated alias defined once.
+
+Every object the app shares (set on `app.state` at start-up) reaches a route through one of
+these, never through `request.app.state`: `shared(name)` is the one way in. The route classes of
+api/auth.py are the exception: they authenticate before FastAPI resolves any dependency.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Annotated
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from api.auth import LinkSigner, ReportTokens
 from api.backends.base import Backend
 from api.broker import Broker
 from api.db import session_scope
 from api.services.events import EventLog
+from api.services.login import LoginCodes
+from api.services.models import Predictor
+from api.services.reports import ReportWriter
 from api.settings import Settings
 
 
-def get_settings(request: Request) -> Settings:
-    settings: Settings = request.app.state.settings
-    return settings
+def shared(name: str) -> Callable[[Request], Coroutine[Any, Any, Any]]:
+    """A dependency that gives the app's shared object `name` (its type is the alias's).
+    Async, so FastAPI calls it in the event loop, not in its thread pool (reports are hot)."""
+
+    async def dependency(request: Request) -> Any:
+        return getattr(request.app.state, name)
+
+    dependency.__name__ = f"shared_{name}"
+    return dependency
 
 
-def get_engine(request: Request) -> Engine:
-    engine: Engine = request.app.state.engine
-    return engine
-
-
-def get_session(engine: Annotated[Engine, Depends(get_engine)]) -> Iterator[Session]:
+def get_session(engine: Annotated[Engine, Depends(shared("engine"))]) -> Iterator[Session]:
     with session_scope(engine) as session:
         yield session
 
 
-def get_backend(request: Request) -> Backend:
-    backend: Backend = request.app.state.backend
-    return backend
+async def get_admin_token(request: Request) -> str:
+    value: str = request.app.state.admin_token.value
+    return value
 
 
-def get_broker(request: Request) -> Broker:
-    broker: Broker = request.app.state.broker
-    return broker
-
-
-def get_events(request: Request) -> EventLog:
-    events: EventLog = request.app.state.events
-    return events
-
-
-SettingsDep = Annotated[Settings, Depends(get_settings)]
-EngineDep = Annotated[Engine, Depends(get_engine)]
+SettingsDep = Annotated[Settings, Depends(shared("settings"))]
+EngineDep = Annotated[Engine, Depends(shared("engine"))]
 SessionDep = Annotated[Session, Depends(get_session)]
-BackendDep = Annotated[Backend, Depends(get_backend)]
-BrokerDep = Annotated[Broker, Depends(get_broker)]
-EventsDep = Annotated[EventLog, Depends(get_events)]
+BackendDep = Annotated[Backend, Depends(shared("backend"))]
+BrokerDep = Annotated[Broker, Depends(shared("broker"))]
+EventsDep = Annotated[EventLog, Depends(shared("events"))]
+ReportWriterDep = Annotated[ReportWriter, Depends(shared("report_writer"))]
+ReportTokensDep = Annotated[ReportTokens, Depends(shared("report_tokens"))]
+PredictorDep = Annotated[Predictor, Depends(shared("predictor"))]
+LoginCodesDep = Annotated[LoginCodes, Depends(shared("login_codes"))]
+LinkSignerDep = Annotated[LinkSigner, Depends(shared("link_signer"))]
+AdminTokenDep = Annotated[str, Depends(get_admin_token)]
+"""The admin token's value."""

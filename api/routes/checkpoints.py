@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response, status
 
 from api.auth import AdminRoute
-from api.deps import SessionDep, SettingsDep
+from api.deps import LinkSignerDep, SessionDep, SettingsDep
 from api.errors import error_responses
 from api.models import CheckpointPublic, DownloadLink
 from api.routes import API_PREFIX
@@ -29,11 +29,11 @@ def list_checkpoints(job_id: str, session: SessionDep,
 @router.post("/{checkpoint_id}/download-link", response_model=DownloadLink,
              responses=error_responses(409, 413))
 def checkpoint_link(job_id: str, checkpoint_id: str, request: Request, session: SessionDep,
-                    settings: SettingsDep) -> DownloadLink:
+                    settings: SettingsDep, signer: LinkSignerDep) -> DownloadLink:
     """A URL that downloads the checkpoint without a token, for a few minutes."""
     get_job(session, job_id)
     service.readable(checkpoints_dir(settings, job_id), checkpoint_id)
-    return signed_link(request, request.app.url_path_for(
+    return signed_link(signer, request.app.url_path_for(
         "download_checkpoint", job_id=job_id, checkpoint_id=checkpoint_id))
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
-from api.deps import EngineDep
+from api.deps import BackendDep, EngineDep
 from api.errors import BackendUnavailable
 
 router = APIRouter(tags=["health"])
@@ -18,13 +18,13 @@ def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-def readyz(engine: EngineDep, request: Request) -> dict[str, str]:
+def readyz(engine: EngineDep, backend: BackendDep) -> dict[str, str]:
     try:
         with engine.connect() as connection:
             connection.execute(text("SELECT 1"))
     except Exception as exc:
         raise BackendUnavailable(f"database unavailable: {type(exc).__name__}") from None
-    return {"status": "ready", "backend": request.app.state.backend.name}
+    return {"status": "ready", "backend": backend.name}
 
 
 @router.get("/metrics", response_class=Response)

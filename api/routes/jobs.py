@@ -7,7 +7,14 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response, status
 
 from api.auth import AdminRoute
-from api.deps import BackendDep, EventsDep, SessionDep, SettingsDep
+from api.deps import (
+    BackendDep,
+    EventsDep,
+    LinkSignerDep,
+    ReportTokensDep,
+    SessionDep,
+    SettingsDep,
+)
 from api.errors import error_responses
 from api.models import (
     Accepted,
@@ -69,12 +76,12 @@ def cancel_job(job_id: str, session: SessionDep, backend: BackendDep,
 
 @router.delete("/{job_id}", status_code=status.HTTP_204_NO_CONTENT,
                responses=error_responses(404, 409))
-def delete_job(job_id: str, request: Request, session: SessionDep, settings: SettingsDep,
-               delete_artifacts: bool = False) -> Response:
+def delete_job(job_id: str, session: SessionDep, settings: SettingsDep,
+               tokens: ReportTokensDep, delete_artifacts: bool = False) -> Response:
     """Remove an ended job's record (409 while it runs: cancel it first). Its checkpoints, logs
     and model stay unless `delete_artifacts` is true."""
     service.delete_job(session, settings, job_id, delete_artifacts)
-    request.app.state.report_tokens.forget(job_id)  # its pods, if any were left, get 403
+    tokens.forget(job_id)  # its pods, if any were left, get 403
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -90,8 +97,9 @@ def list_events(job_id: str, session: SessionDep,
 
 @router.post("/{job_id}/stream-link", response_model=StreamLink, responses=error_responses(404))
 def create_stream_link(job_id: str, request: Request, session: SessionDep,
-                       settings: SettingsDep) -> StreamLink:
+                       settings: SettingsDep, signer: LinkSignerDep) -> StreamLink:
     """A URL that opens the job's event stream without a token (an EventSource sends no
     headers), for `stream_link_seconds`; an open stream is never cut, a reconnect takes a new
     link."""
-    return stream_link(request, settings, service.get_job(session, job_id).id)
+    job = service.get_job(session, job_id)
+    return stream_link(signer, request.app.url_path_for("stream", job_id=job.id), settings)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response, status
 
 from api.auth import AdminRoute
-from api.deps import SessionDep, SettingsDep
+from api.deps import LinkSignerDep, PredictorDep, SessionDep, SettingsDep
 from api.errors import error_responses
 from api.models import DownloadLink, ModelPublic, ModelsPublic, PredictRequest, PredictResponse
 from api.routes import API_PREFIX
@@ -29,35 +29,33 @@ def get_model(model_id: str, session: SessionDep) -> ModelPublic:
 
 @router.delete("/{model_id}", status_code=status.HTTP_204_NO_CONTENT,
                responses=error_responses(404))
-def delete_model(model_id: str, request: Request, session: SessionDep,
-                 settings: SettingsDep) -> Response:
+def delete_model(model_id: str, session: SessionDep, settings: SettingsDep,
+                 predictor: PredictorDep) -> Response:
     """Unregister the model and delete its files; its job's record stays."""
     service.delete_model(session, settings, model_id)
-    predictor: service.Predictor = request.app.state.predictor
     predictor.forget(model_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post("/{model_id}/download-link", response_model=DownloadLink,
              responses=error_responses(404, 409, 413))
-def model_link(model_id: str, request: Request, session: SessionDep,
-               settings: SettingsDep, format: Format = "model") -> DownloadLink:
+def model_link(model_id: str, request: Request, session: SessionDep, settings: SettingsDep,
+               signer: LinkSignerDep, format: Format = "model") -> DownloadLink:
     """A URL that downloads the model (or a LoRA job's adapter) without a token, for a few
     minutes."""
     model = service.get_model(session, model_id)
     path = service.model_path(settings, model)
     if format == "adapter":
         service.adapter_path(path, model)
-    link = signed_link(request, request.app.url_path_for("download_model", model_id=model.id))
+    link = signed_link(signer, request.app.url_path_for("download_model", model_id=model.id))
     return link if format == "model" else link.model_copy(
         update={"url": f"{link.url}&format={format}"})
 
 
 @router.post("/{model_id}/predict", response_model=PredictResponse,
              responses=error_responses(404, 409, 413, 422))
-def predict(model_id: str, body: PredictRequest, request: Request, session: SessionDep,
-            settings: SettingsDep) -> PredictResponse:
+def predict(model_id: str, body: PredictRequest, session: SessionDep, settings: SettingsDep,
+            predictor: PredictorDep) -> PredictResponse:
     model = service.get_model(session, model_id)
-    predictor: service.Predictor = request.app.state.predictor
     predictions = predictor.predict(model.id, service.model_path(settings, model), body.texts)
     return PredictResponse(model_id=model.id, predictions=predictions)
