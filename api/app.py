@@ -61,11 +61,11 @@ def admin_token(settings: Settings) -> AdminToken:
 
 def make_backend(settings: Settings) -> Backend:
     if settings.backend == "local":
-        from api.backends.local import LocalBackend
+        from api.backends.local.backend import LocalBackend
 
         return LocalBackend(settings.jobs_dir, max_restarts=settings.restart_budget,
                             restart_backoff=settings.restart_backoff, standby=settings.standby)
-    from api.backends.kubernetes import KubernetesBackend
+    from api.backends.kubernetes.backend import KubernetesBackend
 
     return KubernetesBackend.from_settings(settings)
 

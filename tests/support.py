@@ -104,7 +104,7 @@ def start_lighthouse(processes: Starter, log: Path, secret: str = PEER_SECRET,
     """A job's lighthouse process, started as the backends start it (`flags` override its
     `--name value` options), on a free port of `host`, for the job whose peer secret is
     `secret`; its address once it listens."""
-    from api.backends.commands import Endpoint, lighthouse_argv
+    from api.backends.programs import Endpoint, lighthouse_argv
     from trainer.contract.credentials import SECRET_ENV
 
     port = free_port(host)

@@ -1,7 +1,7 @@
 """A warm standby: a trainer process that has done everything a pod does before it needs to
 know which pod it is (imports, tokenizer, tokenized data, the model), and waits to become one.
 
-A live job's local supervisor keeps one ready beside its pods (api/backends/standby.py). A pod
+A live job's local supervisor keeps one ready beside its pods (api/backends/local/standby.py). A pod
 that (re)starts after a failure or a graceful leave, a new ordinal of a scale-up or a
 migration's replacement becomes the standby instead of a fresh process, so it takes part after a
 heal rather than after seconds of Python start-up and model loading. A restart-mode pod's agent

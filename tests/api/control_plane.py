@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from api.backends.local import LocalBackend
+from api.backends.local.backend import LocalBackend
 from tests.api.conftest import ADMIN_TOKEN, AUTH
 from tests.conftest import Processes
 from tests.support import free_port, wait_for

@@ -15,7 +15,7 @@ import pytest
 from sqlmodel import Session, create_engine
 
 from api import demo
-from api.backends.local import LocalBackend
+from api.backends.local.backend import LocalBackend
 from api.models import Job
 from api.settings import Settings
 from tests.api.conftest import ADMIN_TOKEN, AUTH

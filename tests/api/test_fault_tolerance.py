@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from api.backends.local import SUPERVISOR_RESTARTS
-from api.backends.local_jobdir import same_process
+from api.backends.local.backend import SUPERVISOR_RESTARTS
+from api.backends.local.jobdir import same_process
 from tests.api.control_plane import ControlPlane
 from tests.api.scenarios import (
     MODES,

@@ -12,9 +12,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from api.backends import manifests
 from api.backends.base import Launch
-from api.backends.kubernetes import cluster_config
+from api.backends.kubernetes import manifests
+from api.backends.kubernetes.backend import cluster_config
 from api.settings import Settings
 from tests.api.backends.k8s_fake import SCHEMA_VERSION
 from tests.api.backends.k8s_fake.store import matches, parse_selector

@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from api.backends.local import LocalBackend
+from api.backends.local.backend import LocalBackend
 from tests.api.conftest import ADMIN_TOKEN
 from tests.api.control_plane import ControlPlane
 from tests.conftest import Processes

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from api.backends import commands
+from api.backends import programs
 from api.backends.base import Launch
-from api.backends.local_jobdir import JobDir, LaunchDocument
-from api.backends.supervisor import Supervisor
+from api.backends.local.jobdir import JobDir, LaunchDocument
+from api.backends.local.supervisor import Supervisor
 from tests.support import PEER_SECRET, wait_for
 
 POD = """
@@ -61,10 +61,10 @@ def start_supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, standby: b
                      lighthouse: bool = False) -> Supervisor:
     """A live job of 2 pods (max 4) with its lighthouse (a stand-in unless `lighthouse`) and
     pods started."""
-    monkeypatch.setattr(commands, "pod_argv", lambda *args, **kwargs: SLEEPER)
+    monkeypatch.setattr(programs, "pod_argv", lambda *args, **kwargs: SLEEPER)
     if not lighthouse:
-        monkeypatch.setattr(commands, "lighthouse_argv", lambda *args, **kwargs: SLEEPER)
-    monkeypatch.setattr(commands, "standby_argv", standby_argv)
+        monkeypatch.setattr(programs, "lighthouse_argv", lambda *args, **kwargs: SLEEPER)
+    monkeypatch.setattr(programs, "standby_argv", standby_argv)
     job_dir = JobDir(tmp_path / "job-elastic")
     for sub in (job_dir.logs, job_dir.commands):
         sub.mkdir(parents=True)

@@ -1,4 +1,5 @@
-"""The backends share only their common modules: neither borrows the other's internals."""
+"""The backends share only their common modules: neither package borrows the other's internals,
+and within the local backend, the API's side and the supervisor's share only the job directory."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ from pathlib import Path
 import pytest
 
 BACKENDS = Path(__file__).resolve().parents[3] / "api" / "backends"
-LOCAL_ONLY = {"api.backends.local", "api.backends.local_jobdir", "api.backends.supervisor",
-              "api.backends.supervised"}
+SHARED = {"api.backends.base", "api.backends.programs"}
 
 
 def imported(path: Path) -> set[str]:
@@ -23,16 +23,32 @@ def imported(path: Path) -> set[str]:
     return modules
 
 
-@pytest.mark.parametrize("name", sorted(
-    p.name for p in BACKENDS.glob("*.py") if p.name.startswith(("k8s", "kubernetes"))))
-def test_the_kubernetes_backend_imports_nothing_of_the_local_one(name: str) -> None:
-    assert not imported(BACKENDS / name) & LOCAL_ONLY
+def package_modules(package: str) -> list[Path]:
+    modules = sorted((BACKENDS / package).glob("*.py"))
+    assert len(modules) > 2, f"api/backends/{package}/ holds no modules: moved?"
+    return modules
+
+
+@pytest.mark.parametrize(("package", "other"), [("kubernetes", "local"), ("local", "kubernetes")])
+def test_a_backend_package_imports_nothing_of_the_other(package: str, other: str) -> None:
+    for path in package_modules(package):
+        borrowed = {m for m in imported(path) if m.startswith(f"api.backends.{other}")}
+        assert not borrowed, f"{path.name} imports {borrowed}"
+
+
+def test_the_shared_modules_import_no_backend() -> None:
+    for name in ("base.py", "programs.py"):
+        backends = {m for m in imported(BACKENDS / name)
+                    if m.startswith(("api.backends.local", "api.backends.kubernetes"))}
+        assert not backends, f"{name} imports {backends}"
+    assert {p.name for p in BACKENDS.glob("*.py")} == {"__init__.py", "base.py", "programs.py"}
 
 
 def test_the_local_backend_and_its_supervisor_share_only_the_job_directory() -> None:
-    supervisor_side = {"api.backends.supervisor", "api.backends.supervised"}
-    assert not imported(BACKENDS / "local.py") & supervisor_side
-    for name in ("supervisor.py", "supervised.py"):
-        assert "api.backends.local" not in imported(BACKENDS / name)
-    assert "api.backends.local_jobdir" in imported(BACKENDS / "local.py")
-    assert "api.backends.local_jobdir" in imported(BACKENDS / "supervisor.py")
+    supervisor_side = {"api.backends.local.supervisor", "api.backends.local.processes",
+                       "api.backends.local.standby"}
+    assert not imported(BACKENDS / "local" / "backend.py") & supervisor_side
+    for name in ("supervisor.py", "processes.py", "standby.py"):
+        assert "api.backends.local.backend" not in imported(BACKENDS / "local" / name)
+    assert "api.backends.local.jobdir" in imported(BACKENDS / "local" / "backend.py")
+    assert "api.backends.local.jobdir" in imported(BACKENDS / "local" / "supervisor.py")

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from api.backends.k8s_status import (
+from api.backends.kubernetes.manifests import INCARNATION_LABEL, ORDINAL_LABEL, REPLACES_LABEL
+from api.backends.kubernetes.status import (
     Incarnations,
     dump_incarnations,
     give_up_reason,
@@ -14,8 +15,7 @@ from api.backends.k8s_status import (
     load_incarnations,
     view,
 )
-from api.backends.k8s_watch import left_gracefully
-from api.backends.manifests import INCARNATION_LABEL, ORDINAL_LABEL, REPLACES_LABEL
+from api.backends.kubernetes.watch import left_gracefully
 
 
 def pod(name: str = "job-1-0-3", phase: str = "Running", state: dict[str, Any] | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from api.backends.kubernetes import KubernetesBackend
+from api.backends.kubernetes.backend import KubernetesBackend
 from api.settings import Settings
 from tests.api.backends.k8s_fake import FakeApiServer
 from tests.support import wait_for

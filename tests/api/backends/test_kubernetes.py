@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 import yaml
 
-from api.backends import manifests
 from api.backends.base import (
     BackendError,
     Launch,
@@ -19,7 +18,8 @@ from api.backends.base import (
     WorkloadNotFound,
     WorkloadStatus,
 )
-from api.backends.kubernetes import KubernetesBackend, cluster_config
+from api.backends.kubernetes import manifests
+from api.backends.kubernetes.backend import KubernetesBackend, cluster_config
 from api.settings import Settings
 from tests.api.backends.k8s_fake import FakeApiServer
 from tests.conftest import ROOT
@@ -276,7 +276,7 @@ def test_a_migration_goes_to_the_named_node_or_gives_up(
     assert status.pods[0].restarts == 0
 
     # A node no pod can go to: the replacement stays unschedulable, and is given up.
-    monkeypatch.setattr("api.backends.kubernetes.MIGRATION_TIMEOUT", 0.5)
+    monkeypatch.setattr("api.backends.kubernetes.backend.MIGRATION_TIMEOUT", 0.5)
     backend.migrate_pod(launch.job_id, 0, "node-nowhere")
     stuck = pod_of(fake_k8s, launch.job_id, 0)
     assert stuck["metadata"]["labels"][manifests.REPLACES_LABEL] == "1"
@@ -311,7 +311,7 @@ def test_a_restart_mode_migration_starts_the_replacement_once_the_pod_is_gone(
     assert status.pods[0].node != old["spec"]["nodeName"] and status.pods[0].restarts == 0
 
     # To a node that cannot take it: once given up, a pod that may go anywhere replaces it.
-    monkeypatch.setattr("api.backends.kubernetes.MIGRATION_TIMEOUT", 0.5)
+    monkeypatch.setattr("api.backends.kubernetes.backend.MIGRATION_TIMEOUT", 0.5)
     backend.migrate_pod(launch.job_id, 0, "node-nowhere")
     status = pod_status(backend, launch.job_id, 0,
                         lambda p: p.incarnation == "3" and p.phase == "Running",

@@ -17,7 +17,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from api.backends import commands, manifests
+from api.backends import programs
+from api.backends.kubernetes import manifests
 from api.settings import Settings
 from tests.api.backends.k8s_fake import FakeApiServer
 from tests.api.conftest import ADMIN_TOKEN, AUTH, metric
@@ -133,7 +134,7 @@ def lifecycle(client: TestClient, settings: Settings, fake_k8s: FakeApiServer) -
     assert json.loads(env["TRAINER_CONFIG"]) == stored
     assert env["REPORT_URL"] == (f"http://migrator-api.live-migrator.svc:8000/api/v1/jobs/"
                                  f"{job_id}/reports")
-    assert env["TORCHFT_LIGHTHOUSE"] == f"http://{job_id}-lighthouse:{commands.LIGHTHOUSE_PORT}"
+    assert env["TORCHFT_LIGHTHOUSE"] == f"http://{job_id}-lighthouse:{programs.LIGHTHOUSE_PORT}"
     assert trainer["resources"]["limits"] == {"cpu": "1", "memory": "2Gi"}
 
     # Kill: the pod is deleted, the control plane replaces it, the event is recorded.

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from api.backends.base import Launch, WorkloadStatus
-from api.backends.kubernetes import KubernetesBackend
+from api.backends.kubernetes.backend import KubernetesBackend
 from api.settings import Settings
 from tests.support import wait_for
 

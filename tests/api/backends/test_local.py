@@ -19,10 +19,10 @@ from typing import Any
 import psutil
 import pytest
 
-from api.backends import local
 from api.backends.base import BackendError, Launch, WorkloadNotFound, WorkloadStatus
-from api.backends.local import LocalBackend
-from api.backends.local_jobdir import JobDir, same_process
+from api.backends.local import backend as local
+from api.backends.local.backend import LocalBackend
+from api.backends.local.jobdir import JobDir, same_process
 from tests.api.backends.test_supervisor import SPEC, kill_everything, recorded_processes
 from tests.conftest import ROOT
 from tests.factories import make_reviews_csv
@@ -269,7 +269,7 @@ def test_delete_kills_the_pods_of_a_dead_or_hung_supervisor(
         wait_for(lambda: same_process(supervisor_pid, started) is None,
                  what="the supervisor to die")
     assert not backend.gone("job-orphans")  # its pod still runs, and may write
-    with caplog.at_level("WARNING", logger="api.backends.local"):
+    with caplog.at_level("WARNING", logger="api.backends.local.backend"):
         backend.delete("job-orphans")
     assert "pod job-orphans-0 left behind: SIGKILL" in caplog.text
     assert ("supervisor did not stop" in caplog.text) == (fate == "hung")
@@ -349,9 +349,9 @@ def test_pods_are_killed_before_a_dead_supervisor_that_cannot_be_replaced_fails_
 LAUNCH_FROM_CHILD = """
 import json, sys
 from pathlib import Path
-from api.backends import local
+from api.backends.local import backend as local
 from api.backends.base import Launch
-from api.backends.local import LocalBackend
+from api.backends.local.backend import LocalBackend
 doc = json.loads(sys.argv[2])
 paths = {k: Path(doc[k]) for k in ("checkpoint_dir", "model_dir", "inputs_dir", "cache_dir")}
 LocalBackend(Path(sys.argv[1])).launch(Launch(**{**doc, **paths}))

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from api.backends.base import Launch, Resources
-from api.backends.local_jobdir import (
+from api.backends.local.jobdir import (
     DeleteCommand,
     JobDir,
     KillCommand,

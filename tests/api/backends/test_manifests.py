@@ -1,4 +1,4 @@
-"""A job's Kubernetes objects: valid against the official schemas, built from commands.py."""
+"""A job's Kubernetes objects: valid against the official schemas, built from programs.py."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from api.backends import commands, manifests
+from api.backends import programs
 from api.backends.base import Launch, Resources
-from api.backends.manifests import ClusterConfig
+from api.backends.kubernetes import manifests
+from api.backends.kubernetes.manifests import ClusterConfig
 from tests.api.backends.k8s_fake import SCHEMA_VERSION
 from tests.conftest import Processes
 from tests.support import accepts, free_port, has_ipv6_loopback, wait_for
@@ -173,7 +174,7 @@ def test_a_pipeline_jobs_pods_carry_their_replica_and_stage() -> None:
         assert kubernetes_validate.validate(pod, SCHEMA_VERSION, strict=True)
         env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
         stores.append(env["REPLICA_STORE"])
-    first, second = (f"job-1a2b3c4d-{o}.job-1a2b3c4d:{commands.REPLICA_STORE_PORT}"
+    first, second = (f"job-1a2b3c4d-{o}.job-1a2b3c4d:{programs.REPLICA_STORE_PORT}"
                      for o in (0, 3))
     assert stores == [first] * 3 + [second] * 3
 
@@ -235,14 +236,14 @@ def test_a_job_with_its_own_store_credential_gets_it_from_its_secret_alone() -> 
 def test_trainer_runs_the_shared_pod_command_and_environment(mode: str) -> None:
     launch = make_launch(mode)
     pod_view = manifests.pod_launch(launch)
-    coordinator = commands.Endpoint(f"job-1a2b3c4d-{'lighthouse' if mode == 'live' else 'store'}",
-                                    commands.LIGHTHOUSE_PORT if mode == "live"
-                                    else commands.STORE_PORT)
+    coordinator = programs.Endpoint(f"job-1a2b3c4d-{'lighthouse' if mode == 'live' else 'store'}",
+                                    programs.LIGHTHOUSE_PORT if mode == "live"
+                                    else programs.STORE_PORT)
     trainer = container(launch)
     assert trainer["image"] == "registry.example/trainer:1.2.3"
     assert trainer["command"] == ["sh", "-c", manifests.HOLD_SCRIPT, "trainer",
-                                  *commands.pod_argv(pod_view, coordinator, "$(POD_IP)")]
-    expected = commands.pod_env(pod_view, "job-1a2b3c4d-1", coordinator, "$(POD_IP)",
+                                  *programs.pod_argv(pod_view, coordinator, "$(POD_IP)")]
+    expected = programs.pod_env(pod_view, "job-1a2b3c4d-1", coordinator, "$(POD_IP)",
                                 threads=2, incarnation="4",
                                 ready_file=Path(manifests.READY_FILE))
     env = trainer["env"]
@@ -313,13 +314,13 @@ def test_a_coordinator_listens_on_an_ipv6_pod_ip(mode: str, processes: Processes
     fixed, port = str(manifests.coordinator_endpoint(launch).port), free_port("::1")
     argv = [sys.executable if arg == "python" else
             arg.replace("$(POD_IP)", "::1").replace(fixed, str(port)) for arg in command]
-    process = processes.start(argv, commands.coordinator_env(launch),
+    process = processes.start(argv, programs.coordinator_env(launch),
                               tmp_path / "coordinator.log")
     wait_for(lambda: accepts(port, "::1"), process=process, timeout=30,
              what=f"the {mode} coordinator to listen on [::1]:{port}")
-    endpoint = commands.Endpoint("::1", port)
+    endpoint = programs.Endpoint("::1", port)
     assert str(endpoint) == f"[::1]:{port}"  # as pods are told of it
-    assert commands.Endpoint.parse(str(endpoint)) == endpoint  # as an adopting supervisor reads it
+    assert programs.Endpoint.parse(str(endpoint)) == endpoint  # as an adopting supervisor reads it
     secret = launch.peer_secret
     if mode == "live":
         lighthouse.leave(f"http://{endpoint}", credentials.member_id(secret, "job-1a2b3c4d-0"))

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from api.backends.base import BackendError
-from api.backends.local import LocalBackend
-from api.backends.local_jobdir import same_process, write_json_atomic
+from api.backends.local.backend import LocalBackend
+from api.backends.local.jobdir import same_process, write_json_atomic
 from tests.conftest import ROOT
 from tests.factories import make_reviews_csv
 from tests.support import PEER_SECRET, ReportServer, wait_for
@@ -75,7 +75,7 @@ class Supervisors:
     def start(self, job_dir: Path, *args: str) -> subprocess.Popen[bytes]:
         with (job_dir / "supervisor.log").open("ab") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "api.backends.supervisor", str(job_dir), *args],
+                [sys.executable, "-m", "api.backends.local.supervisor", str(job_dir), *args],
                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.started.append(process)
         return process
@@ -116,7 +116,7 @@ def test_commands_lock_and_sigterm(tmp_path: Path, inputs_dir: Path, sink: Repor
     write_job(job_dir, inputs_dir, sink, epochs=20, checkpoint_every_steps=1000)
     process = supervisors.start(job_dir)
     wait_for(lambda: pod_phase(job_dir) == "Running", what="pod 0 to run")
-    second = subprocess.run([sys.executable, "-m", "api.backends.supervisor", str(job_dir)],
+    second = subprocess.run([sys.executable, "-m", "api.backends.local.supervisor", str(job_dir)],
                             cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert second.returncode == 1
     assert "another supervisor already runs" in second.stderr
@@ -226,7 +226,7 @@ def test_adopting_needs_a_state_to_adopt(tmp_path: Path, inputs_dir: Path,
                                          sink: ReportServer) -> None:
     job_dir = tmp_path / "jobs" / "job-none"
     write_job(job_dir, inputs_dir, sink)
-    adopter = subprocess.run([sys.executable, "-m", "api.backends.supervisor", str(job_dir),
+    adopter = subprocess.run([sys.executable, "-m", "api.backends.local.supervisor", str(job_dir),
                               "--adopt"], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert adopter.returncode == 1
     assert "nothing to adopt" in adopter.stderr

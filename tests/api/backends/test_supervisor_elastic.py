@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from api.backends import supervisor as supervisor_module
-from api.backends.local_jobdir import MigrateCommand, ScaleCommand, read_state, send_command
-from api.backends.supervisor import Supervisor
+from api.backends.local import supervisor as supervisor_module
+from api.backends.local.jobdir import MigrateCommand, ScaleCommand, read_state, send_command
+from api.backends.local.supervisor import Supervisor
 from tests.api.backends.stand_ins import start_supervisor, ticks_until, up
 
 

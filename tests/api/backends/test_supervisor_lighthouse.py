@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from torchft._torchft import LighthouseClient
 
-from api.backends.local_jobdir import KillCommand, send_command
+from api.backends.local.jobdir import KillCommand, send_command
 from tests.api.backends.stand_ins import start_supervisor, ticks_until, up
 from tests.support import accepts, wait_for
 

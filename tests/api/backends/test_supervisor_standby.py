@@ -12,9 +12,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from api.backends import commands
-from api.backends import supervisor as supervisor_module
-from api.backends.local_jobdir import (
+from api.backends import programs
+from api.backends.local import supervisor as supervisor_module
+from api.backends.local.jobdir import (
     DeleteCommand,
     KillCommand,
     ScaleCommand,
@@ -23,8 +23,8 @@ from api.backends.local_jobdir import (
     same_process,
     send_command,
 )
-from api.backends.standby import MAX_FAILURES, Standby
-from api.backends.supervisor import Supervisor
+from api.backends.local.standby import MAX_FAILURES, Standby
+from api.backends.local.supervisor import Supervisor
 from tests.api.backends.stand_ins import start_supervisor, ticks_until, took_part, up
 
 
@@ -86,7 +86,7 @@ def test_the_standby_ends_with_the_job(supervisor: Supervisor) -> None:
 
 def test_a_job_stops_keeping_a_standby_that_keeps_failing(
         supervisor: Supervisor, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(commands, "standby_argv",
+    monkeypatch.setattr(programs, "standby_argv",
                         lambda *args, **kwargs: [sys.executable, "-c", "raise SystemExit(2)"])
     standby = standby_of(supervisor)
     took_part(supervisor)

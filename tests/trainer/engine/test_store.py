@@ -107,7 +107,7 @@ def test_a_stock_torchrun_agent_cannot_join_the_jobs_rendezvous(
         processes: Processes, tmp_path: Path) -> None:
     """torchrun's own c10d rendezvous pointed at a restart-mode job's store, with the job's
     run id: it never gets into a round, and the store keeps serving the job."""
-    from api.backends.commands import store_argv
+    from api.backends.programs import store_argv
 
     port = free_port()
     processes.start(store_argv(port, python=sys.executable), {SECRET_ENV: PEER_SECRET},
@@ -128,7 +128,7 @@ def test_a_stock_torchrun_agent_cannot_join_the_jobs_rendezvous(
 
 def test_the_store_process_refuses_to_start_without_the_secret(
         processes: Processes, tmp_path: Path) -> None:
-    from api.backends.commands import store_argv
+    from api.backends.programs import store_argv
 
     process = processes.start(store_argv(free_port(), python=sys.executable),
                               {SECRET_ENV: ""}, tmp_path / "store.log")

@@ -1,6 +1,6 @@
 """A job's Kubernetes objects, as pure functions of its Launch and the cluster settings.
 
-What the containers run comes from api/backends/commands.py, as on the local backend; only the
+What the containers run comes from api/backends/programs.py, as on the local backend; only the
 addresses differ: a pod's own IP comes from the downward API (`$(POD_IP)`, expanded by the
 kubelet) and is the only address its processes listen on, the coordinator is reached through its
 Service, and the report token and peer secret come from the job's Secret. Every object carries the
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from api.backends.base import Launch
-from api.backends.commands import (
+from api.backends.programs import (
     LIGHTHOUSE_PORT,
     REPLICA_STORE_PORT,
     STORE_PORT,

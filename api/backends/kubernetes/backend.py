@@ -9,7 +9,7 @@ was sent to, and a pod that leaves is replaced at once instead of after its name
 Crashed containers restart in place (restartPolicy Always); while no control plane runs, a
 deleted pod waits for the next one to replace it.
 
-Objects come from api/backends/manifests.py; pods are observed through one pod watch
+Objects come from api/backends/kubernetes/manifests.py; pods are observed through one pod watch
 (k8s_watch.py) and mapped by k8s_status.py. A foreground delete of the anchor removes the pods
 first and nothing replaces them; the shared checkpoints and models PVCs are not owned and stay.
 Kubernetes errors keep their meaning: 404 -> WorkloadNotFound, 409 -> WorkloadConflict,
@@ -33,7 +33,6 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from api.backends import manifests
 from api.backends.base import (
     MIGRATION_TIMEOUT,
     BackendError,
@@ -45,7 +44,9 @@ from api.backends.base import (
     WorkloadNotFound,
     WorkloadStatus,
 )
-from api.backends.k8s_status import (
+from api.backends.kubernetes import manifests
+from api.backends.kubernetes.manifests import ClusterConfig, Manifest
+from api.backends.kubernetes.status import (
     Incarnations,
     PodView,
     dump_incarnations,
@@ -53,8 +54,7 @@ from api.backends.k8s_status import (
     load_incarnations,
     view,
 )
-from api.backends.k8s_watch import PodWatcher
-from api.backends.manifests import ClusterConfig, Manifest
+from api.backends.kubernetes.watch import PodWatcher
 from api.settings import Settings
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,12 @@ from datetime import datetime
 from typing import Any
 
 from api.backends.base import PodPhase
-from api.backends.manifests import INCARNATION_LABEL, ORDINAL_LABEL, REPLACES_LABEL, TRAINER
+from api.backends.kubernetes.manifests import (
+    INCARNATION_LABEL,
+    ORDINAL_LABEL,
+    REPLACES_LABEL,
+    TRAINER,
+)
 from trainer.contract.process import ExitCode, failure_reason
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """A job's detached supervisor: kubelet + pod controller of the local backend.
 
-Run as `python -m api.backends.supervisor <job_dir>`. It starts the job's coordinator (the
+Run as `python -m api.backends.local.supervisor <job_dir>`. It starts the job's coordinator (the
 torchft lighthouse of a live job, the rendezvous store of a restart job) and one process group
 per pod with a stable ordinal, recreates a pod that failed (after a short backoff) while the
 others carry on, restarts the coordinator if it dies, obeys the kill, scale, migrate and delete
@@ -29,8 +29,8 @@ from types import FrameType
 import grpc
 import psutil
 
-from api.backends import commands
-from api.backends.local_jobdir import (
+from api.backends import programs
+from api.backends.local.jobdir import (
     CoordinatorRecord,
     DeleteCommand,
     JobDir,
@@ -49,8 +49,8 @@ from api.backends.local_jobdir import (
     try_lock,
     write_state,
 )
-from api.backends.standby import SETTLE_SECONDS, Standby
-from api.backends.supervised import POLL_SECONDS, Adopted, Extra, Pod, Watched, spawn
+from api.backends.local.processes import POLL_SECONDS, Adopted, Extra, Pod, Watched, spawn
+from api.backends.local.standby import SETTLE_SECONDS, Standby
 from trainer.contract.process import ExitCode, failure_reason
 from trainer.contract.spec import stages_of
 from trainer.contract.store import STORE_VARIABLES
@@ -68,7 +68,7 @@ SETTINGS_PREFIX = "MIGRATOR_"  # api.settings.Settings' env prefix
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((commands.LOOPBACK, 0))
+        sock.bind((programs.LOOPBACK, 0))
         port: int = sock.getsockname()[1]
         return port
 
@@ -95,7 +95,7 @@ class Supervisor:
         self.live = self.launch.fault_tolerance == "live"
         self.coordinator: Watched | None = None
         """The torchft lighthouse (live) or the rendezvous store (restart), on a fixed port."""
-        self.coordinator_endpoint = commands.Endpoint(commands.LOOPBACK, free_port())
+        self.coordinator_endpoint = programs.Endpoint(programs.LOOPBACK, free_port())
         self.coordinator_starts = 0
         self.started = psutil.Process().create_time()
         self.mode: Mode = "running"
@@ -156,7 +156,7 @@ class Supervisor:
         coordinator = previous.coordinator
         if coordinator is not None:
             # The pods know the coordinator by this endpoint: a new one must listen there too.
-            self.coordinator_endpoint = commands.Endpoint.parse(coordinator.endpoint)
+            self.coordinator_endpoint = programs.Endpoint.parse(coordinator.endpoint)
             self.coordinator_starts = coordinator.restarts + 1
             if coordinator.pid is not None:
                 self.coordinator = Adopted(coordinator.pid, coordinator.pid_started)
@@ -220,12 +220,12 @@ class Supervisor:
             logger.warning("%s exited with code %s: restarting it", name,
                            "unknown" if code is None else code)
         endpoint = self.coordinator_endpoint
-        argv = (commands.lighthouse_argv(endpoint.host, endpoint.port, python=sys.executable)
+        argv = (programs.lighthouse_argv(endpoint.host, endpoint.port, python=sys.executable)
                 if self.live else
-                commands.store_argv(endpoint.port, python=sys.executable, host=endpoint.host))
+                programs.store_argv(endpoint.port, python=sys.executable, host=endpoint.host))
         self.coordinator = spawn(argv, self.job_dir.path, self.job_dir.log(name),
                                  env={**inherited_env(store_credentials=False),
-                                      **commands.coordinator_env(self.launch)})
+                                      **programs.coordinator_env(self.launch)})
         self.coordinator_starts += 1
         logger.info("%s on %s (pid %d)", name, endpoint, self.coordinator.pid)
         self.write_state()  # listed at once: should this supervisor die, it is found again
@@ -253,7 +253,7 @@ class Supervisor:
         log = self.job_dir.log(pod.name)
         if self.standby is not None and (process := self.standby.take(env, log)) is not None:
             return process
-        argv = commands.pod_argv(self.launch, self.coordinator_endpoint, commands.LOOPBACK,
+        argv = programs.pod_argv(self.launch, self.coordinator_endpoint, programs.LOOPBACK,
                                  python=sys.executable)
         return spawn(argv, self.job_dir.path, log, env)
 
@@ -262,12 +262,12 @@ class Supervisor:
         """A pod's environment (the standby's: no name, incarnation or ready file)."""
         store = None
         if self.replica_ports and ordinal is not None:
-            store = str(commands.Endpoint(commands.LOOPBACK,
+            store = str(programs.Endpoint(programs.LOOPBACK,
                                           self.replica_ports[ordinal // self.stages]))
         threads = (os.cpu_count() or 1) // max(self.replicas, 1)
         inherited = inherited_env(store_credentials=not self.launch.store_env)
-        return {**inherited, **commands.pod_env(self.launch, name, self.coordinator_endpoint,
-                                                commands.LOOPBACK, threads,
+        return {**inherited, **programs.pod_env(self.launch, name, self.coordinator_endpoint,
+                                                programs.LOOPBACK, threads,
                                                 incarnation=incarnation, ready_file=ready,
                                                 replica_file=replica, replica_store=store,
                                                 warm_worker=self.warm_workers)}
@@ -591,7 +591,7 @@ class Supervisor:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m api.backends.supervisor",
+    parser = argparse.ArgumentParser(prog="python -m api.backends.local.supervisor",
                                      description="Supervise one job of the local backend.")
     parser.add_argument("job_dir", type=Path)
     parser.add_argument("--adopt", action="store_true",

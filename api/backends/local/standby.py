@@ -17,9 +17,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from api.backends import commands
-from api.backends.local_jobdir import JobDir, StandbyRecord, same_process, signal_group
-from api.backends.supervised import Child, spawn
+from api.backends import programs
+from api.backends.local.jobdir import JobDir, StandbyRecord, same_process, signal_group
+from api.backends.local.processes import Child, spawn
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class Standby:
         self.ready_file.parent.mkdir(parents=True, exist_ok=True)
         for stale in self.ready_file.parent.glob(f"{NAME}.*"):  # one taken while loading
             stale.unlink(missing_ok=True)
-        argv = commands.standby_argv(self.ready_file, python=sys.executable)
+        argv = programs.standby_argv(self.ready_file, python=sys.executable)
         self.process = spawn(argv, self.job_dir.path, self.job_dir.log(NAME), env,
                              stdin=subprocess.PIPE)
         logger.info("standby started (pid %d)", self.process.pid)

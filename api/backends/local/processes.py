@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 
 from api.backends.base import PodPhase
-from api.backends.local_jobdir import PodRecord, ProcessRecord, same_process, signal_group
+from api.backends.local.jobdir import PodRecord, ProcessRecord, same_process, signal_group
 
 POLL_SECONDS = 0.1
 

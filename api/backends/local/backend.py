@@ -1,6 +1,6 @@
 """The local backend: one detached supervisor process per job, observed through its files.
 
-Everything lives in `jobs_dir/<job_id>/` (see api/backends/local_jobdir.py). The supervisor runs
+Everything lives in `jobs_dir/<job_id>/` (see api/backends/local/jobdir.py). The supervisor runs
 in its own session, so it outlives the API process; a new LocalBackend on the same jobs_dir
 re-adopts it from these files alone. A supervisor that dies while its job runs (SIGKILL, the OOM
 killer) is replaced, as a kubelet is restarted, by one that adopts the pods still running; where
@@ -33,7 +33,7 @@ from api.backends.base import (
     WorkloadNotFound,
     WorkloadStatus,
 )
-from api.backends.local_jobdir import (
+from api.backends.local.jobdir import (
     DEFAULT_BACKOFF_SECONDS,
     DEFAULT_MAX_RESTARTS,
     AnyCommand,
@@ -241,7 +241,7 @@ class LocalBackend:
         """Start the job's supervisor (the caller holds self._lock)."""
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             filter(None, [str(SOURCE_ROOT), os.environ.get("PYTHONPATH")]))}
-        argv = [sys.executable, "-m", "api.backends.supervisor", str(job_dir.path)]
+        argv = [sys.executable, "-m", "api.backends.local.supervisor", str(job_dir.path)]
         try:
             with job_dir.supervisor_log.open("ab") as log:
                 child = subprocess.Popen(

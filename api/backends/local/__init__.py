@@ -1,0 +1,1 @@
+"""The local backend: a supervisor process per job runs its pods on this machine."""
