@@ -1,8 +1,10 @@
 """Dependencies shared by the routes, each an Annotated alias defined once.
 
 Every object the app shares (set on `app.state` at start-up) reaches a route through one of
-these, never through `request.app.state`: `shared(name)` is the one way in. The route classes of
-api/auth.py are the exception: they authenticate before FastAPI resolves any dependency.
+these, never through `request.app.state`: `shared(name)` is the one way in. Two exceptions: the
+route classes of api/auth.py, which authenticate before FastAPI resolves any dependency, and
+the reports route, the API's hot path, which parses its body by hand and reads its writer
+directly.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from api.db import session_scope
 from api.services.events import EventLog
 from api.services.login import LoginCodes
 from api.services.models import Predictor
-from api.services.reports import ReportWriter
 from api.settings import Settings
 
 
@@ -52,7 +53,6 @@ SessionDep = Annotated[Session, Depends(get_session)]
 BackendDep = Annotated[Backend, Depends(shared("backend"))]
 BrokerDep = Annotated[Broker, Depends(shared("broker"))]
 EventsDep = Annotated[EventLog, Depends(shared("events"))]
-ReportWriterDep = Annotated[ReportWriter, Depends(shared("report_writer"))]
 ReportTokensDep = Annotated[ReportTokens, Depends(shared("report_tokens"))]
 PredictorDep = Annotated[Predictor, Depends(shared("predictor"))]
 LoginCodesDep = Annotated[LoginCodes, Depends(shared("login_codes"))]
