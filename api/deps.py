@@ -28,7 +28,7 @@ from api.settings import Settings
 
 def shared(name: str) -> Callable[[Request], Coroutine[Any, Any, Any]]:
     """A dependency that gives the app's shared object `name` (its type is the alias's).
-    Async, so FastAPI calls it in the event loop, not in its thread pool (reports are hot)."""
+    Async, so FastAPI calls it in the event loop rather than handing it to its thread pool."""
 
     async def dependency(request: Request) -> Any:
         return getattr(request.app.state, name)
@@ -37,7 +37,10 @@ def shared(name: str) -> Callable[[Request], Coroutine[Any, Any, Any]]:
     return dependency
 
 
-def get_session(engine: Annotated[Engine, Depends(shared("engine"))]) -> Iterator[Session]:
+EngineDep = Annotated[Engine, Depends(shared("engine"))]
+
+
+def get_session(engine: EngineDep) -> Iterator[Session]:
     with session_scope(engine) as session:
         yield session
 
@@ -48,7 +51,6 @@ async def get_admin_token(request: Request) -> str:
 
 
 SettingsDep = Annotated[Settings, Depends(shared("settings"))]
-EngineDep = Annotated[Engine, Depends(shared("engine"))]
 SessionDep = Annotated[Session, Depends(get_session)]
 BackendDep = Annotated[Backend, Depends(shared("backend"))]
 BrokerDep = Annotated[Broker, Depends(shared("broker"))]
