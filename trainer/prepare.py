@@ -54,7 +54,8 @@ def prepare(config: TrainConfig, device: torch.device) -> Prepared:
 
 
 def adapt(model: nn.Module, spec: JobSpec) -> nn.Module:
-    """The model as the spec trains it: with LoRA adapters, with gradient checkpointing."""
+    """The model as the spec trains it: with LoRA adapters, with gradient checkpointing,
+    compiled (in place: its parameters' names, so checkpoints and heals, stay as they are)."""
     if spec.quantization != "none":
         model = lora.prepare_quantized(model, spec)  # checkpointing too, where asked
     elif spec.gradient_checkpointing:
@@ -63,4 +64,6 @@ def adapt(model: nn.Module, spec: JobSpec) -> nn.Module:
             gradient_checkpointing_kwargs={"use_reentrant": False})
     if spec.finetune == "lora":
         model = lora.apply_lora(model, spec)
+    if spec.torch_compile:
+        model.compile()
     return model
