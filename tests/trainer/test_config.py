@@ -48,6 +48,7 @@ def test_env_types_are_coerced() -> None:
     ({"learning_rate": 2.0}, "learning_rate"),
     ({"fault_tolerance": "magic"}, "fault_tolerance"),
     ({"max_length": 4096}, "max_length"),
+    ({"parallelism": "pipeline", "torch_compile": True}, "torch_compile"),
     ({"model": None}, "model"),
     ({"runtime": {"max_steps": 0}}, "max_steps"),
     ({"runtime": {"report_url": "http://x/reports"}}, "report_token"),

@@ -66,3 +66,15 @@ def test_device_choice_and_unwrap() -> None:
     wrapper.module = nn.Module()
     wrapper.module.module = inner
     assert unwrap(wrapper) is inner
+
+
+def test_torch_compile_compiles_in_place_and_keeps_parameter_names(tiny_model_dir: Path) -> None:
+    from trainer.contract.spec import JobSpec
+    from trainer.prepare import adapt
+
+    plain = load_model(str(tiny_model_dir), seed=1)
+    names = list(plain.state_dict())
+    model = adapt(load_model(str(tiny_model_dir), seed=1), JobSpec(torch_compile=True))
+    assert model._compiled_call_impl is not None  # calls go through torch.compile
+    assert list(model.state_dict()) == names  # checkpoints and heals see the same model
+    assert adapt(plain, JobSpec())._compiled_call_impl is None
