@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import defaultdict
 from datetime import timedelta
 from pathlib import Path
 
@@ -36,7 +37,7 @@ from api.services import checkpoints
 from api.services.artifacts import checkpoints_dir, model_dir
 from api.services.events import EventLog, completions, new_event
 from api.services.job_credentials import Renewals
-from api.services.jobs import REMOVED, pods_of, still_active
+from api.services.jobs import REMOVED, still_active
 from api.services.models import clear_export_staging, register_model
 from api.settings import Settings
 from trainer.contract import store
@@ -98,14 +99,24 @@ class Reconciler:
 
     def reconcile_once(self) -> None:
         with session_scope(self.engine) as session:
-            jobs = list(session.exec(select(Job).where(col(Job.status).in_(ACTIVE_STATUSES))))
+            active = col(Job.status).in_(ACTIVE_STATUSES)
+            jobs = list(session.exec(select(Job).where(active)))
+            # Three queries a pass, not two a job: the pass's cost grows with the jobs alone.
+            pods: dict[str, list[Pod]] = defaultdict(list)
+            for pod in session.exec(select(Pod).join(Job).where(active).order_by(
+                    col(Pod.job_id), col(Pod.ordinal))):
+                pods[pod.job_id].append(pod)
+            migrations: dict[str, list[Migration]] = defaultdict(list)
+            for migration in session.exec(select(Migration).join(Job).where(
+                    active, Migration.status == "pending")):
+                migrations[migration.job_id].append(migration)
             for job in jobs:
                 try:
                     status = self.backend.status(job.id)
                 except BackendError as exc:
                     logger.warning("job %s: cannot observe pods: %s", job.id, exc)
                     continue
-                self.reconcile_job(session, job, status)
+                self.reconcile_job(session, job, status, pods[job.id], migrations[job.id])
             if self.credentials is not None:
                 self.credentials.keep(session)
             if time.monotonic() - self._orphans_checked >= ORPHANS_EVERY:
@@ -171,13 +182,16 @@ class Reconciler:
                 logger.info("job %s: removed %s, left by killed exports", job_id,
                             ", ".join(removed))
 
-    def reconcile_job(self, session: Session, job: Job, status: WorkloadStatus) -> None:
-        events = self._sync_pods(session, job, status) + self._settle_migrations(
-            session, job, status)
+    def reconcile_job(self, session: Session, job: Job, status: WorkloadStatus,
+                      pods: list[Pod], migrations: list[Migration]) -> None:
+        """Record what changed in one job (its pod rows and pending migrations given, read for
+        the whole pass at once)."""
+        events = self._sync_pods(session, job, status, pods) + self._settle_migrations(
+            session, job, status, migrations)
         model_dir = self._finished_model_dir(session, job, status)
         if model_dir is not None:
             self._delete_workload(job.id)
-            for pod in pods_of(session, job.id):
+            for pod in pods:
                 # The pods finished their work; the workload deletion only ended the processes.
                 if pod.phase in ("Pending", "Running"):
                     pod.phase = "Succeeded"
@@ -197,8 +211,9 @@ class Reconciler:
                                        "supervisor or Kubernetes objects are gone)"))
         elif job.status in (JobStatus.running, JobStatus.degraded):
             events += self._update_degraded(job, status)
-        if not events:  # every change above comes with its event: nothing changed
-            session.rollback()
+        if not events:  # every change above comes with its event: nothing to write
+            # (No rollback: it would expire every object the pass loaded, a cost per job that
+            # grows with the jobs.)
             return
         session.add(job)
         # A cancel may have finished the job since it was read: then it stays as the cancel left it.
@@ -222,12 +237,13 @@ class Reconciler:
                           message=f"{running} of {pods} pods running, {participants} "
                                   "training")]
 
-    def _sync_pods(self, session: Session, job: Job, status: WorkloadStatus) -> list[Event]:
+    def _sync_pods(self, session: Session, job: Job, status: WorkloadStatus,
+                   rows: list[Pod]) -> list[Event]:
         """Copy observed pod phases and restarts into the pods' rows, as events."""
         events: list[Event] = []
         pods = pod_count(job.spec)
         observed = {p.ordinal: p for p in status.pods}
-        for pod in pods_of(session, job.id):  # a scale adds the rows of new ordinals
+        for pod in rows:  # a scale adds the rows of new ordinals
             seen = observed.get(pod.ordinal)
             if seen is None and pod.ordinal >= pods and pod.phase != REMOVED:
                 events.append(new_event(
@@ -252,12 +268,12 @@ class Reconciler:
         return events
 
     @staticmethod
-    def _settle_migrations(session: Session, job: Job, status: WorkloadStatus) -> list[Event]:
+    def _settle_migrations(session: Session, job: Job, status: WorkloadStatus,
+                           pending: list[Migration]) -> list[Event]:
         """Fail the migrations whose replacement is gone without having taken part."""
         events: list[Event] = []
         migrating = {p.ordinal for p in status.pods if p.migrating}
-        for migration in session.exec(select(Migration).where(
-                Migration.job_id == job.id, Migration.status == "pending")):
+        for migration in pending:
             if (migration.ordinal in migrating
                     or time.time() - migration.requested_at < MIGRATION_TIMEOUT):
                 continue

@@ -313,3 +313,33 @@ def test_a_finishing_job_is_read_by_its_completions_alone(client: TestClient,
             f"EXPLAIN {'QUERY PLAN ' if connection.dialect.name == 'sqlite' else ''}"
             f"{statement}", parameters))
     assert "ix_event_job_id_type" in plan, plan
+
+
+def test_a_pass_reads_as_much_for_fifty_jobs_as_for_five(client: TestClient,
+                                                        backend: FakeBackend) -> None:
+    """The pass's statements do not grow with the active jobs (two a job once made a pass at
+    1,000 jobs take seconds), and a pass where nothing changed writes nothing."""
+    engine: Engine = client.app.state.engine  # type: ignore[attr-defined]
+
+    def statements_of_a_quiet_pass() -> list[str]:
+        reconcile(client, backend)  # records the new jobs' pods as Running
+        seen: list[str] = []
+
+        def capture(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+            seen.append(statement)
+
+        event.listen(engine, "before_cursor_execute", capture)
+        try:
+            assert reconcile(client, backend) == []
+        finally:
+            event.remove(engine, "before_cursor_execute", capture)
+        return seen
+
+    for _ in range(5):
+        create_job(client)
+    five = statements_of_a_quiet_pass()
+    for _ in range(45):
+        create_job(client)
+    fifty = statements_of_a_quiet_pass()
+    assert len(fifty) == len(five) <= 6, fifty
+    assert not [s for s in fifty if s.lstrip().upper().startswith(("INSERT", "UPDATE"))]
