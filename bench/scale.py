@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 from sqlmodel import Session
 
 from api.db import init_db, make_engine
@@ -27,6 +28,7 @@ from api.models import Job, JobStatus, Pod
 from api.reconciler import Reconciler
 from api.services.events import EventLog
 from api.settings import Settings
+from bench.api_ingest import ADMIN, start_server
 from bench.serve_noop import NoopBackend
 from trainer.contract.spec import JobSpec
 
@@ -76,14 +78,50 @@ def reconcile_pass(counts: list[int], passes: int) -> None:
             engine.dispose()
 
 
+def p99(http: httpx.Client, path: str, requests: int) -> float:
+    times = []
+    for _ in range(requests):
+        start = time.perf_counter()
+        http.get(path).raise_for_status()
+        times.append(time.perf_counter() - start)
+    return statistics.quantiles(times, n=100)[98] * 1000
+
+
+def api_latency(counts: list[int], requests: int) -> None:
+    """The real control plane (noop backend, reconciling every second) with `count` jobs
+    created through the API; reads timed one after another."""
+    print("| active jobs | GET /api/v1/jobs p99 (ms) | GET /api/v1/jobs/{id} p99 (ms) |")
+    print("|---|---|---|")
+    with tempfile.TemporaryDirectory() as scratch:
+        server, url = start_server(Path(scratch))
+        try:
+            with httpx.Client(base_url=url, headers=ADMIN, timeout=60) as http:
+                created: list[str] = []
+                for count in counts:
+                    while len(created) < count:
+                        response = http.post("/api/v1/jobs", json={"replicas": PODS_PER_JOB})
+                        response.raise_for_status()
+                        created.append(response.json()["id"])
+                    time.sleep(2)  # two reconcile passes: every job's pods are Running
+                    jobs = p99(http, "/api/v1/jobs", requests)
+                    one = p99(http, f"/api/v1/jobs/{created[len(created) // 2]}", requests)
+                    print(f"| {count} | {jobs:.1f} | {one:.1f} |", flush=True)
+        finally:
+            server.kill()
+            server.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", default="10,100,200,500,1000")
     parser.add_argument("--passes", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=300)
     args = parser.parse_args()
     counts = [int(n) for n in args.jobs.split(",")]
     print("## 1. Reconcile pass (noop backend, SQLite)\n")
     reconcile_pass(counts, args.passes)
+    print("\n## 2. API reads while the control plane reconciles (noop backend, SQLite)\n")
+    api_latency(counts, args.requests)
 
 
 if __name__ == "__main__":
