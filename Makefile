@@ -57,7 +57,7 @@ lint: setup
 # The main job: the control plane on 127.0.0.1:8000 (local backend, data in ./data) running the
 # offline demo job (MiniLM-L6 on Rotten Tomatoes, 2,000 samples, 2 pods) with live progress.
 demo: setup
-	$(BIN)/python -m api.demo
+	$(BIN)/python -m api.cli.demo
 
 clean:
 	rm -rf $(VENV) runs data .pytest_cache .mypy_cache .ruff_cache web/node_modules \

@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from api.demo import DEMO_SPEC
+from api.cli.demo import DEMO_SPEC
 from bench.control_plane import serve, steps, wait
 
 

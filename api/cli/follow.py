@@ -13,8 +13,8 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 from rich.text import Text
 
-from api.client import Client
-from api.terminal import echo, printable
+from api.cli.client import Client
+from api.cli.terminal import echo, printable
 
 FINISHED = ("succeeded", "failed", "cancelled")
 EVENT_TYPES = ["job", "pod", "checkpoint"]

@@ -15,9 +15,9 @@ from typing import Any, NoReturn
 
 import httpx
 
-from api.client import BadInput, Client, CliError, resolve_token
-from api.terminal import echo, printable
-from api.watch import progress_line, watch
+from api.cli.client import BadInput, Client, CliError, resolve_token
+from api.cli.follow import progress_line, watch
+from api.cli.terminal import echo, printable
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 

@@ -1,4 +1,4 @@
-"""`python -m api.demo`: the main job. Start the control plane, submit the offline demo job,
+"""`python -m api.cli.demo`: the main job. Start the control plane, submit the offline demo job,
 show its progress until it finishes, then keep serving (interactive) or stop (non-interactive).
 Ctrl-C cancels the job (its supervisor would keep it training) and stops the control plane.
 """
@@ -15,11 +15,11 @@ from typing import Any
 
 import httpx
 
-from api.cli import read_spec
-from api.client import BadInput, Client, CliError, configured_token, load_settings
+from api.cli.client import BadInput, Client, CliError, configured_token, load_settings
+from api.cli.commands import read_spec
+from api.cli.follow import watch
+from api.cli.terminal import echo
 from api.settings import Settings
-from api.terminal import echo
-from api.watch import watch
 
 DEMO_SPEC = {"name": "demo: MiniLM on Rotten Tomatoes", "model": "minilm",
              "dataset": "rotten_tomatoes", "max_train_samples": 2000, "max_eval_samples": 500,
@@ -41,7 +41,7 @@ def wait_healthy(url: str, server: subprocess.Popen[bytes], timeout: float = 60)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m api.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m api.cli.demo", description=__doc__)
     parser.add_argument("--host", help="default: MIGRATOR_HOST, else 127.0.0.1")
     parser.add_argument("--port", type=int, help="default: MIGRATOR_PORT, else 8000")
     parser.add_argument("--spec", help="a job spec to run instead of the demo job (JSON object "

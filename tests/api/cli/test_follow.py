@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.console import Console
 
-from api.watch import PlainDisplay, TerminalDisplay, progress_line
+from api.cli.follow import PlainDisplay, TerminalDisplay, progress_line
 
 
 def job_view(status: str = "running", step: int = 10, samples_seen: int = 320,

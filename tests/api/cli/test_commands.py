@@ -13,7 +13,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from api.cli import main
+from api.cli.commands import main
 from tests.api.conftest import ADMIN_TOKEN, AUTH, create_job, metric, report
 from tests.api.fakes import FakeBackend
 from tests.api.test_reconciler import reconcile
@@ -263,7 +263,7 @@ def test_login_url_prints_a_dashboard_url_that_logs_in_once(cli: Run, client: Te
 
 def test_the_migrator_console_script_is_main() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["scripts"]["migrator"] == "api.cli:main"
+    assert project["scripts"]["migrator"] == "api.cli.commands:main"
     assert pkgutil.resolve_name(project["scripts"]["migrator"]) is main
 
 

@@ -1,4 +1,4 @@
-"""`python -m api.demo` (api/demo.py): bad input stops it early; Ctrl-C cancels its job."""
+"""`python -m api.cli.demo` (api/cli/demo.py): bad input stops it early; Ctrl-C cancels its job."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import psutil
 import pytest
 from sqlmodel import Session, create_engine
 
-from api import demo
 from api.backends.local.backend import LocalBackend
+from api.cli import demo
 from api.models import Job
 from api.settings import Settings
 from tests.api.conftest import ADMIN_TOKEN, AUTH
@@ -52,7 +52,7 @@ def test_ctrl_c_cancels_the_demos_job_and_stops_its_control_plane(
     env = {"MIGRATOR_DATA_DIR": str(data_dir), "MIGRATOR_ADMIN_TOKEN": ADMIN_TOKEN,
            "MIGRATOR_INPUTS_DIR": str(inputs_dir), "MIGRATOR_RECONCILE_INTERVAL": "0.3"}
     # Output to a file, not a terminal: the plain progress lines.
-    process = processes.start([sys.executable, "-m", "api.demo", "--port", str(port),
+    process = processes.start([sys.executable, "-m", "api.cli.demo", "--port", str(port),
                                "--spec", json.dumps(SPEC)], env, log)
     http = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=30)
     server_pid: int | None = None

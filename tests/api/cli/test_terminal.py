@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from api.terminal import echo, printable
+from api.cli.terminal import echo, printable
 
 
 def test_every_control_character_is_shown_as_an_escape() -> None:
