@@ -1,4 +1,5 @@
-"""README.md and docs/: every relative link points to a file or folder of this repository."""
+"""README.md and docs/: every relative link points to a file of this repository, and every
+#fragment into a page to one of its headings."""
 
 from __future__ import annotations
 
@@ -16,14 +17,26 @@ CODE = re.compile(r"`[^`\n]*`")
 LINK = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)|^\s*\[[^\]]+\]:\s*(\S+)",
                   re.MULTILINE)
 EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.IGNORECASE)  # https:, mailto:, ...
+HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*$", re.MULTILINE)
+
+
+def targets(text: str) -> list[str]:
+    """Every relative target a page links to, #fragment included; code is not prose."""
+    text = CODE.sub("", FENCE.sub("", text))
+    found = (inline or definition for inline, definition in LINK.findall(text))
+    return [target for target in found if not EXTERNAL.match(target)]
 
 
 def relative_links(text: str) -> list[str]:
-    """The relative targets a page links to, without their #fragment; code is not prose."""
-    text = CODE.sub("", FENCE.sub("", text))
-    targets = (inline or definition for inline, definition in LINK.findall(text))
-    return [target.split("#", 1)[0] for target in targets
-            if not EXTERNAL.match(target) and not target.startswith("#")]
+    """The files a page links to (a link within the page names none)."""
+    return [target.split("#", 1)[0] for target in targets(text) if not target.startswith("#")]
+
+
+def anchors(page: Path) -> set[str]:
+    """The fragments GitHub gives a page's headings: lower case, punctuation dropped, spaces
+    to hyphens."""
+    headings = HEADING.findall(FENCE.sub("", page.read_text()))
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
 
 
 def test_the_docs_tree_is_there() -> None:
@@ -36,6 +49,25 @@ def test_every_relative_link_points_to_an_existing_file(page: Path) -> None:
     broken = [target for target in relative_links(page.read_text())
               if not (page.parent / target).exists()]
     assert broken == [], f"{page.relative_to(ROOT)} links to missing files"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_every_fragment_names_a_heading_of_its_page(page: Path) -> None:
+    broken = []
+    for target in targets(page.read_text()):
+        path, _, fragment = target.partition("#")
+        linked = (page.parent / path) if path else page
+        if fragment and linked.suffix == ".md" and linked.is_file() and (
+                fragment not in anchors(linked)):
+            broken.append(target)
+    assert broken == [], f"{page.relative_to(ROOT)} links to headings that are not there"
+
+
+def test_a_fragment_is_the_heading_as_github_writes_it(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("# Two commands, on a fresh machine\n## On Kubernetes (`BACKEND=k8s`)\n"
+                    "```\n# not a heading\n```\n")
+    assert anchors(page) == {"two-commands-on-a-fresh-machine", "on-kubernetes-backendk8s"}
 
 
 def test_links_are_found_outside_code_only() -> None:
