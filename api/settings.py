@@ -20,18 +20,23 @@ CONTAINER = re.compile(r"[a-z0-9](?:-?[a-z0-9]){2,49}")
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="MIGRATOR_", extra="ignore")
+    # Attribute docstrings: the field docs that docs/reference/settings.md is generated from.
+    model_config = SettingsConfigDict(env_prefix="MIGRATOR_", extra="ignore",
+                                      use_attribute_docstrings=True)
 
     data_dir: Path = Path("data")
     """SQLite file, job directories (checkpoints, models, logs)."""
     admin_token: str | None = Field(default=None, min_length=16)
     """Bearer token for every user endpoint; generated once into the data dir when unset."""
     backend: Literal["local", "kubernetes"] = "local"
+    """Where pods run: `local` (process groups under a detached supervisor per job) or
+    `kubernetes` (pods in a cluster, kept by the control plane)."""
     database_url: str | None = None
     """SQLAlchemy URL (e.g. postgresql+psycopg://...); SQLite in the data dir when unset."""
     artifacts_url: str | None = None
-    """Where checkpoints and models go (trainer.contract.store): `file://...`, `az://container/
-    prefix` (Azure Blob) or `s3://bucket/prefix` (S3, MinIO); the data dir's `jobs/` when unset.
+    """Where checkpoints and models go (trainer.contract.store): `file://...`,
+    `az://container/prefix` (Azure Blob) or `s3://bucket/prefix` (S3, MinIO); the data dir's
+    `jobs/` when unset.
     The store's credentials come from its client's standard environment variables
     (AZURE_STORAGE_CONNECTION_STRING; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL),
     which the trainer pods inherit (unless `artifacts_per_job`)."""
@@ -45,7 +50,9 @@ class Settings(BaseSettings):
     inputs_dir: Path | None = None
     """Root for local models and datasets named by a relative path; `<data dir>/inputs` if unset."""
     host: str = "127.0.0.1"
+    """Address the API listens on (`python -m api --host` overrides it)."""
     port: int = 8000
+    """Port the API listens on (`python -m api --port` overrides it)."""
     public_url: str | None = None
     """Base URL the pods use to reach the API; `http://<host>:<port>` when unset."""
     stream_link_seconds: int = Field(default=60, ge=1, le=3600)
@@ -91,6 +98,7 @@ class Settings(BaseSettings):
     """Image of the trainer pods, the lighthouse and the rendezvous store (as the images
     workflow names it: ghcr.io/<owner>/live-migrator-trainer:<tag>)."""
     k8s_image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """imagePullPolicy of the trainer image in every pod and coordinator."""
     k8s_data_claim: str = "migrator-data"
     """RWX PVC with the inputs (local models and datasets), mounted read-only at /inputs."""
     k8s_checkpoints_claim: str = "migrator-checkpoints"
@@ -130,7 +138,8 @@ class Settings(BaseSettings):
         parts = urlsplit(self.artifacts_url or "")
         if parts.scheme not in ("az", "abfs"):
             raise ValueError("artifacts_per_job needs an Azure Blob artifacts_url (az://"
-                             "container): S3 has no per-job credential here (see the README)")
+                             "container): S3 has no per-job credential here (see "
+                             "docs/storage.md)")
         if parts.path.strip("/") or not CONTAINER.fullmatch(parts.netloc):
             raise ValueError("with artifacts_per_job, artifacts_url names a container alone: "
                              "az://<3 to 50 lowercase letters, digits, single hyphens>")
