@@ -9,9 +9,10 @@ was sent to, and a pod that leaves is replaced at once instead of after its name
 Crashed containers restart in place (restartPolicy Always); while no control plane runs, a
 deleted pod waits for the next one to replace it.
 
-Objects come from api/backends/kubernetes/manifests.py; pods are observed through one pod watch
-(k8s_watch.py) and mapped by k8s_status.py. A foreground delete of the anchor removes the pods
-first and nothing replaces them; the shared checkpoints and models PVCs are not owned and stay.
+Objects come from the pure functions of anchor.py and the modules it draws on; pods are
+observed through one pod watch (watch.py) and mapped by status.py. A foreground delete of the
+anchor removes the pods first and nothing replaces them; the shared checkpoints and models PVCs
+are not owned and stay.
 Kubernetes errors keep their meaning: 404 -> WorkloadNotFound, 409 -> WorkloadConflict,
 anything else -> BackendError, each naming namespace/name.
 """
@@ -44,8 +45,8 @@ from api.backends.base import (
     WorkloadNotFound,
     WorkloadStatus,
 )
-from api.backends.kubernetes import manifests
-from api.backends.kubernetes.manifests import ClusterConfig, Manifest
+from api.backends.kubernetes import anchor, labels, pods, template, volumes
+from api.backends.kubernetes.cluster import ClusterConfig, Manifest
 from api.backends.kubernetes.status import (
     Incarnations,
     PodView,
@@ -137,7 +138,7 @@ class KubernetesBackend:
         self.restart_budget = restart_budget
         self.core, self.apps = client.CoreV1Api(api), client.AppsV1Api(api)
         self.networking = client.NetworkingV1Api(api)
-        self.watcher = PodWatcher(self.core, self.namespace, manifests.ALL_TRAINERS,
+        self.watcher = PodWatcher(self.core, self.namespace, labels.ALL_TRAINERS,
                                   watch_timeout, key=ordinal_key)
         self._incarnations: dict[str, dict[int, Incarnations]] = {}
         self._creating: dict[str, dict[str, tuple[int, float]]] = {}
@@ -172,10 +173,10 @@ class KubernetesBackend:
         self._link_volumes(launch)
         ns, job = self.namespace, launch.job_id
         owner = raw(f"create configmap {ns}/{job}", self.core.create_namespaced_config_map, ns,
-                    manifests.anchor(launch, self.cluster))
+                    anchor.anchor(launch, self.cluster))
         try:
-            for manifest in manifests.dependents(launch, self.cluster):
-                self._create(manifests.owned_by(manifest, owner))
+            for manifest in anchor.dependents(launch, self.cluster):
+                self._create(labels.owned_by(manifest, owner))
             with self._lock:
                 for ordinal in range(launch.replicas):
                     self._create_pod(owner, ordinal, 0)
@@ -200,8 +201,8 @@ class KubernetesBackend:
     def _create_pod(self, owner: Manifest, ordinal: int, incarnation: int,
                     node: str | None = None, avoid: str | None = None,
                     replaces: int | None = None, gated: bool = False) -> None:
-        template = json.loads(owner["data"][manifests.TEMPLATE_KEY])
-        pod = manifests.trainer_pod(template, owner, ordinal, incarnation, node=node,
+        template = json.loads(owner["data"][anchor.TEMPLATE_KEY])
+        pod = pods.trainer_pod(template, owner, ordinal, incarnation, node=node,
                                     avoid=avoid, replaces=replaces, gated=gated)
         self._create(pod)
         self._creating.setdefault(owner["metadata"]["name"], {})[pod["metadata"]["name"]] = (
@@ -219,9 +220,9 @@ class KubernetesBackend:
         """The next incarnation number of the job, recorded on its anchor first (a conflict
         with another writer fails the call: the next pass tries again)."""
         metadata = owner["metadata"]
-        issued = int((metadata.get("annotations") or {}).get(manifests.ISSUED_ANNOTATION, 0))
+        issued = int((metadata.get("annotations") or {}).get(anchor.ISSUED_ANNOTATION, 0))
         patch = {"metadata": {"resourceVersion": metadata["resourceVersion"], "annotations": {
-            manifests.ISSUED_ANNOTATION: str(issued + 1)}}}
+            anchor.ISSUED_ANNOTATION: str(issued + 1)}}}
         updated = raw(f"patch configmap {self.namespace}/{metadata['name']}",
                       self.core.patch_namespaced_config_map, metadata["name"], self.namespace,
                       patch, _content_type=MERGE_PATCH)
@@ -232,12 +233,12 @@ class KubernetesBackend:
         """Create the job's PVC sub-directories (so the pods' subPath mounts find them, owned by
         the same user) and link them where the API looks: <jobs dir>/<job>/{checkpoints,model}.
         Nothing to do when they go to an object store."""
-        if manifests.in_store(launch):
+        if volumes.in_store(launch):
             return
         assert isinstance(launch.checkpoint_dir, Path) and isinstance(launch.model_dir, Path)
-        checkpoints, models = manifests.volume_dirs(self.volumes_dir, launch.job_id)
+        checkpoints, models = volumes.volume_dirs(self.volumes_dir, launch.job_id)
         links = {launch.checkpoint_dir: checkpoints,
-                 launch.model_dir: manifests.exported_model_dir(models)}
+                 launch.model_dir: volumes.exported_model_dir(models)}
         try:
             for directory in (checkpoints, models):
                 directory.mkdir(parents=True, exist_ok=True)
@@ -259,7 +260,7 @@ class KubernetesBackend:
             owner = self._anchor(job_id)
         except WorkloadNotFound:
             return WorkloadStatus(present=False)
-        replicas = int(owner["data"][manifests.REPLICAS_KEY])
+        replicas = int(owner["data"][anchor.REPLICAS_KEY])
         views = [v for v in map(view, self._pods(job_id)) if v is not None]
         restarts = self._count_restarts(owner, job_id, replicas, views)
         if owner["metadata"].get("deletionTimestamp"):
@@ -286,8 +287,8 @@ class KubernetesBackend:
 
     def _pods(self, job_id: str) -> list[dict[str, Any]]:
         if self.watcher.synced.wait(SYNC_WAIT):
-            return self.watcher.pods(manifests.JOB_LABEL, job_id)
-        selector = manifests.selector(manifests.match_labels(job_id, manifests.TRAINER))
+            return self.watcher.pods(labels.JOB_LABEL, job_id)
+        selector = labels.selector(labels.match_labels(job_id, labels.TRAINER))
         listing = raw(f"list pods {self.namespace} -l {selector}",
                       self.core.list_namespaced_pod, self.namespace, label_selector=selector)
         pods: list[dict[str, Any]] = listing.get("items") or []
@@ -306,14 +307,14 @@ class KubernetesBackend:
           replaces is gone; one no node takes within MIGRATION_TIMEOUT is replaced by a pod
           that may go anywhere.
         """
-        live = owner["data"].get(manifests.MODE_KEY) == "live"
+        live = owner["data"].get(anchor.MODE_KEY) == "live"
         unseen = self._unseen(owner["metadata"]["name"], views)
         now = time.time()
         for pod in views:
             if pod.deleting:
                 continue
             if pod.ordinal >= replicas:
-                self._delete_pod(pod, manifests.TERMINATION_GRACE, "scaled away")
+                self._delete_pod(pod, template.TERMINATION_GRACE, "scaled away")
             elif pod.terminal:
                 self._delete_pod(pod, 0, f"ended for good ({pod.reason or pod.phase})")
         for ordinal in range(replicas):
@@ -331,7 +332,7 @@ class KubernetesBackend:
                 self._delete_pod(current, 0, f"not placed within {MIGRATION_TIMEOUT:.0f} s")
             elif surge is not None and current is not None:
                 if surge.ready:
-                    self._delete_pod(current, manifests.TERMINATION_GRACE,
+                    self._delete_pod(current, template.TERMINATION_GRACE,
                                      f"replaced by {surge.name}")
                 elif now - (surge.created or now) > MIGRATION_TIMEOUT:
                     self._delete_pod(surge, 0, f"not ready within {MIGRATION_TIMEOUT:.0f} s")
@@ -379,12 +380,12 @@ class KubernetesBackend:
         """Restarts per ordinal (Incarnations); the tally lives on the anchor too, so a
         restarted control plane goes on from it."""
         annotation = (owner["metadata"].get("annotations") or {}).get(
-            manifests.INCARNATIONS_ANNOTATION)
+            anchor.INCARNATIONS_ANNOTATION)
         with self._lock:
             tally = self._incarnations.setdefault(job_id, load_incarnations(annotation))
             ordinals = sorted(set(range(replicas)) | set(tally))
             taken, cached = self.watcher.take([f"{job_id}-{o}" for o in ordinals],
-                                              manifests.JOB_LABEL, job_id)
+                                              labels.JOB_LABEL, job_id)
             # Pods that are gone: not in the watch's cache as it was when the uids were taken
             # (a pod created since `views` is not gone), or, without a watch, not listed.
             present = cached if self.watcher.synced.is_set() else {pod.uid for pod in views}
@@ -397,7 +398,7 @@ class KubernetesBackend:
             totals = {ordinal: tally[ordinal].total for ordinal in range(replicas)}
             document = dump_incarnations(tally) if changed else None
         if document is not None and document != annotation:
-            patch = {"metadata": {"annotations": {manifests.INCARNATIONS_ANNOTATION: document}}}
+            patch = {"metadata": {"annotations": {anchor.INCARNATIONS_ANNOTATION: document}}}
             try:
                 updated = raw(f"patch configmap {self.namespace}/{job_id}",
                               self.core.patch_namespaced_config_map, job_id, self.namespace,
@@ -418,7 +419,7 @@ class KubernetesBackend:
     def _current(self, job_id: str, ordinal: int) -> tuple[Manifest, PodView, PodView | None]:
         """The job's anchor, the pod that is `ordinal` now and its replacement if migrating."""
         owner = self._running_anchor(job_id)
-        replicas = int(owner["data"][manifests.REPLICAS_KEY])
+        replicas = int(owner["data"][anchor.REPLICAS_KEY])
         if not 0 <= ordinal < replicas:
             raise WorkloadNotFound(f"job {self.namespace}/{job_id} has no pod {ordinal} "
                                    f"(replicas: {replicas})")
@@ -443,7 +444,7 @@ class KubernetesBackend:
         now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         try:
             raw(f"create event {ns}/{pod.name}", self.core.create_namespaced_event, ns,
-                manifests.kill_event(job_id, deleted, grace, ns, now))
+                pods.kill_event(job_id, deleted, grace, ns, now))
         except BackendError as exc:  # the kill happened; the event is for `kubectl describe`
             logger.warning("job %s: kill event not recorded: %s", job_id, exc)
 
@@ -453,7 +454,7 @@ class KubernetesBackend:
         self._running_anchor(job_id)
         call(f"patch configmap {self.namespace}/{job_id}",
              self.core.patch_namespaced_config_map, job_id, self.namespace,
-             {"data": {manifests.REPLICAS_KEY: str(replicas)}}, _content_type=MERGE_PATCH,
+             {"data": {anchor.REPLICAS_KEY: str(replicas)}}, _content_type=MERGE_PATCH,
              _preload_content=False)
         logger.info("job %s: scaled to %d pods", job_id, replicas)
 
@@ -468,14 +469,14 @@ class KubernetesBackend:
             raise WorkloadConflict(f"pod {job_id}-{ordinal} is already migrating")
         if node is not None and node == current.node:
             raise PlacementError(f"pod {job_id}-{ordinal} already runs on node {node}")
-        live = owner["data"].get(manifests.MODE_KEY) == "live"
+        live = owner["data"].get(anchor.MODE_KEY) == "live"
         with self._lock:  # not beside a controller pass
             incarnation = self._next_incarnation(owner)
             self._create_pod(owner, ordinal, incarnation, node=node,
                              avoid=current.node if node is None else None,
                              replaces=current.incarnation, gated=not live)
         if not live:
-            self._delete_pod(current, manifests.TERMINATION_GRACE, "migrating")
+            self._delete_pod(current, template.TERMINATION_GRACE, "migrating")
         logger.info("job %s: pod %s-%d migrates from node %s to %s (incarnation %d)", job_id,
                     job_id, ordinal, current.node, node or "any other", incarnation)
         return Moving(incarnation=str(current.incarnation), node=current.node)
@@ -506,7 +507,7 @@ class KubernetesBackend:
         for previous in (False, True):  # a crashed container's lines are in its previous run
             try:
                 text = self.core.read_namespaced_pod_log(
-                    pod.name, ns, container=manifests.TRAINER, tail_lines=lines,
+                    pod.name, ns, container=labels.TRAINER, tail_lines=lines,
                     previous=previous, _request_timeout=REQUEST_TIMEOUT)
             except ApiException as exc:
                 if exc.status not in (400, 404):  # 400: no such run (yet); 404: no such pod
@@ -522,7 +523,7 @@ class KubernetesBackend:
     def active_jobs(self) -> list[str]:
         listing = raw(f"list configmaps {self.namespace}",
                       self.core.list_namespaced_config_map, self.namespace,
-                      label_selector=manifests.ALL_TRAINERS)
+                      label_selector=labels.ALL_TRAINERS)
         return sorted(item["metadata"]["name"] for item in listing.get("items") or []
                       if not item["metadata"].get("deletionTimestamp"))
 
@@ -538,7 +539,7 @@ def ordinal_key(pod: dict[str, Any]) -> str | None:
     """`<job>-<ordinal>`: what the watch keeps a trainer pod's uids under (restarts are counted
     per ordinal, over all its pods)."""
     pod_labels = pod["metadata"].get("labels") or {}
-    job, ordinal = pod_labels.get(manifests.JOB_LABEL), pod_labels.get(manifests.ORDINAL_LABEL)
+    job, ordinal = pod_labels.get(labels.JOB_LABEL), pod_labels.get(labels.ORDINAL_LABEL)
     return f"{job}-{ordinal}" if job and ordinal else None
 
 
