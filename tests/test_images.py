@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from api.backends.kubernetes.manifests import USER_ID
+from api.backends.kubernetes.cluster import USER_ID
 from tests.conftest import ROOT
 
 HADOLINT = Path(sys.executable).with_name("hadolint")

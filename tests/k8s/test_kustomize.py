@@ -13,8 +13,12 @@ import pytest
 import yaml
 
 from api.backends.base import Launch
-from api.backends.kubernetes import manifests
 from api.backends.kubernetes.backend import cluster_config
+from api.backends.kubernetes.cluster import USER_ID, ClusterConfig
+from api.backends.kubernetes.coordinator import coordinator_component
+from api.backends.kubernetes.labels import LIGHTHOUSE, STORE, TRAINER, labels
+from api.backends.kubernetes.network import network_policy
+from api.backends.kubernetes.template import trainer_container
 from api.settings import Settings
 from tests.api.backends.k8s_fake import SCHEMA_VERSION
 from tests.api.backends.k8s_fake.store import matches, parse_selector
@@ -90,7 +94,7 @@ def test_api_deployment_mounts_what_the_backend_expects() -> None:
     # Trainers write checkpoints and models 0600 (PRIVATE_UMASK): the API reads them on the
     # shared volumes as the same user.
     assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]) == (
-        manifests.USER_ID, manifests.USER_ID)
+        USER_ID, USER_ID)
     service = objects[("Service", "migrator-api")]
     assert matches(deployment["spec"]["template"]["metadata"]["labels"],
                    parse_selector(",".join(f"{k}={v}"
@@ -110,11 +114,11 @@ def test_claims_and_settings_defaults_agree() -> None:
     assert objects[("Namespace", defaults.k8s_namespace)]
 
 
-def selects(policy_selector: dict[str, Any], labels: dict[str, str]) -> bool:
+def selects(policy_selector: dict[str, Any], pod_labels: dict[str, str]) -> bool:
     requirements = [(k, "=", {v}) for k, v in policy_selector.get("matchLabels", {}).items()]
     requirements += [(e["key"], e["operator"].lower(), set(e.get("values", [])))
                      for e in policy_selector.get("matchExpressions", [])]
-    return matches(labels, requirements)
+    return matches(pod_labels, requirements)
 
 
 def test_network_policies_select_the_pods_the_backend_labels() -> None:
@@ -122,9 +126,9 @@ def test_network_policies_select_the_pods_the_backend_labels() -> None:
     trainers = objects[("NetworkPolicy", "migrator-trainers")]["spec"]
     coordinators = objects[("NetworkPolicy", "migrator-coordinators")]["spec"]
     api = objects[("Deployment", "migrator-api")]["spec"]["template"]["metadata"]["labels"]
-    trainer = manifests.labels("job-1", manifests.TRAINER)
-    lighthouse = manifests.labels("job-1", manifests.LIGHTHOUSE)
-    store = manifests.labels("job-1", manifests.STORE)
+    trainer = labels("job-1", TRAINER)
+    lighthouse = labels("job-1", LIGHTHOUSE)
+    store = labels("job-1", STORE)
     assert selects(trainers["podSelector"], trainer)
     assert not any(selects(trainers["podSelector"], x) for x in (lighthouse, store, api))
     assert selects(coordinators["podSelector"], lighthouse)
@@ -158,7 +162,7 @@ def ingress_allowed(policies: list[dict[str, Any]], source: dict[str, str],
 
 def test_only_a_jobs_own_trainers_reach_its_pods() -> None:
     objects = base()
-    cluster = manifests.ClusterConfig(namespace="live-migrator", image="trainer:1")
+    cluster = ClusterConfig(namespace="live-migrator", image="trainer:1")
     policies = [d for d in objects.values() if d["kind"] == "NetworkPolicy"]
     jobs = {}
     for job, mode in (("job-a", "live"), ("job-b", "restart")):
@@ -166,10 +170,9 @@ def test_only_a_jobs_own_trainers_reach_its_pods() -> None:
                         spec={}, report_url="http://api", report_token="t",
                         checkpoint_dir=Path("c"), model_dir=Path("m"), inputs_dir=Path("i"),
                         cache_dir=Path("x"))
-        policies.append(manifests.network_policy(launch, cluster))
-        jobs[job] = {"trainer": manifests.labels(job, manifests.TRAINER),
-                     "coordinator": manifests.labels(job, manifests.coordinator_component(
-                         launch))}
+        policies.append(network_policy(launch, cluster))
+        jobs[job] = {"trainer": labels(job, TRAINER),
+                     "coordinator": labels(job, coordinator_component(launch))}
     api = objects[("Deployment", "migrator-api")]["spec"]["template"]["metadata"]["labels"]
     stranger = {"app": "anything-else"}
     for job, pods in jobs.items():
@@ -191,8 +194,8 @@ def test_the_api_pod_has_a_policy_of_its_own() -> None:
     policy = objects[("NetworkPolicy", "migrator-api")]["spec"]
     api = objects[("Deployment", "migrator-api")]["spec"]["template"]["metadata"]["labels"]
     assert selects(policy["podSelector"], api)
-    assert not any(selects(policy["podSelector"], manifests.labels("job-1", component))
-                   for component in (manifests.TRAINER, manifests.LIGHTHOUSE, manifests.STORE))
+    assert not any(selects(policy["podSelector"], labels("job-1", component))
+                   for component in (TRAINER, LIGHTHOUSE, STORE))
     assert policy["policyTypes"] == ["Ingress", "Egress"]  # default deny both ways, and then:
     assert policy["ingress"] == [{
         "from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/part-of": "live-migrator",
@@ -281,7 +284,7 @@ def test_the_object_store_overlay_lets_trainers_and_the_api_reach_the_store() ->
                     checkpoint_dir=location(f"{settings.artifacts_url}/job-1/checkpoints"),
                     model_dir=location(f"{settings.artifacts_url}/job-1/model"),
                     inputs_dir=Path("i"), cache_dir=Path("x"))
-    trainer = manifests.trainer_container(launch, cluster_config(settings))
+    trainer = trainer_container(launch, cluster_config(settings))
     assert trainer["envFrom"] == [{"secretRef": {"name": settings.k8s_artifacts_secret}}]
 
     # HTTPS out for the trainers and the API; still nothing for the coordinators.
@@ -289,10 +292,10 @@ def test_the_object_store_overlay_lets_trainers_and_the_api_reach_the_store() ->
     policies = [*base_policies, *documents(overlay / "network-policy.yaml")]
     api_labels = objects[("Deployment", "migrator-api")]["spec"]["template"]["metadata"][
         "labels"]
-    trainer_labels = manifests.labels("job-1", manifests.TRAINER)
+    trainer_labels = labels("job-1", TRAINER)
     assert not egress_out_allowed(base_policies, trainer_labels, 443)
     assert egress_out_allowed(policies, trainer_labels, 443)
     assert not egress_out_allowed(policies, trainer_labels, 80)
     assert egress_out_allowed(policies, api_labels, 443)
-    for component in (manifests.LIGHTHOUSE, manifests.STORE):
-        assert not egress_out_allowed(policies, manifests.labels("job-1", component), 443)
+    for component in (LIGHTHOUSE, STORE):
+        assert not egress_out_allowed(policies, labels("job-1", component), 443)

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from api.backends.base import PodPhase
-from api.backends.kubernetes.manifests import (
+from api.backends.kubernetes.labels import (
     INCARNATION_LABEL,
     ORDINAL_LABEL,
     REPLACES_LABEL,

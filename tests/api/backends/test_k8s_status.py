@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from api.backends.kubernetes.manifests import INCARNATION_LABEL, ORDINAL_LABEL, REPLACES_LABEL
+from api.backends.kubernetes.labels import INCARNATION_LABEL, ORDINAL_LABEL, REPLACES_LABEL
 from api.backends.kubernetes.status import (
     Incarnations,
     dump_incarnations,

@@ -18,8 +18,26 @@ from api.backends.base import (
     WorkloadNotFound,
     WorkloadStatus,
 )
-from api.backends.kubernetes import manifests
+from api.backends.kubernetes.anchor import (
+    INCARNATIONS_ANNOTATION,
+    ISSUED_ANNOTATION,
+    REPLICAS_KEY,
+    TEMPLATE_KEY,
+    anchor,
+)
 from api.backends.kubernetes.backend import KubernetesBackend, cluster_config
+from api.backends.kubernetes.coordinator import coordinator_deployment, coordinator_service
+from api.backends.kubernetes.labels import (
+    ALL_TRAINERS,
+    JOB_LABEL,
+    ORDINAL_LABEL,
+    REPLACES_LABEL,
+    owned_by,
+)
+from api.backends.kubernetes.network import headless_service, network_policy
+from api.backends.kubernetes.pods import PLACEMENT_GATE, trainer_pod
+from api.backends.kubernetes.secret import secret
+from api.backends.kubernetes.template import TERMINATION_GRACE
 from api.settings import Settings
 from tests.api.backends.k8s_fake import FakeApiServer
 from tests.conftest import ROOT
@@ -99,21 +117,21 @@ def test_launch_creates_exactly_the_expected_objects(
     posts = [r for r in fake_k8s.cluster.requests if r.method == "POST"
              and "persistentvolumeclaims" not in r.path]
     owner = fake_k8s.cluster.get("configmaps", NS, launch.job_id)
-    template = json.loads(owner["data"][manifests.TEMPLATE_KEY])
+    template = json.loads(owner["data"][TEMPLATE_KEY])
     # The exact bodies sent: the pure manifests, everything owned by the created anchor.
     assert [(r.path, r.body) for r in posts] == [
-        (f"/api/v1/namespaces/{NS}/configmaps", manifests.anchor(launch, cluster)),
+        (f"/api/v1/namespaces/{NS}/configmaps", anchor(launch, cluster)),
         (f"/api/v1/namespaces/{NS}/secrets",
-         manifests.owned_by(manifests.secret(launch, cluster), owner)),
+         owned_by(secret(launch, cluster), owner)),
         (f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies",
-         manifests.owned_by(manifests.network_policy(launch, cluster), owner)),
+         owned_by(network_policy(launch, cluster), owner)),
         (f"/api/v1/namespaces/{NS}/services",
-         manifests.owned_by(manifests.headless_service(launch, cluster), owner)),
+         owned_by(headless_service(launch, cluster), owner)),
         (f"/apis/apps/v1/namespaces/{NS}/deployments",
-         manifests.owned_by(manifests.coordinator_deployment(launch, cluster), owner)),
+         owned_by(coordinator_deployment(launch, cluster), owner)),
         (f"/api/v1/namespaces/{NS}/services",
-         manifests.owned_by(manifests.coordinator_service(launch, cluster), owner)),
-        *[(f"/api/v1/namespaces/{NS}/pods", manifests.trainer_pod(template, owner, ordinal, 0))
+         owned_by(coordinator_service(launch, cluster), owner)),
+        *[(f"/api/v1/namespaces/{NS}/pods", trainer_pod(template, owner, ordinal, 0))
           for ordinal in range(2)]]
     assert posts[1].body["stringData"] == {"report-token": "token-job-0a1b2c3d",
                                            "peer-secret": "heal-job-0a1b2c3d"}
@@ -150,8 +168,8 @@ def test_kill_deletes_the_pod_and_the_control_plane_replaces_it(
     # The tally is saved on the anchor for a restarted control plane.
     annotations = fake_k8s.cluster.get("configmaps", NS, launch.job_id)["metadata"][
         "annotations"]
-    assert '"base":1' in annotations[manifests.INCARNATIONS_ANNOTATION]
-    assert annotations[manifests.ISSUED_ANNOTATION] == "1"
+    assert '"base":1' in annotations[INCARNATIONS_ANNOTATION]
+    assert annotations[ISSUED_ANNOTATION] == "1"
 
 
 def test_a_pass_never_creates_a_pod_twice_while_the_watch_lags(
@@ -163,14 +181,14 @@ def test_a_pass_never_creates_a_pod_twice_while_the_watch_lags(
     killed = name_of(fake_k8s, launch.job_id, 1)
     backend.kill_pod(launch.job_id, 1, grace_seconds=0)
     wait_for(lambda: killed not in {p["metadata"]["name"] for p in backend.watcher.pods(
-        manifests.JOB_LABEL, launch.job_id)}, what="the watch to show the kill", timeout=10)
-    stale = backend.watcher.pods(manifests.JOB_LABEL, launch.job_id)
+        JOB_LABEL, launch.job_id)}, what="the watch to show the kill", timeout=10)
+    stale = backend.watcher.pods(JOB_LABEL, launch.job_id)
     # The watch lags: it shows none of what the passes below do.
     monkeypatch.setattr(backend.watcher, "pods", lambda label, value: stale)
     for _ in range(3):
         backend.status(launch.job_id)
     ordinal_1 = [p for p in fake_k8s.cluster.store.items("pods", NS)
-                 if p["metadata"]["labels"].get(manifests.ORDINAL_LABEL) == "1"]
+                 if p["metadata"]["labels"].get(ORDINAL_LABEL) == "1"]
     assert [p["metadata"]["name"] for p in ordinal_1] == [f"{launch.job_id}-1-1"]
     with pytest.raises(WorkloadConflict, match="being replaced"):
         backend.migrate_pod(launch.job_id, 1, None)
@@ -186,11 +204,11 @@ def test_a_pod_newer_than_a_passs_view_is_not_counted_as_gone(
     launch = make_launch(settings)
     backend.launch(launch)
     running(backend, launch.job_id)
-    before = backend.watcher.pods(manifests.JOB_LABEL, launch.job_id)
+    before = backend.watcher.pods(JOB_LABEL, launch.job_id)
     backend.migrate_pod(launch.job_id, 0, None)
     surge = name_of(fake_k8s, launch.job_id, 0)
     wait_for(lambda: surge in {p["metadata"]["name"] for p in backend.watcher.pods(
-        manifests.JOB_LABEL, launch.job_id)}, what="the watch to show the replacement",
+        JOB_LABEL, launch.job_id)}, what="the watch to show the replacement",
         timeout=10)
     # A pass whose view of the pods was taken just before the replacement showed up.
     monkeypatch.setattr(backend.watcher, "pods", lambda label, value: before)
@@ -208,7 +226,7 @@ def test_scale_patches_the_anchor_and_the_control_plane_follows(
     patch = [r for r in fake_k8s.cluster.requests if r.method == "PATCH"][-1]
     assert (patch.path, patch.body) == (
         f"/api/v1/namespaces/{NS}/configmaps/{launch.job_id}",
-        {"data": {manifests.REPLICAS_KEY: "3"}})
+        {"data": {REPLICAS_KEY: "3"}})
     pod_status(backend, launch.job_id, 2, lambda p: p.phase == "Running", "pod 2 to run")
 
     backend.scale(launch.job_id, 1)
@@ -216,7 +234,7 @@ def test_scale_patches_the_anchor_and_the_control_plane_follows(
     backend.status(launch.job_id)  # the pass that deletes them
     # The pods scaled away get their grace period (SIGTERM: they leave gracefully).
     deleting = fake_k8s.cluster.pod(leaving[1])["metadata"]
-    assert deleting["deletionGracePeriodSeconds"] == manifests.TERMINATION_GRACE
+    assert deleting["deletionGracePeriodSeconds"] == TERMINATION_GRACE
     wait_for(lambda: not any(fake_k8s.cluster.store.find("pods", NS, n) for n in leaving),
              timeout=10, what="pods 1 and 2 to be gone")
     status = backend.status(launch.job_id)
@@ -235,7 +253,7 @@ def test_a_live_migration_makes_the_replacement_before_it_breaks_the_pod(
     moving = backend.migrate_pod(launch.job_id, 1, None)
     assert (moving.incarnation, moving.node) == ("0", old["spec"]["nodeName"])
     surge = pod_of(fake_k8s, launch.job_id, 1)
-    assert surge["metadata"]["labels"][manifests.REPLACES_LABEL] == "0"
+    assert surge["metadata"]["labels"][REPLACES_LABEL] == "0"
     assert surge["spec"]["hostname"] == old["spec"]["hostname"] == "job-0a1b2c3d-1"
     status = pod_status(backend, launch.job_id, 1, lambda p: p.migrating, "the migration")
     assert status.pods[1].incarnation == "0"  # the old one is the pod until the new takes part
@@ -257,7 +275,7 @@ def test_a_live_migration_makes_the_replacement_before_it_breaks_the_pod(
     assert (moved.phase, moved.restarts) == ("Running", 0)  # it left gracefully: no restart
     deleted = [r for r in fake_k8s.cluster.requests if r.method == "DELETE"]
     assert [(r.path.rsplit("/", 1)[1], r.query.get("gracePeriodSeconds")) for r in deleted] == [
-        (old["metadata"]["name"], str(manifests.TERMINATION_GRACE))]
+        (old["metadata"]["name"], str(TERMINATION_GRACE))]
 
 
 def test_a_migration_goes_to_the_named_node_or_gives_up(
@@ -276,10 +294,10 @@ def test_a_migration_goes_to_the_named_node_or_gives_up(
     assert status.pods[0].restarts == 0
 
     # A node no pod can go to: the replacement stays unschedulable, and is given up.
-    monkeypatch.setattr("api.backends.kubernetes.backend.MIGRATION_TIMEOUT", 0.5)
+    monkeypatch.setattr("api.backends.kubernetes.controller.MIGRATION_TIMEOUT", 0.5)
     backend.migrate_pod(launch.job_id, 0, "node-nowhere")
     stuck = pod_of(fake_k8s, launch.job_id, 0)
-    assert stuck["metadata"]["labels"][manifests.REPLACES_LABEL] == "1"
+    assert stuck["metadata"]["labels"][REPLACES_LABEL] == "1"
     wait_for(lambda: fake_k8s.cluster.pod(stuck["metadata"]["name"])["status"].get(
         "conditions", [{}])[0].get("reason") == "Unschedulable", what="the scheduler to refuse",
         timeout=10)
@@ -300,7 +318,7 @@ def test_a_restart_mode_migration_starts_the_replacement_once_the_pod_is_gone(
     old = pod_of(fake_k8s, launch.job_id, 0)
     backend.migrate_pod(launch.job_id, 0, None)
     held = pod_of(fake_k8s, launch.job_id, 0)
-    assert held["spec"]["schedulingGates"] == [{"name": manifests.PLACEMENT_GATE}]
+    assert held["spec"]["schedulingGates"] == [{"name": PLACEMENT_GATE}]
     assert fake_k8s.cluster.pod(old["metadata"]["name"])["metadata"]["deletionTimestamp"]
     assert backend.status(launch.job_id).pods[0].phase != "Failed"
     assert not held["spec"].get("nodeName")  # no two pods of one ordinal at once
@@ -311,7 +329,7 @@ def test_a_restart_mode_migration_starts_the_replacement_once_the_pod_is_gone(
     assert status.pods[0].node != old["spec"]["nodeName"] and status.pods[0].restarts == 0
 
     # To a node that cannot take it: once given up, a pod that may go anywhere replaces it.
-    monkeypatch.setattr("api.backends.kubernetes.backend.MIGRATION_TIMEOUT", 0.5)
+    monkeypatch.setattr("api.backends.kubernetes.controller.MIGRATION_TIMEOUT", 0.5)
     backend.migrate_pod(launch.job_id, 0, "node-nowhere")
     status = pod_status(backend, launch.job_id, 0,
                         lambda p: p.incarnation == "3" and p.phase == "Running",
@@ -486,7 +504,7 @@ def test_watch_recovers_from_410_gone(backend: KubernetesBackend, settings: Sett
              and r.method == "GET" and r.query.get("watch") != "true"]
     assert len(lists) >= 2  # the first list and the one after 410
     watches = [r for r in fake_k8s.cluster.requests if r.query.get("watch") == "true"]
-    assert all(w.query["labelSelector"] == manifests.ALL_TRAINERS for w in watches)
+    assert all(w.query["labelSelector"] == ALL_TRAINERS for w in watches)
     assert {w.query["timeoutSeconds"] for w in watches} == {"2"}
     # Resumed watches start from the last version seen, not from a fresh list.
     assert len({w.query["resourceVersion"] for w in watches}) == len(watches)

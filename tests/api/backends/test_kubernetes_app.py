@@ -18,7 +18,9 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.backends import programs
-from api.backends.kubernetes import manifests
+from api.backends.kubernetes.labels import INCARNATION_LABEL, JOB_LABEL, REPLICA_LABEL, STAGE_LABEL
+from api.backends.kubernetes.secret import REPORT_TOKEN_KEY, secret_name
+from api.backends.kubernetes.volumes import exported_model_dir, volume_dirs
 from api.settings import Settings
 from tests.api.backends.k8s_fake import FakeApiServer
 from tests.api.conftest import ADMIN_TOKEN, AUTH, metric
@@ -68,15 +70,15 @@ def workload_objects(fake: FakeApiServer, job_id: str) -> list[tuple[str, str, s
     """The job's objects left in the cluster (Kubernetes Events about its pods aside)."""
     with fake.cluster.store.changed:
         return [key for key, obj in fake.cluster.store.objects.items() if key[0] != "events"
-                and (obj["metadata"].get("labels") or {}).get(manifests.JOB_LABEL) == job_id]
+                and (obj["metadata"].get("labels") or {}).get(JOB_LABEL) == job_id]
 
 
 def report_token(fake: FakeApiServer, job_id: str) -> str:
     """What a pod gets as REPORT_TOKEN: the job's Secret (stored base64 by a real server)."""
-    secret = fake.cluster.get("secrets", NS, manifests.secret_name(job_id))
+    secret = fake.cluster.get("secrets", NS, secret_name(job_id))
     data = secret.get("stringData") or {k: base64.b64decode(v).decode()
                                         for k, v in secret["data"].items()}
-    return str(data[manifests.REPORT_TOKEN_KEY])
+    return str(data[REPORT_TOKEN_KEY])
 
 
 def post_report(client: TestClient, fake: FakeApiServer, job_id: str, ordinal: int,
@@ -151,8 +153,8 @@ def lifecycle(client: TestClient, settings: Settings, fake_k8s: FakeApiServer) -
     assert oom and oom[-1]["exit_code"] == 137 and "OOMKilled" in oom[-1]["message"]
 
     # Completion: the primary's export lands on the models PVC, both pods report.
-    _, models = manifests.volume_dirs(settings.resolved_volumes_dir, job_id)
-    export = manifests.exported_model_dir(models)
+    _, models = volume_dirs(settings.resolved_volumes_dir, job_id)
+    export = exported_model_dir(models)
     export.mkdir(parents=True)
     (export / "config.json").write_text("{}")
     (export / "metrics.json").write_text(json.dumps({"metrics": {"test": {"accuracy": 0.8}}}))
@@ -179,7 +181,7 @@ def test_cancel_deletes_the_workload_and_keeps_checkpoints(
 
 def cancel(client: TestClient, settings: Settings, fake_k8s: FakeApiServer) -> None:
     job_id = start_training(client, fake_k8s)
-    checkpoints, _ = manifests.volume_dirs(settings.resolved_volumes_dir, job_id)
+    checkpoints, _ = volume_dirs(settings.resolved_volumes_dir, job_id)
     (checkpoints / "step-5").mkdir()
     fake_k8s.cluster.collect_garbage = False  # a real foreground deletion takes a while
     response = client.post(f"/api/v1/jobs/{job_id}/cancel", headers=AUTH)
@@ -249,7 +251,7 @@ def test_a_pod_migrates_to_the_node_named_through_the_api(
         assert again.status_code == 409 and "already migrating" in again.json()["detail"]
 
         replacement = cluster.trainer(job_id, 0)
-        incarnation = replacement["metadata"]["labels"][manifests.INCARNATION_LABEL]
+        incarnation = replacement["metadata"]["labels"][INCARNATION_LABEL]
         assert replacement["spec"]["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
             {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
@@ -290,7 +292,7 @@ def test_a_pipeline_job_runs_replicas_times_stages_labelled_pods(
             (0, 0), (0, 1), (1, 0), (1, 1)]
         for ordinal in range(4):
             pod_labels = cluster.trainer(job_id, ordinal)["metadata"]["labels"]
-            assert (pod_labels[manifests.REPLICA_LABEL], pod_labels[manifests.STAGE_LABEL]) == (
+            assert (pod_labels[REPLICA_LABEL], pod_labels[STAGE_LABEL]) == (
                 str(ordinal // 2), str(ordinal % 2))
             command = cluster.trainer(job_id, ordinal)["spec"]["containers"][0]["command"]
             assert "--nnodes=4:4" in command  # every round waits for every stage
@@ -299,7 +301,7 @@ def test_a_pipeline_job_runs_replicas_times_stages_labelled_pods(
         # A killed stage pod comes back as the same replica and stage.
         kill_and_recreate(client, fake_k8s, job_id, 3)
         replacement = cluster.trainer(job_id, 3)["metadata"]
-        assert (replacement["labels"][manifests.REPLICA_LABEL],
-                replacement["labels"][manifests.STAGE_LABEL]) == ("1", "1")
+        assert (replacement["labels"][REPLICA_LABEL],
+                replacement["labels"][STAGE_LABEL]) == ("1", "1")
         scaled = client.patch(f"/api/v1/jobs/{job_id}", json={"replicas": 3}, headers=AUTH)
         assert scaled.status_code == 422 and "replicas" in scaled.text

@@ -19,8 +19,41 @@ import pytest
 
 from api.backends import programs
 from api.backends.base import Launch, Resources
-from api.backends.kubernetes import manifests
-from api.backends.kubernetes.manifests import ClusterConfig
+from api.backends.kubernetes import pods
+from api.backends.kubernetes.anchor import (
+    ISSUED_ANNOTATION,
+    REPLICAS_KEY,
+    STAGES_KEY,
+    TEMPLATE_KEY,
+    anchor,
+    dependents,
+)
+from api.backends.kubernetes.cluster import ClusterConfig
+from api.backends.kubernetes.coordinator import (
+    coordinator_deployment,
+    coordinator_endpoint,
+    coordinator_service,
+)
+from api.backends.kubernetes.labels import (
+    INCARNATION_LABEL,
+    ORDINAL_LABEL,
+    REPLICA_LABEL,
+    STAGE_LABEL,
+    labels,
+    owned_by,
+)
+from api.backends.kubernetes.network import headless_service, network_policy
+from api.backends.kubernetes.pods import kill_event
+from api.backends.kubernetes.secret import secret, secret_name
+from api.backends.kubernetes.template import (
+    HEARTBEAT_CHECK,
+    HOLD_SCRIPT,
+    READY_FILE,
+    cpu_count,
+    trainer_container,
+    trainer_resources,
+)
+from api.backends.kubernetes.volumes import exported_model_dir, pod_launch, volume_dirs
 from tests.api.backends.k8s_fake import SCHEMA_VERSION
 from tests.conftest import Processes
 from tests.support import accepts, free_port, has_ipv6_loopback, wait_for
@@ -43,7 +76,7 @@ def make_launch(mode: str = "live", replicas: int = 3, resources: Resources | No
 
 def created(launch: Launch) -> dict[str, Any]:
     """The job's anchor as the API server returns it (with a uid)."""
-    owner = manifests.anchor(launch, CLUSTER)
+    owner = anchor(launch, CLUSTER)
     owner["metadata"] = {**owner["metadata"], "uid": "0b7e0c1e-1111-2222-3333-444455556666"}
     return owner
 
@@ -51,12 +84,12 @@ def created(launch: Launch) -> dict[str, Any]:
 def trainer_pod(launch: Launch, ordinal: int = 1, incarnation: int = 4,
                 **placement: Any) -> dict[str, Any]:
     owner = created(launch)
-    template = json.loads(owner["data"][manifests.TEMPLATE_KEY])
-    return manifests.trainer_pod(template, owner, ordinal, incarnation, **placement)
+    template = json.loads(owner["data"][TEMPLATE_KEY])
+    return pods.trainer_pod(template, owner, ordinal, incarnation, **placement)
 
 
 def objects(launch: Launch) -> list[dict[str, Any]]:
-    return [manifests.anchor(launch, CLUSTER), *manifests.dependents(launch, CLUSTER)]
+    return [anchor(launch, CLUSTER), *dependents(launch, CLUSTER)]
 
 
 def container(launch: Launch) -> dict[str, Any]:
@@ -71,7 +104,7 @@ def test_every_object_validates_strictly(mode: str) -> None:
     owner = created(launch)
     kinds = []
     for obj in objects(launch):
-        for candidate in (obj, manifests.owned_by(obj, owner)):
+        for candidate in (obj, owned_by(obj, owner)):
             assert kubernetes_validate.validate(candidate, SCHEMA_VERSION, strict=True)
         kinds.append((obj["kind"], obj["metadata"]["name"]))
     coordinator = "lighthouse" if mode == "live" else "store"
@@ -83,9 +116,8 @@ def test_every_object_validates_strictly(mode: str) -> None:
                       {"node": "node-c", "gated": True}):
         pod = trainer_pod(launch, **placement)
         assert kubernetes_validate.validate(pod, SCHEMA_VERSION, strict=True)
-    event = manifests.kill_event("job-1a2b3c4d", {"metadata": {"name": "job-1a2b3c4d-0",
-                                                              "uid": "u-1"}},
-                                 0, "live-migrator", "2026-11-23T10:00:00Z")
+    event = kill_event("job-1a2b3c4d", {"metadata": {"name": "job-1a2b3c4d-0", "uid": "u-1"}},
+                       0, "live-migrator", "2026-11-23T10:00:00Z")
     assert kubernetes_validate.validate(event, SCHEMA_VERSION, strict=True)
 
 
@@ -100,8 +132,8 @@ def test_strict_validation_refuses_a_misspelt_field() -> None:
 def test_anchor_and_pod_shape_labels_and_security() -> None:
     launch = make_launch(replicas=3)
     owner = created(launch)
-    assert owner["data"][manifests.REPLICAS_KEY] == "3"
-    assert owner["metadata"]["annotations"] == {manifests.ISSUED_ANNOTATION: "0"}
+    assert owner["data"][REPLICAS_KEY] == "3"
+    assert owner["metadata"]["annotations"] == {ISSUED_ANNOTATION: "0"}
     trainer = trainer_pod(launch, ordinal=1, incarnation=4)
     pod = trainer["spec"]
     assert trainer["metadata"]["name"] == "job-1a2b3c4d-1-4"
@@ -116,10 +148,10 @@ def test_anchor_and_pod_shape_labels_and_security() -> None:
         "app.kubernetes.io/managed-by": "live-migrator-api",
         "live-migrator.io/job": "job-1a2b3c4d"}
     assert owner["metadata"]["labels"] == common
-    assert trainer["metadata"]["labels"] == {**common, manifests.ORDINAL_LABEL: "1",
-                                             manifests.INCARNATION_LABEL: "4",
-                                             manifests.REPLICA_LABEL: "1",
-                                             manifests.STAGE_LABEL: "0"}
+    assert trainer["metadata"]["labels"] == {**common, ORDINAL_LABEL: "1",
+                                             INCARNATION_LABEL: "4",
+                                             REPLICA_LABEL: "1",
+                                             STAGE_LABEL: "0"}
     env = container(launch)["env"]
     assert env[0]["name"] == "POD_IP"  # first: later values expand $(POD_IP)
     assert {e["name"]: e.get("value") for e in env[1:4]} == {
@@ -152,14 +184,14 @@ def test_a_pipeline_jobs_pods_carry_their_replica_and_stage() -> None:
         "replicas": 2, "model": "tiny", "fault_tolerance": "restart",
         "parallelism": "pipeline", "pipeline_stages": 3})
     owner = created(launch)
-    assert owner["data"][manifests.REPLICAS_KEY] == "6"
-    assert owner["data"][manifests.STAGES_KEY] == "3"
+    assert owner["data"][REPLICAS_KEY] == "6"
+    assert owner["data"][STAGES_KEY] == "3"
     places = []
     for ordinal in range(6):
         pod = trainer_pod(launch, ordinal=ordinal)
         assert kubernetes_validate.validate(pod, SCHEMA_VERSION, strict=True)
         pod_labels = pod["metadata"]["labels"]
-        places.append((pod_labels[manifests.REPLICA_LABEL], pod_labels[manifests.STAGE_LABEL]))
+        places.append((pod_labels[REPLICA_LABEL], pod_labels[STAGE_LABEL]))
     assert places == [("0", "0"), ("0", "1"), ("0", "2"), ("1", "0"), ("1", "1"), ("1", "2")]
     # Every round of a pipeline's rendezvous needs every stage of every replica.
     assert "--nnodes=6:6" in container(launch)["command"]
@@ -183,14 +215,14 @@ def test_paths_the_pods_write_are_the_paths_the_api_reads(tmp_path: Path) -> Non
     launch = make_launch()
     env = {e["name"]: e.get("value") for e in container(launch)["env"]}
     mounts = {m["name"]: m for m in container(launch)["volumeMounts"]}
-    checkpoints, models = manifests.volume_dirs(tmp_path, launch.job_id)
+    checkpoints, models = volume_dirs(tmp_path, launch.job_id)
     # CHECKPOINT_DIR is the checkpoints mount (PVC sub-directory <job>), MODEL_DIR lies in the
     # models mount (PVC sub-directory <job>): the API links those same sub-directories.
     assert env["CHECKPOINT_DIR"] == mounts["checkpoints"]["mountPath"]
     assert checkpoints == tmp_path / "checkpoints" / mounts["checkpoints"]["subPath"]
     model_in_pod = Path(env["MODEL_DIR"])
     assert model_in_pod.parent == Path(mounts["models"]["mountPath"])
-    assert manifests.exported_model_dir(models) == (
+    assert exported_model_dir(models) == (
         tmp_path / "models" / mounts["models"]["subPath"] / model_in_pod.name)
 
 
@@ -199,10 +231,10 @@ def test_artifacts_in_a_store_need_no_volumes_and_come_with_the_stores_secret() 
     launch = dataclasses.replace(make_launch(), checkpoint_dir=location(f"{root}/checkpoints"),
                                  model_dir=location(f"{root}/model"))
     cluster = dataclasses.replace(CLUSTER, artifacts_secret="migrator-artifacts")
-    owner = manifests.anchor(launch, cluster)
+    owner = anchor(launch, cluster)
     owner["metadata"] = {**owner["metadata"], "uid": "0b7e0c1e-1111-2222-3333-444455556666"}
-    template = json.loads(owner["data"][manifests.TEMPLATE_KEY])
-    pod = manifests.trainer_pod(template, owner, 1, 4)
+    template = json.loads(owner["data"][TEMPLATE_KEY])
+    pod = pods.trainer_pod(template, owner, 1, 4)
     assert kubernetes_validate.validate(pod, SCHEMA_VERSION, strict=True)
     trainer = pod["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in trainer["env"]}
@@ -222,30 +254,30 @@ def test_a_job_with_its_own_store_credential_gets_it_from_its_secret_alone() -> 
                                  model_dir=location(f"{root}/model"),
                                  store_env={"AZURE_STORAGE_CONNECTION_STRING": sas})
     cluster = dataclasses.replace(CLUSTER, artifacts_secret="migrator-artifacts")
-    secret = manifests.secret(launch, cluster)
-    assert secret["stringData"]["AZURE_STORAGE_CONNECTION_STRING"] == sas
-    trainer = manifests.trainer_container(launch, cluster)
+    job_secret = secret(launch, cluster)
+    assert job_secret["stringData"]["AZURE_STORAGE_CONNECTION_STRING"] == sas
+    trainer = trainer_container(launch, cluster)
     assert "envFrom" not in trainer  # not the store's own credentials
     assert {"name": "AZURE_STORAGE_CONNECTION_STRING", "valueFrom": {"secretKeyRef": {
-        "name": manifests.secret_name(launch.job_id), "key": "AZURE_STORAGE_CONNECTION_STRING",
+        "name": secret_name(launch.job_id), "key": "AZURE_STORAGE_CONNECTION_STRING",
     }}} in trainer["env"]
-    assert sas not in json.dumps(manifests.anchor(launch, cluster))
+    assert sas not in json.dumps(anchor(launch, cluster))
 
 
 @pytest.mark.parametrize("mode", ["live", "restart"])
 def test_trainer_runs_the_shared_pod_command_and_environment(mode: str) -> None:
     launch = make_launch(mode)
-    pod_view = manifests.pod_launch(launch)
+    pod_view = pod_launch(launch)
     coordinator = programs.Endpoint(f"job-1a2b3c4d-{'lighthouse' if mode == 'live' else 'store'}",
                                     programs.LIGHTHOUSE_PORT if mode == "live"
                                     else programs.STORE_PORT)
     trainer = container(launch)
     assert trainer["image"] == "registry.example/trainer:1.2.3"
-    assert trainer["command"] == ["sh", "-c", manifests.HOLD_SCRIPT, "trainer",
+    assert trainer["command"] == ["sh", "-c", HOLD_SCRIPT, "trainer",
                                   *programs.pod_argv(pod_view, coordinator, "$(POD_IP)")]
     expected = programs.pod_env(pod_view, "job-1a2b3c4d-1", coordinator, "$(POD_IP)",
                                 threads=2, incarnation="4",
-                                ready_file=Path(manifests.READY_FILE))
+                                ready_file=Path(READY_FILE))
     env = trainer["env"]
     names = [e["name"] for e in env]
     assert names[:4] == ["POD_IP", "POD_NAME", "POD_ORDINAL", "POD_INCARNATION"]
@@ -271,8 +303,8 @@ def test_trainer_runs_the_shared_pod_command_and_environment(mode: str) -> None:
 
 def test_coordinators_run_the_shared_commands_behind_a_service() -> None:
     live, restart = make_launch("live"), make_launch("restart")
-    lighthouse = manifests.coordinator_deployment(live, CLUSTER)
-    store = manifests.coordinator_deployment(restart, CLUSTER)
+    lighthouse = coordinator_deployment(live, CLUSTER)
+    store = coordinator_deployment(restart, CLUSTER)
     # Each listens on its pod IP only, which the kubelet expands from the downward API: an IPv4
     # or an IPv6 address, so it is an argument of its own, joined to the port by the program.
     assert lighthouse["spec"]["template"]["spec"]["containers"][0]["command"] == [
@@ -289,11 +321,11 @@ def test_coordinators_run_the_shared_commands_behind_a_service() -> None:
         assert {"name": "PEER_SECRET", "valueFrom": {"secretKeyRef": {
             "name": "job-1a2b3c4d-report", "key": "peer-secret"}}} in container["env"]
         assert "the-peer-secret" not in str(deployment)
-        service = manifests.coordinator_service(launch, CLUSTER)
+        service = coordinator_service(launch, CLUSTER)
         assert deployment["spec"]["replicas"] == 1
         assert deployment["spec"]["strategy"] == {"type": "Recreate"}  # never two at once
         assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
-        port = manifests.coordinator_endpoint(launch).port
+        port = coordinator_endpoint(launch).port
         assert service["spec"]["ports"][0]["port"] == port
         assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
 
@@ -309,9 +341,9 @@ def test_a_coordinator_listens_on_an_ipv6_pod_ip(mode: str, processes: Processes
     from trainer.engine.store import MemberStore
 
     launch = make_launch(mode)
-    command = manifests.coordinator_deployment(launch, CLUSTER)["spec"]["template"]["spec"][
+    command = coordinator_deployment(launch, CLUSTER)["spec"]["template"]["spec"][
         "containers"][0]["command"]
-    fixed, port = str(manifests.coordinator_endpoint(launch).port), free_port("::1")
+    fixed, port = str(coordinator_endpoint(launch).port), free_port("::1")
     argv = [sys.executable if arg == "python" else
             arg.replace("$(POD_IP)", "::1").replace(fixed, str(port)) for arg in command]
     process = processes.start(argv, programs.coordinator_env(launch),
@@ -334,15 +366,15 @@ def test_a_coordinator_listens_on_an_ipv6_pod_ip(mode: str, processes: Processes
 
 def test_secret_and_headless_service() -> None:
     launch = make_launch()
-    secret = manifests.secret(launch, CLUSTER)
-    assert secret["stringData"] == {"report-token": "the-report-token",
-                                    "peer-secret": "the-peer-secret"}
-    assert secret["immutable"] is True
+    job_secret = secret(launch, CLUSTER)
+    assert job_secret["stringData"] == {"report-token": "the-report-token",
+                                        "peer-secret": "the-peer-secret"}
+    assert job_secret["immutable"] is True
     # Restart pods never heal, but meet in the job's store as members.
-    restart = manifests.secret(make_launch("restart"), CLUSTER)
+    restart = secret(make_launch("restart"), CLUSTER)
     assert restart["stringData"] == {"report-token": "the-report-token",
                                      "peer-secret": "the-peer-secret"}
-    service = manifests.headless_service(launch, CLUSTER)
+    service = headless_service(launch, CLUSTER)
     assert service["spec"] == {"clusterIP": "None", "publishNotReadyAddresses": True,
                                "selector": {"live-migrator.io/job": "job-1a2b3c4d",
                                             "app.kubernetes.io/component": "trainer"}}
@@ -350,11 +382,11 @@ def test_secret_and_headless_service() -> None:
 
 @pytest.mark.parametrize("mode", ["live", "restart"])
 def test_only_the_jobs_own_trainers_reach_its_pods(mode: str) -> None:
-    policy = manifests.network_policy(make_launch(mode), CLUSTER)
+    policy = network_policy(make_launch(mode), CLUSTER)
     assert policy == {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
         "metadata": {"name": "job-1a2b3c4d", "namespace": "live-migrator",
-                     "labels": manifests.labels("job-1a2b3c4d", "trainer")},
+                     "labels": labels("job-1a2b3c4d", "trainer")},
         "spec": {
             # Its trainers and its coordinator: heals, collectives, stores, quorums.
             "podSelector": {"matchLabels": {"live-migrator.io/job": "job-1a2b3c4d"}},
@@ -363,26 +395,26 @@ def test_only_the_jobs_own_trainers_reach_its_pods(mode: str) -> None:
                 "live-migrator.io/job": "job-1a2b3c4d",
                 "app.kubernetes.io/component": "trainer"}}}]}]}}
     selected = policy["spec"]["podSelector"]["matchLabels"].items()
-    pods = [trainer_pod(make_launch(mode)),
-            manifests.coordinator_deployment(make_launch(mode), CLUSTER)["spec"]["template"]]
-    assert all(selected <= pod["metadata"]["labels"].items() for pod in pods)
+    reached = [trainer_pod(make_launch(mode)),
+               coordinator_deployment(make_launch(mode), CLUSTER)["spec"]["template"]]
+    assert all(selected <= pod["metadata"]["labels"].items() for pod in reached)
 
 
 def test_resources_come_from_the_spec_or_the_defaults() -> None:
-    assert manifests.trainer_resources(make_launch(), CLUSTER) == {
+    assert trainer_resources(make_launch(), CLUSTER) == {
         "requests": {"cpu": "2", "memory": "6Gi"}, "limits": {"cpu": "2", "memory": "6Gi"}}
     gpu = make_launch(resources=Resources(cpu="500m", gpus=2))
-    assert manifests.trainer_resources(gpu, CLUSTER) == {
+    assert trainer_resources(gpu, CLUSTER) == {
         "requests": {"cpu": "500m", "memory": "6Gi"},
         "limits": {"cpu": "500m", "memory": "6Gi", "nvidia.com/gpu": "2"}}
     assert {e["name"]: e.get("value") for e in container(gpu)["env"]}["OMP_NUM_THREADS"] == "1"
-    assert [manifests.cpu_count(q) for q in ("500m", "2", "2.5", "1500m")] == [1, 2, 3, 2]
+    assert [cpu_count(q) for q in ("500m", "2", "2.5", "1500m")] == [1, 2, 3, 2]
 
 
 def test_owned_objects_point_at_the_created_anchor() -> None:
     owner = {"apiVersion": "v1", "kind": "ConfigMap",
              "metadata": {"name": "job-1a2b3c4d", "uid": "uid-1"}}
-    owned = manifests.owned_by(manifests.secret(make_launch(), CLUSTER), owner)
+    owned = owned_by(secret(make_launch(), CLUSTER), owner)
     assert owned["metadata"]["ownerReferences"] == [{
         "apiVersion": "v1", "kind": "ConfigMap", "name": "job-1a2b3c4d", "uid": "uid-1",
         "blockOwnerDeletion": True}]
@@ -399,7 +431,7 @@ def hold(tmp_path: Path) -> Iterator[Callable[[str], subprocess.Popen[bytes]]]:
     def run(child: str) -> subprocess.Popen[bytes]:
         with (tmp_path / "stderr").open("wb") as stderr:
             started.append(subprocess.Popen(
-                ["sh", "-c", manifests.HOLD_SCRIPT, "trainer", sys.executable, "-c", child],
+                ["sh", "-c", HOLD_SCRIPT, "trainer", sys.executable, "-c", child],
                 cwd=tmp_path, stderr=stderr, start_new_session=True))
         return started[-1]
 
@@ -456,7 +488,7 @@ def test_readiness_probe_reads_the_ready_file_and_the_heartbeat_age(tmp_path: Pa
     heartbeat, ready = tmp_path / "heartbeat", tmp_path / "ready"
     env = {**os.environ, "HEARTBEAT_FILE": str(heartbeat), "HEARTBEAT_MAX_AGE": "60",
            "READY_FILE": str(ready)}
-    probe = [sys.executable, "-c", manifests.HEARTBEAT_CHECK]
+    probe = [sys.executable, "-c", HEARTBEAT_CHECK]
     assert subprocess.run(probe, env=env, capture_output=True).returncode != 0  # no file yet
     heartbeat.touch()  # reporting, but healing: not ready until it took part in a step
     assert subprocess.run(probe, env=env, capture_output=True).returncode != 0
