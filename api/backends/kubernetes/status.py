@@ -18,7 +18,8 @@ from api.backends.kubernetes.labels import (
     REPLACES_LABEL,
     TRAINER,
 )
-from trainer.contract.process import ExitCode, failure_reason
+from api.backends.policy import bad_input, bad_input_reason, budget_spent_reason, over_budget
+from trainer.contract.process import failure_reason
 
 logger = logging.getLogger(__name__)
 
@@ -191,16 +192,14 @@ def pod_label(pod: PodView) -> str:
 
 
 def give_up_reason(pods: list[PodView], restarts: dict[int, int], budget: int) -> str | None:
-    """Why the job cannot go on, as the local supervisor decides it: a pod that exited with the
-    trainer's bad-input code (no restart fixes a missing dataset), or one that used up the
-    restart budget. None while its pods should keep being replaced."""
+    """Why the job cannot go on (api/backends/policy.py): a pod that exited with the trainer's
+    bad-input code, or one that used up the restart budget. None while its pods should keep
+    being replaced."""
     for pod in pods:
-        if pod.exit_code == ExitCode.BAD_INPUT:
-            detail = last_line(pod.message) or f"exit code {pod.exit_code}"
-            return f"pod {pod_label(pod)} failed: bad input: {detail}"
+        if bad_input(pod.exit_code):
+            return bad_input_reason(pod_label(pod), last_line(pod.message), pod.exit_code)
     for pod in pods:
         used = restarts.get(pod.ordinal, 0)
-        if used > budget:
-            return (f"restart budget spent: pod {pod_label(pod)} restarted {used} times, last exit "
-                    f"code {pod.exit_code}" + (f" ({pod.reason})" if pod.reason else ""))
+        if over_budget(used, budget):
+            return budget_spent_reason(pod_label(pod), used, pod.exit_code, pod.reason)
     return None

@@ -17,6 +17,8 @@ from api.backends.base import PodPhase
 from api.backends.local.jobdir import PodRecord, ProcessRecord, same_process, signal_group
 
 POLL_SECONDS = 0.1
+STOP_GRACE_SECONDS = 10.0
+"""How long a process group the supervisor stops has between SIGTERM and SIGKILL."""
 
 
 class Watched(ABC):

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from api.backends.base import BackendError, Launch, WorkloadNotFound, WorkloadStatus
-from api.backends.local import backend as local
+from api.backends.local import watchdog
 from api.backends.local.backend import LocalBackend
 from api.backends.local.jobdir import JobDir, same_process
 from tests.api.backends.test_supervisor import SPEC, kill_everything, recorded_processes
@@ -260,7 +260,7 @@ def test_delete_mid_training_stops_everything_and_keeps_checkpoints(
 def test_delete_kills_the_pods_of_a_dead_or_hung_supervisor(
         fate: str, backend: LocalBackend, make_launch: Callable[..., Launch], jobs_dir: Path,
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(local, "DELETE_TIMEOUT", 0.5)
+    monkeypatch.setattr(watchdog, "DELETE_TIMEOUT", 0.5)
     backend.launch(make_launch("job-orphans", replicas=1, epochs=20))
     wait_for(lambda: backend.status("job-orphans").pods[0].phase == "Running", what="pod 0 to run")
     supervisor_pid, started, _ = recorded_processes(jobs_dir / "job-orphans")[0]
@@ -269,7 +269,7 @@ def test_delete_kills_the_pods_of_a_dead_or_hung_supervisor(
         wait_for(lambda: same_process(supervisor_pid, started) is None,
                  what="the supervisor to die")
     assert not backend.gone("job-orphans")  # its pod still runs, and may write
-    with caplog.at_level("WARNING", logger="api.backends.local.backend"):
+    with caplog.at_level("WARNING", logger="api.backends.local.watchdog"):
         backend.delete("job-orphans")
     assert "pod job-orphans-0 left behind: SIGKILL" in caplog.text
     assert ("supervisor did not stop" in caplog.text) == (fate == "hung")

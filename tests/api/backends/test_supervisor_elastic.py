@@ -8,8 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from api.backends.local import supervisor as supervisor_module
-from api.backends.local.jobdir import MigrateCommand, ScaleCommand, read_state, send_command
+from api.backends.local.jobdir import (
+    MigrateCommand,
+    ScaleCommand,
+    read_state,
+    send_command,
+    signal_group,
+)
 from api.backends.local.supervisor import Supervisor
 from tests.api.backends.stand_ins import start_supervisor, ticks_until, up
 
@@ -76,7 +81,7 @@ def test_a_replacement_that_dies_before_taking_part_leaves_the_pod_as_it_was(
     old = pod.process
     send_command(supervisor.job_dir, MigrateCommand(ordinal=0))
     surge = ticks_until(supervisor, lambda: pod.surge, "the replacement to start")
-    supervisor_module.signal_group(surge.process.pid, 9)
+    signal_group(surge.process.pid, 9)
     ticks_until(supervisor, lambda: pod.surge is None, "the failed replacement to be dropped")
     assert pod.process is old and old is not None and not old.poll()
     assert pod.phase == "Running" and pod.restarts == 0

@@ -18,7 +18,7 @@ def test_a_pod_that_dies_is_reported_gone_to_the_lighthouse(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     supervisor = start_supervisor(tmp_path, monkeypatch, standby=False, lighthouse=True)
     try:
-        endpoint = supervisor.coordinator_endpoint
+        endpoint = supervisor.coordinator.endpoint
         wait_for(lambda: accepts(endpoint.port), what="the lighthouse to listen", timeout=30)
         ticks_until(supervisor, lambda: up(supervisor), "the pods to be up")
         pod = supervisor.pods[1]

@@ -13,7 +13,6 @@ import psutil
 import pytest
 
 from api.backends import programs
-from api.backends.local import supervisor as supervisor_module
 from api.backends.local.jobdir import (
     DeleteCommand,
     KillCommand,
@@ -24,13 +23,13 @@ from api.backends.local.jobdir import (
     send_command,
 )
 from api.backends.local.standby import MAX_FAILURES, Standby
-from api.backends.local.supervisor import Supervisor
+from api.backends.local.supervisor import Supervisor, keep_warm
 from tests.api.backends.stand_ins import start_supervisor, ticks_until, took_part, up
 
 
 @pytest.fixture
 def supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Supervisor]:
-    monkeypatch.setattr(supervisor_module, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(keep_warm, "SETTLE_SECONDS", 0.0)
     running = start_supervisor(tmp_path, monkeypatch, standby=True)
     yield running
     running.kill_leftovers()

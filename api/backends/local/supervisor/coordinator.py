@@ -1,0 +1,94 @@
+"""The job's coordinator: its torchft lighthouse (live) or rendezvous store (restart), kept
+running on one port for the job's life."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+
+import grpc
+
+from api.backends import programs
+from api.backends.base import Launch
+from api.backends.local.jobdir import CoordinatorRecord, JobDir, signal_group
+from api.backends.local.processes import STOP_GRACE_SECONDS, Adopted, Watched, spawn
+from api.backends.local.supervisor.environment import free_port, inherited_env
+from trainer.engine import lighthouse
+
+logger = logging.getLogger(__name__)
+
+LIGHTHOUSE_TIMEOUT = 1.0
+"""Seconds a call to the lighthouse may take (it answers in milliseconds when it runs)."""
+
+
+class Coordinator:
+    """The job's lighthouse or store, on a fixed port: the pods know it by its endpoint."""
+
+    def __init__(self, job_dir: JobDir, launch: Launch) -> None:
+        self.job_dir, self.launch = job_dir, launch
+        self.live = launch.fault_tolerance == "live"
+        self.name = "lighthouse" if self.live else "store"
+        self.process: Watched | None = None
+        self.endpoint = programs.Endpoint(programs.LOOPBACK, free_port())
+        self.starts = 0
+
+    def adopt(self, record: CoordinatorRecord) -> None:
+        """Take over the coordinator a dead supervisor recorded."""
+        # The pods know the coordinator by this endpoint: a new one must listen there too.
+        self.endpoint = programs.Endpoint.parse(record.endpoint)
+        self.starts = record.restarts + 1
+        if record.pid is not None:
+            self.process = Adopted(record.pid, record.pid_started)
+
+    def running(self) -> bool:
+        return self.process is not None and not self.process.poll()
+
+    def start(self) -> None:
+        """Start it, or restart it on the same port if it ended."""
+        if self.process is not None:
+            code = self.process.exit_code
+            logger.warning("%s exited with code %s: restarting it", self.name,
+                           "unknown" if code is None else code)
+        endpoint = self.endpoint
+        argv = (programs.lighthouse_argv(endpoint.host, endpoint.port, python=sys.executable)
+                if self.live else
+                programs.store_argv(endpoint.port, python=sys.executable, host=endpoint.host))
+        self.process = spawn(argv, self.job_dir.path, self.job_dir.log(self.name),
+                             env={**inherited_env(store_credentials=False),
+                                  **programs.coordinator_env(self.launch)})
+        self.starts += 1
+        logger.info("%s on %s (pid %d)", self.name, endpoint, self.process.pid)
+
+    def record(self) -> CoordinatorRecord:
+        process = self.process
+        return CoordinatorRecord(name=self.name, endpoint=str(self.endpoint),
+                                 pid=process.pid if process else None,
+                                 pid_started=process.started if process else None,
+                                 restarts=max(self.starts - 1, 0))
+
+    def kill(self) -> None:
+        """SIGKILL it if it runs, and wait until it is gone."""
+        if self.process is not None and not self.process.poll():
+            signal_group(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=STOP_GRACE_SECONDS)
+
+    def report_gone(self, pod: str, incarnation: int) -> None:
+        """Tell a live job's lighthouse that this incarnation died, so its peers' next quorum
+        forms without waiting for its heartbeats to expire (a pod that leaves says so itself)."""
+        replica = self.job_dir.replica(pod, incarnation)
+        try:
+            replica_id = replica.read_text().strip()
+        except OSError:
+            return  # it died before it joined: the lighthouse never knew it
+        replica.unlink(missing_ok=True)  # written by live pods only
+        if not replica_id:
+            return
+        try:
+            lighthouse.leave(f"http://{self.endpoint}", replica_id, timeout=LIGHTHOUSE_TIMEOUT)
+        except grpc.RpcError as exc:  # its heartbeats expire all the same
+            logger.warning("could not tell the lighthouse that %s is gone: %s", replica_id,
+                           exc.code() if isinstance(exc, grpc.Call) else exc)
+            return
+        logger.info("told the lighthouse that %s (pod %s incarnation %d) is gone", replica_id,
+                    pod, incarnation)
