@@ -246,8 +246,10 @@ which: trainer.contract.records); from the control plane: `job` (status moves, `
 class Event(SQLModel, table=True):
     """One streamable event; its id is the SSE event id (increasing over all jobs)."""
 
-    # Pages follow (job_id, id); the reconciler looks a job's completions up by type.
-    __table_args__ = (Index("ix_event_job_id_type", "job_id", "type"),)
+    # Pages follow (job_id, id); the reconciler looks a job's completions up by type; a job's
+    # chart series reads its metric points by step.
+    __table_args__ = (Index("ix_event_job_id_type", "job_id", "type"),
+                      Index("ix_event_job_id_step", "job_id", "step"))
 
     id: int | None = SQLField(default=None, primary_key=True)
     job_id: str = SQLField(foreign_key="job.id", index=True)
@@ -256,6 +258,13 @@ class Event(SQLModel, table=True):
     data: dict[str, Any] = SQLField(sa_column=Column(JSON, nullable=False))
     size: int = SQLField(default=0, sa_column_kwargs={"server_default": "0"})
     """Bytes of `data` as compact JSON: pages are bounded by it, and quotas count it."""
+    step: int | None = None
+    """A metric point's step (`data.kind` "metric"; None for every other event). The point's
+    numbers have columns of their own, so a job's chart series never parses its history."""
+    loss: float | None = None
+    rate: float | None = None
+    """The point's samples/s."""
+    participants: int | None = None
 
 
 class EventPublic(BaseModel):
@@ -265,6 +274,22 @@ class EventPublic(BaseModel):
     type: EventType
     time: float
     data: dict[str, Any]
+
+
+class SeriesPublic(BaseModel):
+    """A job's chart series, downsampled to a bounded number of points, extremes kept."""
+
+    last_id: int
+    """The newest event id the series covers: the rest of the history, and the stream, go on
+    from it."""
+    steps: int
+    """Steps with metric points in all (the series holds a bounded number of them)."""
+    points: list[tuple[int, float, float | None, float | None, int | None]]
+    """(step, time, mean loss, mean samples/s, most participants) per step kept, oldest first:
+    every step while they are few, else each span's first and last, lowest and highest loss
+    and samples/s, and fewest participants."""
+    latest: dict[str, Any] | None
+    """The newest metric point's data, with its `time`."""
 
 
 class EventsPublic(BaseModel):

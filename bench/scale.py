@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 from sqlmodel import Session
 
 from api.db import init_db, make_engine
@@ -111,17 +112,95 @@ def api_latency(counts: list[int], requests: int) -> None:
             server.wait()
 
 
+def report_history(http: httpx.Client, job_id: str, token: str, events: int) -> None:
+    """`events` metric points from the job's two pods (a step each), an evaluation every 1,000
+    steps, through the real report endpoint."""
+    auth = {"Authorization": f"Bearer {token}"}
+    per_pod = events // PODS_PER_JOB
+    for pod in range(PODS_PER_JOB):
+        for start in range(0, per_pod, 1000):
+            records: list[dict[str, Any]] = []
+            for step in range(start + 1, min(start + 1000, per_pod) + 1):
+                records.append({"seq": step, "kind": "metric", "time": 1.7e9 + step, "data": {
+                    "step": step, "epoch": 1, "loss": 1.0 / step ** 0.5, "learning_rate": 1e-4,
+                    "participants": 2, "samples_per_second": 100.0, "samples_seen": step * 32}})
+            if pod == 0:
+                records.append({"seq": start + 1000 + 1, "kind": "eval", "time": 1.7e9 + start,
+                                "data": {"split": "validation", "accuracy": 0.8, "f1": 0.8,
+                                         "loss": 0.4, "samples": 100, "epoch": 1,
+                                         "step": start + 1000}})
+            response = http.post(f"/api/v1/jobs/{job_id}/reports", headers=auth, json={
+                "pod": f"{job_id}-{pod}", "incarnation": "bench", "records": records})
+            response.raise_for_status()
+
+
+def whole_history(http: httpx.Client, job_id: str) -> tuple[int, int, float]:
+    """What the job page read before: every event, in pages of 1,000 (requests, bytes, s)."""
+    start, after, requests, size = time.perf_counter(), 0, 0, 0
+    while True:
+        response = http.get(f"/api/v1/jobs/{job_id}/events",
+                            params={"after": after, "limit": 1000})
+        requests, size = requests + 1, size + len(response.content)
+        after = response.json()["next_after"]
+        if after is None:
+            return requests, size, time.perf_counter() - start
+
+
+def page_load(http: httpx.Client, job_id: str) -> tuple[int, int, float]:
+    """What the job page reads now (web/static/job.js): the job, its series, then its events
+    other than metric points up to the series' last id (requests, bytes, s)."""
+    start = time.perf_counter()
+    job = http.get(f"/api/v1/jobs/{job_id}")
+    series = http.get(f"/api/v1/jobs/{job_id}/series", params={"points": 2000})
+    requests, size = 2, len(job.content) + len(series.content)
+    after: int | None = 0
+    while after is not None:
+        response = http.get(f"/api/v1/jobs/{job_id}/events", params={
+            "after": after, "before": series.json()["last_id"] + 1, "points": "false",
+            "limit": 1000, "type": ["metric", "checkpoint", "job", "pod", "log"]})
+        requests, size = requests + 1, size + len(response.content)
+        after = response.json()["next_after"]
+    return requests, size, time.perf_counter() - start
+
+
+def job_pages(histories: list[int]) -> None:
+    print("| events | whole history: requests, MiB, s | job page now: requests, KiB, s | "
+          "API RSS (MiB) |")
+    print("|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as scratch:
+        server, url = start_server(Path(scratch))
+        try:
+            with httpx.Client(base_url=url, headers=ADMIN, timeout=120) as http:
+                for events in histories:
+                    job_id = http.post("/api/v1/jobs", json={"replicas": PODS_PER_JOB}).json()[
+                        "id"]
+                    token = (Path(scratch) / "bench-tokens" / job_id).read_text()
+                    report_history(http, job_id, token, events)
+                    old = whole_history(http, job_id)
+                    new = page_load(http, job_id)
+                    rss = psutil.Process(server.pid).memory_info().rss / 2**20
+                    print(f"| {events:,} | {old[0]}, {old[1] / 2**20:.1f}, {old[2]:.2f} | "
+                          f"{new[0]}, {new[1] / 2**10:.0f}, {new[2]:.2f} | {rss:.0f} |",
+                          flush=True)
+        finally:
+            server.kill()
+            server.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", default="10,100,200,500,1000")
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--events", default="10000,100000,300000")
     args = parser.parse_args()
     counts = [int(n) for n in args.jobs.split(",")]
     print("## 1. Reconcile pass (noop backend, SQLite)\n")
     reconcile_pass(counts, args.passes)
     print("\n## 2. API reads while the control plane reconciles (noop backend, SQLite)\n")
     api_latency(counts, args.requests)
+    print("\n## 3. A job page over a long history (noop backend, SQLite)\n")
+    job_pages([int(n) for n in args.events.split(",")])
 
 
 if __name__ == "__main__":

@@ -24,10 +24,12 @@ from api.models import (
     JobsPublic,
     JobStatus,
     JobUpdate,
+    SeriesPublic,
     StreamLink,
 )
 from api.routes import API_PREFIX
 from api.services import jobs as service
+from api.services import series
 from api.services.links import stream_link
 from trainer.contract.spec import MAX_INT
 
@@ -89,10 +91,22 @@ def delete_job(job_id: str, session: SessionDep, settings: SettingsDep,
 def list_events(job_id: str, session: SessionDep,
                 after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
                 limit: Annotated[int, Query(ge=1, le=1000)] = 200,
-                type: Annotated[list[str] | None, Query()] = None) -> EventsPublic:
-    """The job's events after id `after`, oldest first: at most `limit` of them and 1 MiB of
-    their data (but always one); follow `next_after` for the rest."""
-    return service.list_events(session, job_id, after, limit, type)
+                type: Annotated[list[str] | None, Query()] = None,
+                before: Annotated[int | None, Query(ge=1, le=MAX_INT)] = None,
+                points: bool = True) -> EventsPublic:
+    """The job's events after id `after` (and before id `before`, if given), oldest first: at
+    most `limit` of them and 1 MiB of their data (but always one); follow `next_after` for the
+    rest. `points=false` leaves out the metric points (`/series` serves them)."""
+    return service.list_events(session, job_id, after, limit, type, before, points)
+
+
+@router.get("/{job_id}/series", response_model=SeriesPublic, responses=error_responses(404))
+def get_series(job_id: str, session: SessionDep,
+               points: Annotated[int, Query(ge=10, le=10_000)] = 1000) -> SeriesPublic:
+    """The job's chart series up to `last_id`, at most about `points` steps (extremes kept)
+    whatever its history's length; the dashboard then reads the other events up to `last_id`
+    and streams from it."""
+    return series.job_series(session, job_id, points)
 
 
 @router.post("/{job_id}/stream-link", response_model=StreamLink, responses=error_responses(404))

@@ -45,13 +45,19 @@ def new_event(job_id: str, type_: str, **data: Any) -> Event:
 
 
 def event_page(session: Session, job_id: str, after: int, limit: int,
-               types: Sequence[str] | None = None,
-               budget: int = PAGE_BYTES) -> tuple[list[Event], int | None]:
-    """The job's events after id `after` (of `types`, if given): at most `limit` of them and
-    `budget` bytes; and the `after` of the next page, None when this one is the last."""
+               types: Sequence[str] | None = None, budget: int = PAGE_BYTES,
+               before: int | None = None, points: bool = True,
+               ) -> tuple[list[Event], int | None]:
+    """The job's events after id `after` (of `types`, and before id `before`, if given; without
+    metric points unless `points`): at most `limit` of them and `budget` bytes; and the `after`
+    of the next page, None when this one is the last."""
     where: list[ColumnElement[bool]] = [col(Event.job_id) == job_id, col(Event.id) > after]
     if types:
         where.append(col(Event.type).in_(types))
+    if before is not None:
+        where.append(col(Event.id) < before)
+    if not points:
+        where.append(col(Event.step).is_(None))
     # Sizes first, so that a page reads no more data than it returns.
     sizes = session.exec(select(Event.id, Event.size).where(*where)
                          .order_by(col(Event.id)).limit(limit + 1)).all()

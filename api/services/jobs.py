@@ -384,7 +384,9 @@ def migrate_pod(session: Session, backend: Backend, events: EventLog, job_id: st
 
 
 def list_events(session: Session, job_id: str, after: int, limit: int,
-                types: list[str] | None) -> EventsPublic:
+                types: list[str] | None, before: int | None = None,
+                points: bool = True) -> EventsPublic:
     get_job(session, job_id)
-    page, next_after = event_page(session, job_id, after, limit, types)
+    page, next_after = event_page(session, job_id, after, limit, types, before=before,
+                                  points=points)
     return EventsPublic(data=[EventPublic.model_validate(e) for e in page], next_after=next_after)

@@ -11,7 +11,15 @@ from sqlalchemy import Connection, select, update
 from api.models import Event, EventType, JobStatus, Migration
 from api.services.events import json_size
 from api.services.job_view import JobView, PodView
-from trainer.contract.records import Joined, Kind, LeaveReason, Left, Metric, ReportBatch
+from trainer.contract.records import (
+    Joined,
+    Kind,
+    LeaveReason,
+    Left,
+    Metric,
+    RecordData,
+    ReportBatch,
+)
 
 # Report record kind -> stream event type.
 STREAM_TYPES: dict[Kind, EventType] = {"metric": "metric", "eval": "metric",
@@ -21,6 +29,16 @@ EVENTS, MIGRATIONS = Event.__table__, Migration.__table__  # type: ignore[attr-d
 Items = list[dict[str, Any]]
 Row = tuple[dict[str, Any], bool]
 """An event row to insert, and whether it is a lifecycle event (stored past the quota)."""
+NO_POINT: dict[str, Any] = {"step": None, "loss": None, "rate": None, "participants": None}
+"""The point columns of an event that is no metric point (every inserted row names them all)."""
+
+
+def point_columns(record: RecordData) -> dict[str, Any]:
+    """A metric point's numbers for the event's own columns (`Event.step`...)."""
+    if not isinstance(record, Metric):
+        return NO_POINT
+    return {"step": record.step, "loss": record.loss, "rate": record.samples_per_second,
+            "participants": record.participants}
 
 
 def of_incarnation(reported: str, incarnation: str | None) -> bool:
@@ -43,7 +61,7 @@ def stage(connection: Connection, job: JobView, pod: PodView, batch: ReportBatch
         if isinstance(record.data, Left):
             data["reason"] = leave_reason(connection, job, pod, batch.incarnation)
         rows.append(({"job_id": job.id, "type": STREAM_TYPES[record.kind], "time": record.time,
-                      "data": data}, record.kind == "event"))
+                      "data": data, **point_columns(record.data)}, record.kind == "event"))
         if isinstance(record.data, Joined):
             rows += [(row, True) for row in complete_migration(
                 connection, job, pod, batch.incarnation, record.data, record.time)]

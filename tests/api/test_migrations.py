@@ -75,6 +75,26 @@ def test_a_database_from_before_migrations_is_taken_over_with_its_rows(engine: E
     assert migrations.current(engine) == migrations.head()
 
 
+def test_metric_points_stored_before_their_columns_get_them(engine: Engine) -> None:
+    with engine.begin() as connection:
+        command.upgrade(migrations._config(connection), "0002")
+        connection.execute(text(
+            "INSERT INTO job (id, status, spec, report_token_hash, created_at, epoch, step, "
+            "samples_seen, event_bytes) VALUES ('job-0123abcd', 'running', '{}', 'x', "
+            "CURRENT_TIMESTAMP, 0, 0, 0, 0)"))
+        connection.execute(text(
+            "INSERT INTO event (job_id, type, time, data, size) VALUES "
+            "('job-0123abcd', 'metric', 1.0, '{\"kind\": \"metric\", \"step\": 7, "
+            "\"loss\": 0.25, \"samples_per_second\": 31.5, \"participants\": 3}', 0), "
+            "('job-0123abcd', 'metric', 2.0, '{\"kind\": \"eval\", \"step\": 7, "
+            "\"accuracy\": 0.8}', 0)"))
+    migrations.upgrade(engine)
+    with Session(engine) as session:
+        point, evaluation = session.exec(select(Event).order_by(Event.time)).all()
+    assert (point.step, point.loss, point.rate, point.participants) == (7, 0.25, 31.5, 3)
+    assert (evaluation.step, evaluation.loss) == (None, None)  # an evaluation is no point
+
+
 def test_a_database_from_a_newer_version_is_refused(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     data_dir.mkdir()
