@@ -46,7 +46,7 @@ class WholeModel:
         loss_sum = weight * functional.cross_entropy(logits.float(), batch["labels"],
                                                      reduction="sum")
         (loss_sum * scale).backward()
-        return loss_sum, weight * len(batch["labels"])
+        return loss_sum.detach(), weight * len(batch["labels"])
 
     def sync_and_clip(self, max_norm: float) -> float:
         # The backward synchronised the gradients already (DDP, or torchft's wrapper).
