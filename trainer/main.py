@@ -74,7 +74,7 @@ def make_group(config: TrainConfig, pod: str, environ: Mapping[str, str]) -> Gro
                                      peer_secret=runtime.peer_secret,
                                      quorum_retries=runtime.quorum_retries,
                                      replica_file=runtime.replica_file)
-        from trainer.pipeline import PipelineGroup
+        from trainer.pipeline_group import PipelineGroup
 
         return PipelineGroup(device, config.spec.pipeline_stages, environ,
                              address=runtime.pod_address, peer_secret=runtime.peer_secret,

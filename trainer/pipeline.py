@@ -15,18 +15,23 @@ model's on the same samples however the rows are cut.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn import functional
+from upath import UPath
 
+from trainer import checkpoint
 from trainer.distributed import Group
-from trainer.model import DeviceChoice, ModelError
-from trainer.recovery import Recovery
+from trainer.model import ModelError
+from trainer.part import autocast
+
+if TYPE_CHECKING:
+    from trainer.checkpointer import Save
 
 SCHEDULES = ("1f1b", "gpipe")
 
@@ -180,15 +185,6 @@ def check_microbatches(batch_size: int, microbatches: int) -> None:
                             f"({batch_size})")
 
 
-
-class PipelineRecovery(Recovery):
-    """Restart mode for pipelines: a checkpoint needs every stage's shard, so a failure
-    restarts the world from the newest complete one (no survivor can write the dead stage's)."""
-
-    def saves_on_failure(self, participants: int) -> bool:
-        return False
-
-
 class Pipelined:
     """What a pipeline needs of its group: this pod's stage, the group of its replica's stages
     (`pipeline_group`, where stage s has rank `stage_ranks[s]`) and a way to average a stage's
@@ -204,74 +200,20 @@ class Pipelined:
         raise NotImplementedError
 
 
-class PipelineGroup(Group, Pipelined):
-    """torchrun's static world cut into pipelines: the pod with ordinal o is stage `o % stages`
-    of pipeline replica `o // stages`, whatever rank the rendezvous gave it (so a restarted pod
-    keeps its stage, and the API shows each pod's). To the training loop each replica is one
-    participant (`rank` is the replica): a replica's stages train on the same samples."""
-
-    recovery = PipelineRecovery
-
-    def __init__(self, device: DeviceChoice, stages: int,
-                 environ: Mapping[str, str] = os.environ, address: str = "",
-                 ordinal: int | None = None, peer_secret: str = "") -> None:
-        super().__init__(device, environ, address, peer_secret)
-        world = self.world_size
-        if world % stages or world < stages:
-            raise PipelineError(f"a world of {world} pods does not make pipelines of "
-                                f"{stages} stages")
-        self.stages, self.replicas = stages, world // stages
-        self.global_rank = self._rank
-        ordinals: list[Any] = [None] * world
-        dist.all_gather_object(ordinals, self._rank if ordinal is None else ordinal)
-        if sorted(ordinals) != list(range(world)):
-            raise PipelineError(f"the pods' ordinals {sorted(ordinals)} are not 0..{world - 1}")
-        position = ordinals[self._rank]
-        self.stage, self.replica = position % stages, position // stages
-        rank_of = {o: g for g, o in enumerate(ordinals)}
-        pipelines = [[rank_of[r * stages + s] for s in range(stages)]
-                     for r in range(self.replicas)]
-        # Every rank creates every group, in the same order (torch.distributed's rule).
-        self.pipeline_group = [dist.new_group(ranks) for ranks in pipelines][self.replica]
-        self.stage_group = [dist.new_group([pipeline[s] for pipeline in pipelines])
-                            for s in range(stages)][self.stage]
-        # A group ranks its members by global rank, not by stage.
-        mine = pipelines[self.replica]
-        self.stage_ranks = [sorted(mine).index(g) for g in mine]
-        """The rank in `pipeline_group` of each stage."""
-
-    @property
-    def rank(self) -> int:
-        return self.replica
-
-    @property
-    def participants(self) -> int:
-        return self.replicas
-
-    @property
-    def is_primary(self) -> bool:
-        return self.global_rank == 0
-
-    def wrap(self, model: nn.Module) -> nn.Module:
-        return model  # gradients are averaged over a stage's replicas by PipelineModel
-
-    def average_over_replicas(self, flat: torch.Tensor) -> None:
-        if self.replicas > 1:
-            dist.all_reduce(flat, group=self.stage_group)
-            flat /= self.replicas
-
-
 class PipelineModel:
-    """This pod's stage of the model, and a training step through its pipeline: the schedule
-    runs forward and backward, then the stage's gradients are averaged over the replicas and
-    clipped by the norm of the whole model's."""
+    """This pod's stage of the model as the training loop's part (trainer.part), and a training
+    step through its pipeline: the schedule runs forward and backward, then the stage's
+    gradients are averaged over the replicas and clipped by the norm of the whole model's."""
 
     WIDTH_STEP = 8
     """Inputs are padded to a multiple of this many tokens: each width has its own schedule
     (the stages size their buffers once), so there are few."""
 
     def __init__(self, model: nn.Module, group: Group, schedule: str,
-                 microbatches: int, rows: int, max_length: int) -> None:
+                 microbatches: int, rows: int, max_length: int,
+                 fresh_model: Callable[[], nn.Module] | None = None) -> None:
+        """`fresh_model` builds the whole model that the export loads the stages' weights
+        into."""
         if not isinstance(group, Pipelined):
             raise TypeError(f"a pipeline needs a pipeline's group, not a {type(group).__name__}")
         check_microbatches(rows, microbatches)
@@ -281,11 +223,21 @@ class PipelineModel:
                       for local, value in stage.state_dict(keep_vars=True).items()}
         """The stage's state names -> the whole model's (checkpoints, export)."""
         self.stage = stage.to(group.device.device)
+        self.module: nn.Module = self.stage
+        self.fresh_model = fresh_model
         self.group, self.schedule_name, self.microbatches = group, schedule, microbatches
         # Inputs are never padded past what the model embeds.
         self.rows = rows
         self.max_length = min(max_length, int(stage.config.max_position_embeddings))
         self._schedules: dict[int, Any] = {}
+
+    @property
+    def reports_samples(self) -> bool:
+        """A replica's stages train on the same samples: its last stage reports them."""
+        return self.stage.is_last
+
+    def parameter_counts(self) -> dict[str, int] | None:
+        return None  # a stage's counts are not the model's
 
     @property
     def shard(self) -> str:
@@ -308,17 +260,50 @@ class PipelineModel:
             raise ValueError(f"{self.shard}: the state lacks {missing[:3]}")
         self.stage.load_state_dict({local: state[whole] for local, whole in self.names.items()})
 
+    def live_state(self) -> dict[str, Any]:
+        # Under the stage's own names: a peer's same stage loads it.
+        return self.stage.state_dict()
+
+    def load_live_state(self, state: dict[str, Any]) -> None:
+        self.stage.load_state_dict(state)
+
+    def save_checkpoint(self, save: Save, writer: checkpoint.CheckpointWriter) -> None:
+        """At once: replica 0's stages each write their shard, then the primary completes the
+        checkpoint once all have (every pod passes the barrier). No survivor of a failure can
+        write a lost stage's shard: pipelines save no emergency checkpoints."""
+        if self.group.rank == 0:
+            checkpoint.save_shard(save.directory, save.step, self.shard, self.model_state(),
+                                  save.trainer_state())
+        self.group.barrier()
+        if self.group.is_primary:
+            save.done(checkpoint.complete_shards(save.directory, save.step, self.shards,
+                                                 save.meta, keep=save.keep))
+
+    def load_checkpoint(self, path: Path | UPath) -> dict[str, Any]:
+        model_state, trainer_state = checkpoint.load_shard(path, self.shard)
+        self.load_model_state(model_state)
+        return trainer_state
+
+    def export(self) -> tuple[nn.Module, nn.Module | None] | None:
+        """The whole model, assembled from the stages on the primary (None on the others)."""
+        state = self.gather_state()
+        if state is None:
+            return None
+        if self.fresh_model is None:
+            raise ValueError("this pipeline was built without a model to export into")
+        whole = self.fresh_model()
+        whole.load_state_dict(state)
+        return whole, None
+
     def gather_state(self) -> dict[str, torch.Tensor] | None:
         """The whole model's state, assembled from the first replica's stages (rank 0) on its
         stage 0 (the primary); None elsewhere. Every pod of that replica must call it; the others
         need not."""
         if self.group.rank != 0:
             return None
-        from trainer.checkpoint import cpu_copy
-
         parts: list[Any] | None = [None] * self.stage.stages if self.stage.is_first else None
-        dist.gather_object(cpu_copy(self.model_state()), parts, group=self.group.pipeline_group,
-                           group_dst=self.group.stage_ranks[0])
+        dist.gather_object(checkpoint.cpu_copy(self.model_state()), parts,
+                           group=self.group.pipeline_group, group_dst=self.group.stage_ranks[0])
         if parts is None:
             return None
         return {name: value for part in parts for name, value in part.items()}
@@ -326,9 +311,18 @@ class PipelineModel:
     def width(self, needed: int) -> int:
         return min(self.max_length, -(-needed // self.WIDTH_STEP) * self.WIDTH_STEP)
 
-    def forward_backward(self, batch: Mapping[str, torch.Tensor], weight: float) -> float:
-        """Run the step's microbatches; the last stage returns the sum of the per-sample losses
-        (unweighted), the others 0. `weight` scales every sample's loss."""
+    def forward_backward(self, batch: Mapping[str, torch.Tensor], weight: float,
+                         scale: float) -> tuple[float, float]:
+        """Run the step's microbatches (every sample's loss scaled by `weight` x `scale`): the
+        last stage holds the loss and counts the samples, the others count none."""
+        step_weight = weight * scale
+        with autocast(self.group.device):
+            loss = self._run_step(batch, step_weight)
+        loss_sum = loss / step_weight if loss is not None and step_weight else 0.0
+        counted = weight * len(batch["labels"]) if self.stage.is_last else 0.0
+        return weight * loss_sum, counted
+
+    def _run_step(self, batch: Mapping[str, torch.Tensor], weight: float) -> float | None:
         width = self.width(batch["input_ids"].shape[1])
         input_ids = pad_rows(pad_columns(batch["input_ids"], width), self.rows)
         mask = pad_rows(pad_columns(batch["attention_mask"], width), self.rows)
@@ -339,8 +333,7 @@ class PipelineModel:
             schedule = self._schedules[width] = build_schedule(
                 self.stage, device, self.group.pipeline_group, self.schedule_name,
                 self.microbatches, self.group.stage_ranks)
-        loss = run_step(schedule, self.stage, input_ids.to(device), mask.to(device), target)
-        return loss / weight if loss is not None and weight else 0.0
+        return run_step(schedule, self.stage, input_ids.to(device), mask.to(device), target)
 
     @torch.no_grad()
     def logits(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor | None:

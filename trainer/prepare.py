@@ -67,3 +67,12 @@ def adapt(model: nn.Module, spec: JobSpec) -> nn.Module:
     if spec.torch_compile:
         model.compile()
     return model
+
+
+def prepared_for(config: TrainConfig, device: torch.device,
+                 prepared: Prepared | None = None) -> Prepared:
+    """What a standby loaded (`prepared`) where it fits the pod's job and device; else loaded
+    now."""
+    if prepared is not None and prepared.fits(config, device):
+        return prepared
+    return prepare(config, device)

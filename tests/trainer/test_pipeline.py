@@ -146,11 +146,12 @@ import json, os, sys
 import numpy as np
 from trainer import pipeline
 from trainer.model import DeviceChoice
+from trainer.pipeline_group import PipelineGroup
 
 windows = [int(w) for w in sys.argv[2].split(",")]
 ordinal = int(os.environ["ORDINAL"]) if "ORDINAL" in os.environ else None
-group = pipeline.PipelineGroup(DeviceChoice(torch.device("cpu"), "gloo", None), 2, os.environ,
-                               ordinal=ordinal)
+group = PipelineGroup(DeviceChoice(torch.device("cpu"), "gloo", None), 2, os.environ,
+                      ordinal=ordinal)
 model = tiny_model()
 runner = pipeline.PipelineModel(model, group, sys.argv[1], 4, int(sys.argv[3]), 32)
 optimizer = torch.optim.AdamW(runner.stage.parameters(), lr=1e-2)
@@ -159,7 +160,8 @@ losses, start = [], 0
 for window in windows:
     share = np.array_split(np.arange(start, start + window), group.participants)[group.rank]
     start += window
-    loss = runner.forward_backward(batch(rows, labels, share.tolist()), group.participants / window)
+    loss, _ = runner.forward_backward(batch(rows, labels, share.tolist()), 1.0,
+                                      group.participants / window)
     runner.sync_and_clip(1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,71 @@
+"""What the training loop needs of the model this pod trains, whatever part of it the pod holds:
+the whole model (trainer.whole) or one stage of a pipeline (trainer.pipeline)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from torch import nn
+from upath import UPath
+
+from trainer.model import DeviceChoice
+
+if TYPE_CHECKING:
+    from trainer.checkpoint import CheckpointWriter
+    from trainer.checkpointer import Save
+
+
+def autocast(device: DeviceChoice) -> contextlib.AbstractContextManager[Any]:
+    """Mixed precision where the device has it (CUDA's bf16), else nothing."""
+    if device.autocast_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.device.type, dtype=device.autocast_dtype)
+
+
+class ModelPart(Protocol):
+    """This pod's part of the model, and how a step, an evaluation, a checkpoint, a heal and
+    the export go through it."""
+
+    module: nn.Module
+    """What this pod trains: the whole model (wrapped for data parallelism) or its stage."""
+
+    @property
+    def reports_samples(self) -> bool:
+        """Whether this pod reports the ids of the samples it trained on."""
+
+    def parameter_counts(self) -> dict[str, int] | None:
+        """The model's trainable and total parameter counts; None where the pod cannot tell."""
+
+    def forward_backward(self, batch: Mapping[str, torch.Tensor], weight: float,
+                         scale: float) -> tuple[torch.Tensor | float, float]:
+        """Forward and backward of this pod's share of a step: (the loss summed over the
+        share's samples, the samples counted), both times `weight` (0: a share that only joins
+        the collectives); the gradients are those of that loss times `scale`. The loss may be
+        a tensor still on the device: reading it waits for the step."""
+
+    def sync_and_clip(self, max_norm: float) -> float:
+        """Synchronise the gradients over the step's participants, clip them by the whole
+        model's norm (none where `max_norm` is 0) and return the norm before clipping."""
+
+    def logits(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+        """Evaluation's forward: the logits, or None where another pod computes them."""
+
+    def live_state(self) -> dict[str, Any]:
+        """The model's part of what a pod that (re)joins a live group fetches from a peer."""
+
+    def load_live_state(self, state: dict[str, Any]) -> None: ...
+
+    def save_checkpoint(self, save: Save, writer: CheckpointWriter) -> None:
+        """Write this pod's part of checkpoint `save` (in the background through `writer`
+        where it can) and report it by `save.done` where the checkpoint is complete."""
+
+    def load_checkpoint(self, path: Path | UPath) -> dict[str, Any]:
+        """Load this pod's part of the model from a complete checkpoint; its trainer state."""
+
+    def export(self) -> tuple[nn.Module, nn.Module | None] | None:
+        """The whole model to export and, for LoRA, the adapters alone; None on a pod that
+        exports nothing. Every pod calls it (a pipeline assembles the model collectively)."""

@@ -1,0 +1,83 @@
+"""What each committed step reports: its metric (or the skipped step's event), the ids of the
+samples it trained on, and a progress line in the log now and then."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import TYPE_CHECKING
+
+from trainer.config import TrainConfig
+from trainer.contract import records
+from trainer.distributed import Group
+from trainer.report import Reporter
+from trainer.sampler import GlobalSampler
+
+if TYPE_CHECKING:
+    from trainer.train import StepResult
+
+logger = logging.getLogger(__name__)
+
+LOG_EVERY_SECONDS = 10.0
+WINDOW_SECONDS = 5.0
+"""Throughput is measured over windows of about this long."""
+
+
+class StepReports:
+    """Reports committed steps, with the throughput of the current window."""
+
+    def __init__(self, config: TrainConfig, group: Group, reporter: Reporter,
+                 sampler: GlobalSampler, reports_samples: bool) -> None:
+        """`reports_samples`: whether this pod reports the ids of the samples it trained on."""
+        self.config, self.group, self.reporter, self.sampler = config, group, reporter, sampler
+        self.reports_samples = reports_samples
+        self._last_log = 0.0
+        self.start_window()
+
+    def start_window(self) -> None:
+        """Measure throughput from now (an evaluation's time is not training's)."""
+        self._window_start, self._window_samples = time.perf_counter(), 0
+
+    def committed(self, result: StepResult, step: int, samples_seen: int, skipped_steps: int,
+                  learning_rate: float) -> None:
+        """Step `step` committed; report it where this pod took part in it (a pod that healed
+        into it leaves it to its peers)."""
+        assignment = result.assignment
+        now = time.perf_counter()
+        self._window_samples += assignment.window
+        throughput = self._window_samples / max(now - self._window_start, 1e-9)
+        if now - self._window_start > WINDOW_SECONDS:
+            self._window_start, self._window_samples = now, 0
+        if not result.took_part:
+            return
+        if result.skipped is not None:  # a loss to chart it has not: an event instead
+            self.reporter.emit(result.skipped.record(assignment.epoch + 1, skipped_steps))
+        elif not math.isfinite(result.loss):
+            # Gradients finite all the same: this pod's did not count (torchft's first step,
+            # in which it only takes the first replica's weights).
+            logger.warning("step %d: loss %s here, but not in the update", step, result.loss)
+        else:
+            self.reporter.emit(records.Metric(
+                step=step, epoch=assignment.epoch + 1, loss=result.loss,
+                learning_rate=learning_rate, samples_per_second=throughput,
+                participants=self.group.participants, samples_seen=samples_seen))
+        if self.config.runtime.log_sample_ids and self.reports_samples:
+            window = self.sampler.order(assignment.epoch)[
+                assignment.cursor:assignment.cursor + assignment.window]
+            self.reporter.emit(records.SampleIds(step=step, epoch=assignment.epoch + 1,
+                                                 cursor=assignment.cursor, rank=self.group.rank,
+                                                 ids=result.used.tolist(),
+                                                 window=window.tolist()))
+        self._log(step, assignment.epoch, samples_seen, result.loss, throughput)
+
+    def _log(self, step: int, epoch: int, samples_seen: int, loss: float,
+             throughput: float) -> None:
+        now = time.monotonic()
+        if now - self._last_log < LOG_EVERY_SECONDS and step > 1:
+            return
+        self._last_log = now
+        spec = self.config.spec
+        total = spec.epochs * self.sampler.num_samples
+        logger.info("step %d epoch %d/%d %.1f%% loss %.4f %.1f samples/s", step, epoch + 1,
+                    spec.epochs, 100 * samples_seen / total, loss, throughput)

@@ -1,0 +1,109 @@
+"""The whole model on every pod: data parallelism, the gradients averaged during the backward."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.nn import functional
+from upath import UPath
+
+from trainer import checkpoint, lora
+from trainer.config import TrainConfig
+from trainer.distributed import Group
+from trainer.model import resolve_model, unwrap
+from trainer.part import autocast
+
+if TYPE_CHECKING:
+    from trainer.checkpointer import Save
+
+
+class WholeModel:
+    """The whole model, wrapped by its group (DDP in a static world of several pods); with
+    LoRA, only the adapters and the head train, are checkpointed and are healed."""
+
+    reports_samples = True
+
+    def __init__(self, model: nn.Module, group: Group, config: TrainConfig) -> None:
+        self.module = group.wrap(model)
+        self.group, self.config = group, config
+        self.lora = config.spec.finetune == "lora"
+
+    def parameter_counts(self) -> dict[str, int] | None:
+        trainable, total = lora.trainable_parameters(unwrap(self.module))
+        return {"trainable": trainable, "total": total}
+
+    def forward_backward(self, batch: Mapping[str, torch.Tensor], weight: float,
+                         scale: float) -> tuple[torch.Tensor | float, float]:
+        device = self.group.device.device
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        with autocast(self.group.device):
+            logits = self.module(input_ids=batch["input_ids"],
+                                 attention_mask=batch["attention_mask"]).logits
+        loss_sum = weight * functional.cross_entropy(logits.float(), batch["labels"],
+                                                     reduction="sum")
+        (loss_sum * scale).backward()
+        return loss_sum.detach(), weight * len(batch["labels"])
+
+    def sync_and_clip(self, max_norm: float) -> float:
+        # The backward synchronised the gradients already (DDP, or torchft's wrapper).
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        total = (torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm)
+                 if max_norm > 0 else torch.nn.utils.get_total_norm(grads))
+        return float(total.item())
+
+    def logits(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        logits: torch.Tensor = unwrap(self.module)(input_ids=batch["input_ids"],
+                                                   attention_mask=batch["attention_mask"]).logits
+        return logits
+
+    def model_state(self) -> dict[str, Any]:
+        """The model's state that checkpoints and heals carry: LoRA's trainable part only (the
+        frozen base is the pretrained model the spec names), else all of it."""
+        model = unwrap(self.module)
+        return lora.trainable_state(model) if self.lora else model.state_dict()
+
+    def load_model_state(self, state: dict[str, Any]) -> None:
+        model = unwrap(self.module)
+        if self.lora:
+            lora.load_trainable_state(model, state)
+        else:
+            model.load_state_dict(state)
+
+    def live_state(self) -> dict[str, Any]:
+        return self.model_state()
+
+    def load_live_state(self, state: dict[str, Any]) -> None:
+        self.load_model_state(state)
+
+    def save_checkpoint(self, save: Save, writer: checkpoint.CheckpointWriter) -> None:
+        """The primary saves in the background, from a snapshot; in an emergency every survivor
+        saves at once (the same content: the first one complete stays)."""
+        if save.emergency:
+            writer.wait()
+            save.done(checkpoint.save_checkpoint(
+                save.directory, save.step, self.model_state(), save.trainer_state(), save.meta,
+                keep=save.keep, shared=True))
+        elif self.group.is_primary:
+            model_state = checkpoint.cpu_copy(self.model_state())
+            trainer_state = checkpoint.cpu_copy(save.trainer_state())
+            writer.submit(lambda: checkpoint.save_checkpoint(
+                save.directory, save.step, model_state, trainer_state, save.meta,
+                keep=save.keep), save.done)
+
+    def load_checkpoint(self, path: Path | UPath) -> dict[str, Any]:
+        model_state, trainer_state, _ = checkpoint.load_checkpoint(path)
+        self.load_model_state(model_state)
+        return trainer_state
+
+    def export(self) -> tuple[nn.Module, nn.Module | None]:
+        """The model as is; a LoRA model with its adapters merged (and the adapters alone)."""
+        if not self.lora:
+            return self.module, None
+        spec = self.config.spec
+        model = unwrap(self.module)
+        return lora.merged(model, spec, resolve_model(spec.model,
+                                                      self.config.runtime.inputs_dir)), model
