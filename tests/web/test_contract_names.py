@@ -44,3 +44,8 @@ def test_every_record_kind_and_event_type_the_page_compares_exists() -> None:
     assert kinds <= set(RECORD_KINDS), kinds - set(RECORD_KINDS)
     known = set(EVENT_TYPES) | set(CONTROL_EVENT_TYPES)
     assert types <= known, types - known
+
+
+def test_the_history_reads_every_stream_type_but_sample_ids() -> None:
+    declared = next(line for line in lines_of("history.js") if "const HISTORY_TYPES" in line)
+    assert set(QUOTED.findall(declared)) == set(get_args(EventType)) - {"samples"}

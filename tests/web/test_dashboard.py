@@ -204,11 +204,15 @@ def test_a_job_from_the_form_to_a_model(control_plane: ControlPlane, page: Any,
     save_artifact(page, artifacts_dir, "dashboard-job.png")
     assert page.console.unexpected(422) == []
 
-    # A tab opened late replays the whole history: every step, the kill and the rejoin.
+    # A tab opened late reads the whole history: the steps' series, the kill and the rejoin.
     late = page.context.new_page()  # session storage is per tab: it logs in with the URL
     login(late, control_plane, f"#/jobs/{job_id}")
     steps = control_plane.job(job_id)["progress"]["step"]
-    wait_for(lambda: chart_points(late, "loss") == steps,
+    # Every step, or the series' bounded cut of them (web/static/history.js asks for 2,000).
+    series = control_plane.http.get(f"/api/v1/jobs/{job_id}/series",
+                                    params={"points": 2000}).json()
+    assert series["steps"] == steps
+    wait_for(lambda: chart_points(late, "loss") == len(series["points"]),
              timeout=20, what="the full history in a late tab")
     assert late.locator(".timeline li[data-tag=kill]").count() == 1
     assert late.locator(".timeline li[data-tag=healed]").count() >= 1
@@ -369,6 +373,45 @@ def report_evaluations(plane: ControlPlane, job_id: str, first: int, last: int) 
         headers={"Authorization": f"Bearer {plane.report_token(job_id)}"},
         json={"pod": f"{job_id}-0", "incarnation": "web-test", "records": records})
     assert response.status_code == 200, response.text
+
+
+def test_a_long_history_loads_as_a_bounded_series_and_the_stream_goes_on_from_it(
+        control_plane: ControlPlane, page: Any) -> None:
+    job_id = cancelled_job(control_plane)
+    steps, start = 6000, time.time() - 6000
+    seq = itertools.count(1)
+
+    def send(records: list[dict]) -> None:
+        response = control_plane.http.post(
+            f"/api/v1/jobs/{job_id}/reports",
+            headers={"Authorization": f"Bearer {control_plane.report_token(job_id)}"},
+            json={"pod": f"{job_id}-0", "incarnation": "web-test", "records": records})
+        assert response.status_code == 200, response.text
+
+    def validation(epoch: int) -> dict:
+        return record(next(seq), evaluation(epoch=epoch, accuracy=0.5 + epoch / 20), time.time())
+
+    for first in range(1, steps + 1, 1000):
+        send([record(next(seq), metric_data(step, loss=9.0 if step == 4321 else 1.0 / step),
+                     start + step) for step in range(first, first + 1000)])
+    send([validation(1), validation(2)])
+
+    login(page, control_plane, f"#/jobs/{job_id}")
+    page.wait_for_selector(".connection[data-state=live]")
+    wait_for(lambda: chart_points(page, "accuracy") == 2, timeout=20, what="the history")
+    drawn = chart_points(page, "loss")
+    assert 400 <= drawn <= 2002  # the series' bound (web/static/history.js), not every step
+    losses = page.evaluate("async () => (await import('/static/state.js')).state.job"
+                           ".series.loss.ys[0]")
+    assert max(losses) == 9.0  # the spike is among the points kept
+    assert page.locator(".timeline li[data-tag='validation eval']").count() == 2
+
+    # What arrives next comes through the stream, once.
+    send([record(next(seq), metric_data(steps + 1, loss=0.25), time.time())])
+    wait_for(lambda: chart_points(page, "loss") == drawn + 1, timeout=10, what="the new step")
+    send([validation(3)])
+    wait_for(lambda: chart_points(page, "accuracy") == 3, timeout=10, what="the new evaluation")
+    assert page.locator(".timeline li[data-tag='validation eval']").count() == 3
 
 
 def test_the_stream_reconnects_after_a_control_plane_restart_and_misses_nothing(

@@ -5,6 +5,7 @@ import { Charts } from './charts.js';
 import { ago, badge, confirmDialog, duration, fill, h, notice, number, percent, setBadge, setText } from './dom.js';
 import { podsOf, progressOf } from './jobs.js';
 import { Pods } from './pods.js';
+import { loadHistory } from './history.js';
 import { Checkpoints, Result } from './result.js';
 import { KeyedSeries, TimeSeries } from './series.js';
 import { state } from './state.js';
@@ -12,9 +13,6 @@ import { describe, joinedLate, membershipLabel, ordinalOf, Timeline } from './ti
 
 const POLL_MS = 2000;
 const STREAM_TYPES = ['metric', 'checkpoint', 'job', 'pod', 'log', 'samples'];
-// A page's history: the series holds the metric points, and sample ids are for audits.
-const HISTORY_TYPES = ['metric', 'checkpoint', 'job', 'pod', 'log'].map((t) => `&type=${t}`).join('');
-const SERIES_POINTS = 2000;
 const FINISHED = ['succeeded', 'failed', 'cancelled'];
 const RETRY_MS = 3000;
 
@@ -276,44 +274,6 @@ export function showJob(main, id) {
     if (!stopped) push(Number(message.lastEventId), message.type, JSON.parse(message.data));
   }
 
-  /** The charts from the job's series (a bounded number of points however long its history),
-   * then its other events up to the series' last id, in pages of 1,000 applied while the next
-   * loads; the stream then goes on from that id. */
-  async function loadHistory() {
-    const job = encodeURIComponent(id);
-    view.loadingHistory = true;
-    try {
-      const series = await api(`/api/v1/jobs/${job}/series?points=${SERIES_POINTS}`);
-      if (stopped) return;
-      applySeries(series);
-      let after = 0;
-      for (;;) {
-        const page = await api(`/api/v1/jobs/${job}/events?after=${after}&before=${series.last_id + 1}`
-          + `&points=false&limit=1000${HISTORY_TYPES}`);
-        if (stopped) return;
-        if (page.next_after === null) view.loadingHistory = false; // the last page: draw it
-        for (const event of page.data) {
-          push(event.id, event.type, { time: event.time, ...event.data }, true);
-        }
-        if (page.next_after === null) break;
-        after = page.next_after;
-      }
-      view.lastId = Math.max(view.lastId, series.last_id);
-    } finally {
-      view.loadingHistory = false;
-    }
-  }
-
-  /** The series' points into the charts, as the stream's metric points would have put them. */
-  function applySeries(series) {
-    for (const [step, time, loss, rate, participants] of series.points) {
-      view.series.loss.add(step, [loss]);
-      view.series.speed.add(time, step, [rate]);
-      view.series.participants.add(time, step, [participants]);
-    }
-    if (series.latest) view.latest = series.latest;
-  }
-
   function reconnect() {
     setConnection('reconnecting');
     retryTimer = setTimeout(connect, RETRY_MS);
@@ -403,7 +363,7 @@ export function showJob(main, id) {
   // The job and its history at once, then live; a failed history read still goes live from
   // the start (the stream replays everything too, only slower).
   poll();
-  loadHistory().catch(() => {}).then(() => { if (!stopped) connect(); });
+  loadHistory(view, push, () => stopped).catch(() => {}).then(() => { if (!stopped) connect(); });
   checkpoints.refresh(id);
   return stop;
 }
