@@ -30,15 +30,16 @@ Items = list[dict[str, Any]]
 Row = tuple[dict[str, Any], bool]
 """An event row to insert, and whether it is a lifecycle event (stored past the quota)."""
 NO_POINT: dict[str, Any] = {"step": None, "loss": None, "rate": None, "participants": None}
-"""The point columns of an event that is no metric point (every inserted row names them all)."""
 
 
-def point_columns(record: RecordData) -> dict[str, Any]:
-    """A metric point's numbers for the event's own columns (`Event.step`...)."""
-    if not isinstance(record, Metric):
-        return NO_POINT
-    return {"step": record.step, "loss": record.loss, "rate": record.samples_per_second,
-            "participants": record.participants}
+def event_row(job_id: str, type_: EventType, time_: float, data: dict[str, Any],
+              record: RecordData | None = None) -> dict[str, Any]:
+    """An event row as the report writer inserts it, every column named (the rows of a group go
+    in one multi-row INSERT): a metric point's numbers in their own columns (`Event.step`...)."""
+    point = NO_POINT if not isinstance(record, Metric) else {
+        "step": record.step, "loss": record.loss, "rate": record.samples_per_second,
+        "participants": record.participants}
+    return {"job_id": job_id, "type": type_, "time": time_, "data": data, **point}
 
 
 def of_incarnation(reported: str, incarnation: str | None) -> bool:
@@ -60,8 +61,8 @@ def stage(connection: Connection, job: JobView, pod: PodView, batch: ReportBatch
         data = {**dict(record.data), "pod": batch.pod, "kind": record.kind}
         if isinstance(record.data, Left):
             data["reason"] = leave_reason(connection, job, pod, batch.incarnation)
-        rows.append(({"job_id": job.id, "type": STREAM_TYPES[record.kind], "time": record.time,
-                      "data": data, **point_columns(record.data)}, record.kind == "event"))
+        rows.append((event_row(job.id, STREAM_TYPES[record.kind], record.time, data, record.data),
+                     record.kind == "event"))
         if isinstance(record.data, Joined):
             rows += [(row, True) for row in complete_migration(
                 connection, job, pod, batch.incarnation, record.data, record.time)]
@@ -70,14 +71,14 @@ def stage(connection: Connection, job: JobView, pod: PodView, batch: ReportBatch
             pod.step = max(pod.step, record.data.step)
     now = time.time()
     if batch.dropped:
-        rows.append(({"job_id": job.id, "type": "log", "time": now, "data": {
+        rows.append((event_row(job.id, "log", now, {
             "pod": batch.pod, "level": "warning",
             "message": f"{batch.dropped} metric records of {batch.pod} were dropped while the "
-                       "API was unreachable"}}, False))
+                       "API was unreachable"}), False))
     if job.status == JobStatus.starting and unique:
         job.status, job.started_running = JobStatus.running, True
-        rows.append(({"job_id": job.id, "type": "job", "time": now,
-                      "data": {"status": "running", "message": "training is running"}}, True))
+        rows.append((event_row(job.id, "job", now,
+                               {"status": "running", "message": "training is running"}), True))
     return rows, len(batch.records) - len(unique), unique[-1].seq if unique else None
 
 
@@ -99,8 +100,7 @@ def admit(job: JobView, batch: ReportBatch, rows: list[Row]) -> tuple[Items, int
                            "lifecycle events still are"}
         size = json_size(data)
         job.event_bytes += size
-        kept.append({"job_id": job.id, "type": "log", "time": time.time(), "data": data,
-                     "size": size})
+        kept.append({**event_row(job.id, "log", time.time(), data), "size": size})
     return kept, refused
 
 
@@ -131,10 +131,10 @@ def complete_migration(connection: Connection, job: JobView, pod: PodView, incar
     lost = max(0, migration.step_at_request - (joined.step - 1))
     connection.execute(update(MIGRATIONS).where(MIGRATIONS.c.id == migration.id).values(
         status="done", new_incarnation=incarnation, seconds=seconds, steps_lost=lost))
-    return [{"job_id": job.id, "type": "job", "time": time_, "data": {
+    return [event_row(job.id, "job", time_, {
         "type": "migrated", "ordinal": pod.ordinal, "pod": joined.pod,
         "old_incarnation": migration.old_incarnation, "new_incarnation": incarnation,
         "node_from": migration.node_from, "node_to": migration.node_to,
         "seconds": seconds, "steps_lost": lost, "step": joined.step,
         "message": f"{joined.pod} migrated: its replacement took part {seconds:.1f} s "
-                   f"after the request, {lost} steps lost"}}]
+                   f"after the request, {lost} steps lost"})]

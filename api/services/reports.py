@@ -35,7 +35,7 @@ from api.errors import DomainError, InvalidSpec, NotFound, QuotaExceeded
 from api.models import Incarnation, Job, JobStatus, Pod, utc_now
 from api.services.events import EventLog
 from api.services.job_view import JobView, PodView
-from api.services.report_rows import EVENTS, NO_POINT, Items, admit, stage
+from api.services.report_rows import EVENTS, Items, admit, stage
 from trainer.contract.records import ReportBatch
 from trainer.contract.spec import pod_count
 
@@ -261,7 +261,7 @@ class ReportWriter:
     def _insert_events(connection: Connection, staged: list[_Staged]) -> None:
         """One multi-row INSERT ... RETURNING for the batches' rows, which become their stream
         items: the ids are the stream's event ids."""
-        rows = [NO_POINT | row for done in staged for row in done.rows]  # one set of columns
+        rows = [row for done in staged for row in done.rows]
         if not rows:
             return
         statement = insert(EVENTS).returning(EVENTS.c.id, sort_by_parameter_order=True)

@@ -11,8 +11,8 @@ from sqlalchemy import ColumnElement
 from sqlalchemy import select as sql_select
 from sqlmodel import Session, col, func, select
 
-from api.errors import NotFound
-from api.models import Event, Job, SeriesPublic
+from api.models import Event, SeriesPublic
+from api.services.jobs import get_job
 
 Point = tuple[int, float, float | None, float | None, int | None]
 """(step, time, loss, samples/s, participants)."""
@@ -22,8 +22,7 @@ fewest participants (a failure's dip)."""
 
 
 def job_series(session: Session, job_id: str, limit: int) -> SeriesPublic:
-    if session.get(Job, job_id) is None:
-        raise NotFound(f"job {job_id} not found")
+    get_job(session, job_id)
     last_id = session.exec(select(func.max(Event.id)).where(Event.job_id == job_id)).one() or 0
     mine = (col(Event.job_id) == job_id, col(Event.id) <= last_id, col(Event.step).is_not(None))
     every = _per_step(session, mine)
