@@ -16,7 +16,6 @@ trained on synthetic reviews long enough that every sequence fills `--max-length
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import random
@@ -27,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.nn import functional
 
@@ -79,8 +79,7 @@ def bare_loop(trainer: Trainer, steps: int, device: DeviceChoice, warmup: int) -
                  for k, v in trainer.train_data.batch(indices).items()}
         for group in optimizer.param_groups:
             group["lr"] = schedule.lr_at(step * spec.batch_size)
-        with (torch.autocast(device.device.type, dtype=device.autocast_dtype)
-              if device.autocast_dtype else contextlib.nullcontext()):
+        with device.autocast():
             logits = model(input_ids=batch["input_ids"],
                            attention_mask=batch["attention_mask"]).logits
         loss = functional.cross_entropy(logits.float(), batch["labels"])
@@ -207,9 +206,11 @@ def main() -> None:
     if device.device.type == "cuda":
         name = torch.cuda.get_device_name(device.device)
         peak = next((flops for part, flops in BF16_PEAK_FLOPS.items() if part in name), None)
+        # Each batch is padded to its longest text: the bench's batches' mean width.
         order = probe.sampler.order(0)[:args.steps * args.batch_size]
-        tokens = float(probe.train_data.batch(order)["attention_mask"].shape[1])
-        per_sample = flops_per_sample(resolve_model(spec.model, Path()), int(tokens))
+        lengths = np.diff(probe.train_data.offsets)[order]
+        tokens = float(lengths.reshape(args.steps, args.batch_size).max(axis=1).mean())
+        per_sample = flops_per_sample(resolve_model(spec.model, Path()), round(tokens))
         for loop, rate in (("bare", bare_median), ("full", full_median)):
             achieved = rate * per_sample
             share = f", MFU {achieved / peak:.1%} of {peak / 1e12:.0f} TFLOP/s" if peak else ""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -45,8 +44,7 @@ def evaluate(model: nn.Module, data: TokenizedSplit, group: Group, batch_size: i
     for start in range(0, len(shard), batch_size):
         batch = {k: v.to(device.device) for k, v in data.batch(shard[start:start + batch_size])
                  .items()}
-        with (torch.autocast(device.device.type, dtype=device.autocast_dtype)
-              if device.autocast_dtype else contextlib.nullcontext()):
+        with device.autocast():
             output = forward(batch)
         if output is None:
             continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +91,12 @@ class DeviceChoice:
     backend: str
     """torch.distributed backend for this device."""
     autocast_dtype: torch.dtype | None
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Mixed precision where the device has it (CUDA's bf16), else nothing."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
 
 def choose_device(local_rank: int = 0) -> DeviceChoice:

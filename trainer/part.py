@@ -3,7 +3,6 @@ the whole model (trainer.whole) or one stage of a pipeline (trainer.pipeline).""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -12,18 +11,9 @@ import torch
 from torch import nn
 from upath import UPath
 
-from trainer.model import DeviceChoice
-
 if TYPE_CHECKING:
     from trainer.checkpoint import CheckpointWriter
     from trainer.checkpointer import Save
-
-
-def autocast(device: DeviceChoice) -> contextlib.AbstractContextManager[Any]:
-    """Mixed precision where the device has it (CUDA's bf16), else nothing."""
-    if device.autocast_dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.device.type, dtype=device.autocast_dtype)
 
 
 class ModelPart(Protocol):

@@ -28,7 +28,6 @@ from upath import UPath
 from trainer import checkpoint
 from trainer.distributed import Group
 from trainer.model import ModelError
-from trainer.part import autocast
 
 if TYPE_CHECKING:
     from trainer.checkpointer import Save
@@ -316,7 +315,7 @@ class PipelineModel:
         """Run the step's microbatches (every sample's loss scaled by `weight` x `scale`): the
         last stage holds the loss and counts the samples, the others count none."""
         step_weight = weight * scale
-        with autocast(self.group.device):
+        with self.group.device.autocast():
             loss = self._run_step(batch, step_weight)
         loss_sum = loss / step_weight if loss is not None and step_weight else 0.0
         counted = weight * len(batch["labels"]) if self.stage.is_last else 0.0

@@ -15,7 +15,6 @@ from trainer import checkpoint, lora
 from trainer.config import TrainConfig
 from trainer.distributed import Group
 from trainer.model import resolve_model, unwrap
-from trainer.part import autocast
 
 if TYPE_CHECKING:
     from trainer.checkpointer import Save
@@ -40,7 +39,7 @@ class WholeModel:
                          scale: float) -> tuple[torch.Tensor | float, float]:
         device = self.group.device.device
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-        with autocast(self.group.device):
+        with self.group.device.autocast():
             logits = self.module(input_ids=batch["input_ids"],
                                  attention_mask=batch["attention_mask"]).logits
         loss_sum = weight * functional.cross_entropy(logits.float(), batch["labels"],
