@@ -83,24 +83,21 @@ def default_cell(field: FieldInfo, unset: str) -> str:
     return f"`{cell(json.dumps(value))}`"
 
 
+BOUNDS = ((Ge, "ge", ">= {}"), (Gt, "gt", "> {}"), (Le, "le", "<= {}"), (Lt, "lt", "< {}"),
+          (MinLen, "min_length", "length >= {}"), (MaxLen, "max_length", "length <= {}"))
+"""Each constraint pydantic keeps in a field's metadata: its class, its value, how it reads."""
+
+
 def bounds_cell(field: FieldInfo) -> str:
     """The constraints pydantic enforces on a field: `>= 1`, `length <= 200`, a pattern."""
     parts = []
     for item in field.metadata:
-        if isinstance(item, Ge):
-            parts.append(f">= {item.ge}")
-        elif isinstance(item, Gt):
-            parts.append(f"> {item.gt}")
-        elif isinstance(item, Le):
-            parts.append(f"<= {item.le}")
-        elif isinstance(item, Lt):
-            parts.append(f"< {item.lt}")
-        elif isinstance(item, MinLen):
-            parts.append(f"length >= {item.min_length}")
-        elif isinstance(item, MaxLen):
-            parts.append(f"length <= {item.max_length}")
-        elif getattr(item, "pattern", None):
-            parts.append(f"matches `{item.pattern}`")
+        shown = next((form.format(getattr(item, value)) for kind, value, form in BOUNDS
+                      if isinstance(item, kind)), None)
+        if shown is None and getattr(item, "pattern", None):
+            shown = f"matches `{item.pattern}`"
+        if shown is not None:
+            parts.append(shown)
     return cell(", ".join(parts))
 
 
