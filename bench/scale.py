@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import tempfile
 import time
@@ -30,6 +31,7 @@ from api.reconciler import Reconciler
 from api.services.events import EventLog
 from api.settings import Settings
 from bench.api_ingest import ADMIN, start_server
+from bench.control_plane import wait
 from bench.serve_noop import NoopBackend
 from trainer.contract.spec import JobSpec
 
@@ -88,6 +90,11 @@ def p99(http: httpx.Client, path: str, requests: int) -> float:
     return statistics.quantiles(times, n=100)[98] * 1000
 
 
+def pods_running(http: httpx.Client, job_id: str) -> bool:
+    return all(pod["phase"] == "Running"
+               for pod in http.get(f"/api/v1/jobs/{job_id}").json()["pods"])
+
+
 def api_latency(counts: list[int], requests: int) -> None:
     """The real control plane (noop backend, reconciling every second) with `count` jobs
     created through the API; reads timed one after another."""
@@ -103,7 +110,9 @@ def api_latency(counts: list[int], requests: int) -> None:
                         response = http.post("/api/v1/jobs", json={"replicas": PODS_PER_JOB})
                         response.raise_for_status()
                         created.append(response.json()["id"])
-                    time.sleep(2)  # two reconcile passes: every job's pods are Running
+                    # Measured once the reconciler has seen every job's pods Running.
+                    wait(functools.partial(pods_running, http, created[-1]), 60,
+                         "the newest job's pods to run")
                     jobs = p99(http, "/api/v1/jobs", requests)
                     one = p99(http, f"/api/v1/jobs/{created[len(created) // 2]}", requests)
                     print(f"| {count} | {jobs:.1f} | {one:.1f} |", flush=True)
