@@ -4,8 +4,9 @@ Seeds a job of the real control plane (uvicorn, SQLite; a backend that launches 
 10,000 metric points through the report endpoint, then opens its page in Debian's chromium
 (Playwright) and measures:
 
-- time to first render: navigation start -> every chart drawn with all 10,000 points (history
-  replayed over the event stream); goal < 1 s, cold (a fresh browser context per run);
+- time to first render: navigation start -> every chart drawn with every point the page reads
+  (the job's series: all the steps up to SERIES_POINTS, beyond that its bounded cut with the
+  extremes kept); goal < 1 s, cold (a fresh browser context per run);
 - frames while 10 points/s stream in: the dashboard's work per frame (applying the events and
   redrawing the charts: the `dashboard:frame` user-timing measures), goal < 16 ms median; also
   the interval between animation frames (display-bound: 16.7 ms at 60 Hz) and long tasks.
@@ -34,6 +35,8 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 CHARTS = ("loss", "speed", "participants")
 
+SERIES_POINTS = 2000
+"""The series' bound the job page asks for (web/static/history.js)."""
 # Each page starts logged in, as the login URL leaves it: the token in the tab's session storage.
 LOGGED_IN = f"sessionStorage.setItem('migrator.token', {json.dumps(TOKEN)});"
 # Installed before the page's own scripts: note when each chart first shows `target` points.
@@ -113,8 +116,17 @@ def report(client: httpx.Client, job_id: str, token: str, pod: str,
     response.raise_for_status()
 
 
+def drawn(client: httpx.Client, job_id: str) -> int:
+    """The points of the job's series the page reads (web/static/history.js asks for
+    SERIES_POINTS)."""
+    response = client.get(f"/api/v1/jobs/{job_id}/series", headers=ADMIN,
+                          params={"points": SERIES_POINTS})
+    response.raise_for_status()
+    return len(response.json()["points"])
+
+
 def first_render(browser: Any, url: str, points: int) -> float:
-    """Seconds from navigation start until every time/step chart holds all points (cold)."""
+    """Seconds from navigation start until every time/step chart holds `points` (cold)."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     errors: list[str] = []
@@ -147,7 +159,8 @@ def stream(client: httpx.Client, job_id: str, pod: str, token: str, first_step: 
 
 
 def live_frames(browser: Any, client: httpx.Client, url: str, seeded: tuple[str, str, str],
-                points: int, seconds: float) -> dict[str, list[float]]:
+                steps: int, points: int, seconds: float) -> dict[str, list[float]]:
+    """Frames while points stream in after the `steps` seeded ones; the page drew `points`."""
     job_id, pod, token = seeded
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
@@ -157,13 +170,15 @@ def live_frames(browser: Any, client: httpx.Client, url: str, seeded: tuple[str,
         time.sleep(0.05)
     page.evaluate(FRAMES)
     stop = threading.Event()
-    sent = stream(client, job_id, pod, token, points + 1, seconds, stop)
-    time.sleep(0.5)  # let the last point arrive
+    sent = stream(client, job_id, pod, token, steps + 1, seconds, stop)
+    deadline, expected = time.monotonic() + 10, points + sent
+    while (shown := int(page.evaluate(
+            "() => document.querySelector('[data-chart=loss]').dataset.points"))) != expected:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the loss chart shows {shown} points, expected {expected}")
+        time.sleep(0.05)
     frames: dict[str, list[float]] = page.evaluate("() => window.__frames")
-    shown = int(page.evaluate("() => document.querySelector('[data-chart=loss]').dataset.points"))
     context.close()
-    if shown != points + sent:
-        raise SystemExit(f"the loss chart shows {shown} points, expected {points + sent}")
     frames["sent"] = [float(sent)]
     return frames
 
@@ -184,8 +199,9 @@ def main() -> None:
                 seeded = seed(client, Path(scratch), args.points)
                 page_url = f"{url}/#/jobs/{seeded[0]}"
                 browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-                renders = [first_render(browser, page_url, args.points) for _ in range(args.runs)]
-                frames = live_frames(browser, client, page_url, seeded, args.points,
+                points = drawn(client, seeded[0])
+                renders = [first_render(browser, page_url, points) for _ in range(args.runs)]
+                frames = live_frames(browser, client, page_url, seeded, args.points, points,
                                      args.seconds)
                 version = browser.version
                 browser.close()
@@ -196,8 +212,9 @@ def main() -> None:
     p95 = statistics.quantiles(work, n=20)[18]
     render = statistics.median(renders)
     frame = statistics.median(work)
-    print(f"Chromium {version}, {args.points:,} metric points, {args.runs} cold loads; "
-          f"{int(frames['sent'][0])} points streamed at 10/s")
+    print(f"Chromium {version}, {args.points:,} metric points ({points:,} in the series the "
+          f"page draws), {args.runs} cold loads; {int(frames['sent'][0])} points streamed at "
+          "10/s")
     print("| figure | measured | goal | ratio to goal |")
     print("|---|---|---|---|")
     print(f"| time to first render, job page with {args.points:,} points (median of "
