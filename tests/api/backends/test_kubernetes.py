@@ -503,7 +503,8 @@ def test_watch_recovers_from_410_gone(backend: KubernetesBackend, settings: Sett
     lists = [r for r in fake_k8s.cluster.requests if r.path.endswith("/pods")
              and r.method == "GET" and r.query.get("watch") != "true"]
     assert len(lists) >= 2  # the first list and the one after 410
-    watches = [r for r in fake_k8s.cluster.requests if r.query.get("watch") == "true"]
+    watches = [r for r in fake_k8s.cluster.requests if r.path.endswith("/pods")
+               and r.query.get("watch") == "true"]
     assert all(w.query["labelSelector"] == ALL_TRAINERS for w in watches)
     assert {w.query["timeoutSeconds"] for w in watches} == {"2"}
     # Resumed watches start from the last version seen, not from a fresh list.
