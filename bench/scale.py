@@ -8,6 +8,8 @@
    (`python -m bench.serve_noop`) while it reconciles that many active jobs (goal: under 50 ms).
 3. A job page over a long history: what the dashboard fetches for a job of 10k to 300k events
    (goal: usable in under 1 s; the API's memory flat).
+4. The Kubernetes backend's requests to the API server on passes over that many quiet jobs,
+   against the test suite's fake API server (bench/k8s_requests.py; goal: about zero).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from api.services.events import EventLog
 from api.settings import Settings
 from bench.api_ingest import ADMIN, start_server
 from bench.control_plane import wait
+from bench.k8s_requests import quiet_passes
 from bench.serve_noop import NoopBackend
 from trainer.contract.spec import JobSpec
 
@@ -202,6 +205,8 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--events", default="10000,100000,300000")
+    parser.add_argument("--k8s-seconds", type=float, default=10.0,
+                        help="seconds of passes measured per count of jobs (part 4)")
     args = parser.parse_args()
     counts = [int(n) for n in args.jobs.split(",")]
     print("## 1. Reconcile pass (noop backend, SQLite)\n")
@@ -210,6 +215,8 @@ def main() -> None:
     api_latency(counts, args.requests)
     print("\n## 3. A job page over a long history (noop backend, SQLite)\n")
     job_pages([int(n) for n in args.events.split(",")])
+    print("\n## 4. Kubernetes requests on passes over quiet jobs (fake API server)\n")
+    quiet_passes(counts, args.k8s_seconds)
 
 
 if __name__ == "__main__":

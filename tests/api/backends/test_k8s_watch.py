@@ -3,6 +3,7 @@ once when the backend closes; a pass over quiet jobs asks the server nothing."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from kubernetes.client import CoreV1Api
 
-from api.backends.kubernetes.anchor import REPLICAS_KEY
+from api.backends.kubernetes.anchor import ISSUED_ANNOTATION, REPLICAS_KEY
 from api.backends.kubernetes.backend import KubernetesBackend
 from api.backends.kubernetes.calls import MERGE_PATCH
 from api.settings import Settings
@@ -111,3 +112,27 @@ def test_the_anchors_watch_lists_again_after_410_gone(
     watches = [r for r in fake_k8s.cluster.requests
                if r.verb == "watch" and r.resource == "configmaps"]
     assert len({w.query["resourceVersion"] for w in watches}) == len(watches)
+
+
+def test_a_pass_sees_our_own_writes_while_the_anchors_watch_lags(
+        backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    launch = make_launch(settings)
+    backend.launch(launch)
+    running(backend, launch.job_id)
+    cache, keep = backend.anchors.cache, backend.anchors.cache._keep
+    # The anchors' watch shows nothing from now on; only our own writes reach the cache.
+    monkeypatch.setattr(cache, "_keep", lambda obj: None if threading.current_thread().name
+                        == "k8s-configmap-watch" else keep(obj))
+    for replicas in (3, 4):
+        backend.scale(launch.job_id, replicas)
+        assert len(backend.status(launch.job_id).pods) == replicas
+    # Each new pod's incarnation was recorded from the anchor as we last wrote it: no conflict.
+    issued = fake_k8s.cluster.get("configmaps", NS, launch.job_id)["metadata"]["annotations"]
+    assert issued[ISSUED_ANNOTATION] == "2"
+    assert fake_k8s.cluster.trainer(launch.job_id, 3)["metadata"]["name"] == f"{launch.job_id}-3-2"
+    fake_k8s.cluster.collect_garbage = False  # look at it while it is being deleted
+    backend.delete(launch.job_id)
+    deleting = backend.status(launch.job_id)  # no pass acts on a job being deleted
+    assert (deleting.present, deleting.finished) == (True, False)
+    assert backend.active_jobs() == []
