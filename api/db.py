@@ -1,4 +1,5 @@
-"""The SQLModel engine: SQLite in WAL mode with a busy timeout by default, any URL otherwise."""
+"""The SQLModel engine: SQLite in WAL mode with a busy timeout by default, any URL otherwise;
+and the JSON column type that holds a pydantic model (a job's spec)."""
 
 from __future__ import annotations
 
