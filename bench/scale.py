@@ -43,7 +43,7 @@ PODS_PER_JOB = 2
 
 def add_active_jobs(settings: Settings, backend: NoopBackend, count: int) -> None:
     """`count` running jobs of two Running pods each, written straight to the database."""
-    spec = JobSpec(replicas=PODS_PER_JOB).model_dump(mode="json")
+    spec = JobSpec(replicas=PODS_PER_JOB)
     engine = make_engine(settings)
     with Session(engine) as session:
         for _ in range(count):

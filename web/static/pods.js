@@ -121,7 +121,7 @@ export class Pods {
   renderReplicas() {
     const { job } = this.view;
     const replicas = job.spec.replicas;
-    const max = job.spec.max_replicas ?? replicas;
+    const max = job.spec.max_replicas;
     // A pipeline job cannot be scaled yet.
     this.form.hidden = !SCALABLE.includes(job.status) || job.spec.parallelism === 'pipeline';
     this.replicas.max = String(max);

@@ -124,13 +124,13 @@ class KubernetesBackend:
             for manifest in dependents(launch, self.cluster):
                 self._create(owned_by(manifest, owner))
             with self._lock:
-                for ordinal in range(launch.replicas):
+                for ordinal in range(launch.pods):
                     self.controller.create_pod(owner, ordinal, 0)
         except BackendError:
             # One delete of the owner takes whatever was created with it.
             self.anchors.delete(job)
             raise
-        logger.info("job %s: %d pods created under %s/%s (%s)", job, launch.replicas, ns, job,
+        logger.info("job %s: %d pods created under %s/%s (%s)", job, launch.pods, ns, job,
                     launch.fault_tolerance)
 
     def _create(self, manifest: Manifest) -> None:

@@ -44,7 +44,7 @@ def test_create_with_defaults_launches_the_pods(client: TestClient,
     assert job["links"]["stream"] == f"/api/v1/jobs/{job['id']}/stream"
     assert job["links"]["cancel"] == f"/api/v1/jobs/{job['id']}/cancel"
     launch = backend.launches[0]
-    assert launch.job_id == job["id"] and launch.replicas == 2
+    assert launch.job_id == job["id"] and launch.pods == 2
     assert launch.report_url == f"http://127.0.0.1:8123/api/v1/jobs/{job['id']}/reports"
     assert len(launch.report_token) > 30 and launch.report_token not in response.text
     # A peer secret of its own, which no response shows and no other job shares.
@@ -133,7 +133,7 @@ def test_an_8bit_base_on_the_local_backend_needs_this_machines_cuda(
 def test_a_pipeline_job_runs_replicas_times_stages_pods(client: TestClient,
                                                         backend: FakeBackend) -> None:
     job = create_job(client, **PIPELINE, replicas=2, pipeline_stages=3, microbatches=8)
-    assert backend.launches[-1].replicas == 6
+    assert backend.launches[-1].pods == 6
     assert backend.launches[-1].fault_tolerance == "restart"
     assert [(p["ordinal"], p["replica"], p["stage"]) for p in job["pods"]] == [
         (0, 0, 0), (1, 0, 1), (2, 0, 2), (3, 1, 0), (4, 1, 1), (5, 1, 2)]
@@ -149,7 +149,7 @@ def test_a_pipeline_job_runs_replicas_times_stages_pods(client: TestClient,
     assert [e["data"]["fault_tolerance"] for e in told["data"]
             if e["data"].get("type") == "restart_mode"] == ["restart"]
     create_job(client, parallelism="pipeline", replicas=2)  # each replica a torchft group
-    assert (backend.launches[-1].fault_tolerance, backend.launches[-1].replicas) == ("live", 4)
+    assert (backend.launches[-1].fault_tolerance, backend.launches[-1].pods) == ("live", 4)
     data = create_job(client, replicas=2)
     assert [(p["replica"], p["stage"]) for p in data["pods"]] == [(0, 0), (1, 0)]
 
@@ -171,7 +171,8 @@ def test_list_is_paged_and_filterable(client: TestClient) -> None:
 
 
 def launch_spec(backend: FakeBackend) -> dict:
-    return backend.launches[-1].spec
+    """The spec the pods get, as JSON."""
+    return backend.launches[-1].spec.model_dump(mode="json")
 
 
 def test_unknown_job_is_404(client: TestClient) -> None:
@@ -320,7 +321,7 @@ def test_pending_jobs_at_start_up_are_failed(client: TestClient, backend: FakeBa
 
     engine = client.app.state.engine
     with Session(engine) as session:
-        session.add(Job(id="job-stuck", spec={"replicas": 1}, report_token_hash="x"))
+        session.add(Job(id="job-stuck", spec=JobSpec(replicas=1), report_token_hash="x"))
         session.commit()
     Reconciler(engine, settings, backend, client.app.state.events).fail_unlaunched()
     stuck = client.get("/api/v1/jobs/job-stuck", headers=AUTH).json()
