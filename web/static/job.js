@@ -67,7 +67,7 @@ function membership(view, data, time) {
     }
   } else {
     view.migrating.delete(data.ordinal);
-    view.markers.push({ time, kind: data.type === EVENT.migrated ? 'moved' : 'not-moved', label });
+    view.markers.push({ time, kind: data.type, label }); // migrated or migration_failed
   }
 }
 
