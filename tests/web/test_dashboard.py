@@ -355,6 +355,21 @@ def test_series_combine_pods_and_cut_pauses(control_plane: ControlPlane, page: A
     assert page.console.unexpected() == []
 
 
+def test_a_misspelled_contract_name_throws_where_it_is_read(control_plane: ControlPlane,
+                                                            page: Any) -> None:
+    login(page, control_plane)
+    read = page.evaluate("""async () => {
+        const { EVENT, KIND } = await import('/static/contract.js');
+        let misspelled = null;
+        try { misspelled = KIND.evall; } catch (error) { misspelled = error.message; }
+        return [KIND.eval, misspelled, Object.isFrozen(EVENT), Object.keys(KIND)];
+    }""")
+    known, misspelled, frozen, listed = read
+    assert known == "eval" and misspelled == "KIND has no name evall" and frozen
+    assert listed == ["metric", "eval", "checkpoint", "samples", "event"]
+    assert page.console.unexpected() == []
+
+
 def cancelled_job(plane: ControlPlane) -> str:
     """A job whose pod stopped at once: only what a test reports happens to it."""
     created = plane.http.post("/api/v1/jobs", json={**SPEC, "replicas": 1})
