@@ -297,6 +297,9 @@ class EventsPublic(BaseModel):
     data: list[EventPublic]
     next_after: int | None
     """Pass as `after` to get the next page; None when this page is the last."""
+    next_before: int | None = None
+    """With `newest=true`: pass as `before` to get the page before this one; None when no
+    older event is left."""
 
 
 class Incarnation(SQLModel, table=True):

@@ -159,19 +159,25 @@ def whole_history(http: httpx.Client, job_id: str) -> tuple[int, int, float]:
 
 
 def page_load(http: httpx.Client, job_id: str) -> tuple[int, int, float]:
-    """What the job page reads now (web/static/job.js): the job, its series, then its events
-    other than metric points up to the series' last id (requests, bytes, s)."""
+    """What the job page reads now (web/static/history.js): the job, its series, its
+    evaluations, then the timeline's newest 200 other events up to the series' last id
+    (requests, bytes, s)."""
     start = time.perf_counter()
     job = http.get(f"/api/v1/jobs/{job_id}")
     series = http.get(f"/api/v1/jobs/{job_id}/series", params={"points": 2000})
+    before = series.json()["last_id"] + 1
     requests, size = 2, len(job.content) + len(series.content)
     after: int | None = 0
     while after is not None:
         response = http.get(f"/api/v1/jobs/{job_id}/events", params={
-            "after": after, "before": series.json()["last_id"] + 1, "points": "false",
-            "limit": 1000, "type": ["metric", "checkpoint", "job", "pod", "log"]})
+            "type": "metric", "points": "false", "after": after, "before": before,
+            "limit": 1000})
         requests, size = requests + 1, size + len(response.content)
         after = response.json()["next_after"]
+    latest = http.get(f"/api/v1/jobs/{job_id}/events", params={
+        "before": before, "newest": "true", "points": "false", "limit": 200,
+        "type": ["metric", "checkpoint", "job", "pod", "log"]})
+    requests, size = requests + 1, size + len(latest.content)
     return requests, size, time.perf_counter() - start
 
 

@@ -384,8 +384,11 @@ def migrate_pod(session: Session, backend: Backend, events: EventLog, job_id: st
 
 def list_events(session: Session, job_id: str, after: int, limit: int,
                 types: list[str] | None, before: int | None = None,
-                points: bool = True) -> EventsPublic:
+                points: bool = True, newest: bool = False) -> EventsPublic:
     get_job(session, job_id)
-    page, next_after = event_page(session, job_id, after, limit, types, before=before,
-                                  points=points)
-    return EventsPublic(data=[EventPublic.model_validate(e) for e in page], next_after=next_after)
+    page, edge = event_page(session, job_id, after, limit, types, before=before, points=points,
+                            newest=newest)
+    data = [EventPublic.model_validate(e) for e in page]
+    if newest:
+        return EventsPublic(data=data, next_after=None, next_before=edge)
+    return EventsPublic(data=data, next_after=edge)

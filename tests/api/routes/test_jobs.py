@@ -284,6 +284,29 @@ def test_events_are_paged_with_after(client: TestClient) -> None:
     assert ids == sorted(ids) and len(set(ids)) == len(ids) and rest["next_after"] is None
 
 
+def test_the_newest_events_come_first_and_older_ones_with_next_before(
+        client: TestClient) -> None:
+    job = create_job(client)
+    for ordinal in (0, 1, 0, 1):
+        client.post(f"/api/v1/jobs/{job['id']}/pods/{ordinal}/kill", headers=AUTH)
+    url = f"/api/v1/jobs/{job['id']}/events"
+    every = [e["id"] for e in client.get(url, headers=AUTH).json()["data"]]
+    assert len(every) >= 6
+
+    newest = client.get(f"{url}?newest=true&limit=2", headers=AUTH).json()
+    assert [e["id"] for e in newest["data"]] == every[-2:]  # the newest two, oldest first
+    assert newest["next_before"] == every[-2] and newest["next_after"] is None
+    older = client.get(f"{url}?newest=true&limit=3&before={newest['next_before']}",
+                       headers=AUTH).json()
+    assert [e["id"] for e in older["data"]] == every[-5:-2]
+    oldest = client.get(f"{url}?newest=true&limit=1000&before={older['next_before']}",
+                        headers=AUTH).json()
+    assert [e["id"] for e in oldest["data"]] == every[:-5] and oldest["next_before"] is None
+    kills = client.get(f"{url}?newest=true&type=pod&limit=1", headers=AUTH).json()
+    assert [e["data"]["ordinal"] for e in kills["data"]] == [1]  # the filters still apply
+    assert client.get(f"{url}?newest=maybe", headers=AUTH).status_code == 422
+
+
 def post_big_events(client: TestClient, backend: FakeBackend, job_id: str, count: int) -> None:
     """`count` events of about 9 KB each, as a pod may send them."""
     token = next(launch.report_token for launch in backend.launches if launch.job_id == job_id)
@@ -310,7 +333,9 @@ def test_event_pages_are_bounded_in_bytes(client: TestClient, backend: FakeBacke
     assert len(seen) == 300 + 3  # and the job's created, starting and running events
     with Session(client.app.state.engine) as session:  # type: ignore[attr-defined]
         events, next_after = event_page(session, job["id"], 0, 1000, budget=1)
+        newest, next_before = event_page(session, job["id"], 0, 1000, budget=1, newest=True)
     assert len(events) == 1 and next_after == events[0].id  # a page holds one event at least
+    assert [e.id for e in newest] == [seen[-1]] and next_before == seen[-1]
 
 
 def test_pending_jobs_at_start_up_are_failed(client: TestClient, backend: FakeBackend,
