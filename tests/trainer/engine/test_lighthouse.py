@@ -98,6 +98,15 @@ def test_the_messages_are_torchfts_on_the_wire() -> None:
     assert LeaveRequest(replica_id="x").SerializeToString() == b"\n\x01x"
 
 
+def test_a_member_field_newer_than_the_protocol_reaches_the_peers() -> None:
+    # Newer torchft managers send fields torchft.proto lacks (reconfigure_handles): the quorum
+    # the lighthouse sends back must carry them to every peer.
+    newer = QuorumMember(replica_id="a").SerializeToString() + bytes.fromhex("4a02") + b"hi"
+    quorum = Quorum(quorum_id=1, participants=[QuorumMember.FromString(newer)])
+    received = Quorum.FromString(quorum.SerializeToString()).participants[0]
+    assert received.SerializeToString() == newer
+
+
 def test_a_protocol_that_does_not_compile_fails_loudly(tmp_path: Path) -> None:
     broken = tmp_path / "broken.proto"
     broken.write_text('syntax = "proto3";\nmessage Unfinished {\n')
