@@ -11,7 +11,7 @@ from typing import NoReturn
 
 import pytest
 
-from tests.factories import make_reviews_csv, make_tiny_model
+from tests.factories import make_reviews_csv, make_tiny_model, tiny_spec
 from tests.postgres import PostgresServer, server_bin
 from tests.stores import SERVERS, Store
 from tests.support import ReportServer
@@ -107,13 +107,11 @@ def make_config(tmp_path: Path, inputs_dir: Path):
     """A TrainConfig for the tiny model and dataset, with per-test directories."""
 
     def build(**spec: object) -> TrainConfig:
-        defaults: dict[str, object] = {"model": "tiny", "dataset": "reviews.csv", "batch_size": 8,
-                                       "learning_rate": 3e-3, "epochs": 2,
-                                       "checkpoint_every_steps": 5}
         runtime = Runtime(job_id="test", pod_name="test-0", inputs_dir=inputs_dir,
                           cache_dir=tmp_path / "cache", checkpoint_dir=tmp_path / "checkpoints",
                           model_dir=tmp_path / "model")
-        return TrainConfig(JobSpec(**{**defaults, **spec}), runtime)  # type: ignore[arg-type]
+        return TrainConfig(JobSpec.model_validate(
+            tiny_spec(**{"epochs": 2, "checkpoint_every_steps": 5, **spec})), runtime)
 
     return build
 

@@ -6,6 +6,7 @@ import csv
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 from trainer.contract.records import Completed, Evaluation, Metric, RecordData
 from trainer.contract.spec import JobSpec
@@ -15,6 +16,14 @@ NEGATIVE = ["bad", "dull", "boring", "awful", "weak", "tedious", "clumsy", "flat
 NEUTRAL = ["the", "a", "film", "movie", "plot", "actors", "story", "was", "is", "and", "very",
            "this", "with", "its", "cast", "script"]
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def tiny_spec(**overrides: Any) -> dict[str, Any]:
+    """A job spec, as the API takes it, for the tiny model on the reviews CSV (`tiny` and
+    `reviews.csv` in the inputs_dir fixture) at a learning rate at which it learns in a few
+    steps; every field not named here or in `overrides` keeps the contract's default."""
+    return {"model": "tiny", "dataset": "reviews.csv", "batch_size": 8, "learning_rate": 0.003,
+            **overrides}
 
 
 def make_tiny_model(directory: Path, dropout: float = 0.1, seed: int = 0,

@@ -10,15 +10,15 @@ from typing import Any
 import psutil
 
 from tests.api.control_plane import ControlPlane
+from tests.factories import tiny_spec
 from tests.support import wait_for
 
 MODES = ["live", "restart"]
 
 
 def spec(mode: str, **overrides: Any) -> dict[str, Any]:
-    return {"model": "tiny", "dataset": "reviews.csv", "replicas": 3, "epochs": 12,
-            "batch_size": 8, "learning_rate": 0.003, "max_eval_samples": 100,
-            "checkpoint_every_steps": 5, "fault_tolerance": mode, **overrides}
+    return tiny_spec(replicas=3, epochs=12, max_eval_samples=100, checkpoint_every_steps=5,
+                     fault_tolerance=mode, **overrides)
 
 
 class Job:

@@ -18,6 +18,7 @@ from tests.factories import (
     make_poisoned_model,
     make_reviews_csv,
     poisoned_steps,
+    tiny_spec,
 )
 from tests.postgres import PostgresServer
 from tests.stores import Store
@@ -29,8 +30,7 @@ from trainer.contract.store import location
 
 pytestmark = pytest.mark.slow
 
-SPEC = {"model": "tiny", "dataset": "reviews.csv", "replicas": 2, "epochs": 3, "batch_size": 8,
-        "learning_rate": 0.003, "checkpoint_every_steps": 4, "fault_tolerance": "restart"}
+SPEC = tiny_spec(replicas=2, epochs=3, checkpoint_every_steps=4, fault_tolerance="restart")
 
 
 def test_job_runs_to_a_downloadable_model(control_plane: ControlPlane, tmp_path: Path) -> None:

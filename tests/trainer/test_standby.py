@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.factories import make_reviews_csv
+from tests.factories import make_reviews_csv, tiny_spec
 from tests.support import wait_for
 from trainer.contract.process import ExitCode
 from trainer.contract.runtime import SPEC_ENV, Runtime
@@ -22,8 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def job_env(inputs: Path, work: Path) -> dict[str, str]:
     """A pod's environment without the pod: what a supervisor gives its standby."""
-    spec = {"model": "tiny", "dataset": "reviews.csv", "batch_size": 8, "epochs": 1,
-            "checkpoint_every_steps": 0}
+    spec = tiny_spec(epochs=1, checkpoint_every_steps=0)
     runtime = Runtime(job_id="job-standby", inputs_dir=inputs, cache_dir=work / "cache",
                       checkpoint_dir=work / "checkpoints", model_dir=work / "model")
     return {**os.environ, SPEC_ENV: json.dumps(spec), **runtime.to_env()}

@@ -19,7 +19,7 @@ from api.backends.local.backend import LocalBackend
 from tests.api.conftest import ADMIN_TOKEN
 from tests.api.control_plane import ControlPlane
 from tests.conftest import Processes
-from tests.factories import evaluation, metric_data, record
+from tests.factories import evaluation, metric_data, record, tiny_spec
 from tests.support import wait_for
 from tests.web.conftest import save_artifact
 from trainer.contract.records import Joined, Left, RecordData
@@ -30,8 +30,7 @@ XSS = "<img src=x onerror=alert(1)>"
 # Two samples per pod and step: steps cost about what they cost with eight (the tiny model's step
 # is mostly synchronisation), so the job lasts long enough for a killed pod to come back (its new
 # process needs seconds to import torch) and rejoin before training ends.
-SPEC = {"model": "tiny", "dataset": "reviews.csv", "replicas": 2, "epochs": 3,
-        "batch_size": 2, "learning_rate": 0.003, "checkpoint_every_steps": 200}
+SPEC = tiny_spec(replicas=2, epochs=3, batch_size=2, checkpoint_every_steps=200)
 
 
 def login_url(plane: ControlPlane) -> str:

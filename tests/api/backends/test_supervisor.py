@@ -21,11 +21,10 @@ from api.backends.base import BackendError
 from api.backends.local.backend import LocalBackend
 from api.backends.local.jobdir import same_process, write_json_atomic
 from tests.conftest import ROOT
-from tests.factories import make_reviews_csv
+from tests.factories import make_reviews_csv, tiny_spec
 from tests.support import PEER_SECRET, ReportServer, wait_for
 
-SPEC: dict[str, Any] = {"model": "tiny", "dataset": "reviews.csv", "batch_size": 8,
-                        "learning_rate": 0.003, "epochs": 2, "checkpoint_every_steps": 5}
+SPEC = tiny_spec(epochs=2, checkpoint_every_steps=5)
 
 
 def recorded_processes(job_dir: Path) -> list[tuple[int, float, bool]]:

@@ -20,11 +20,12 @@ from api.models import Job
 from api.settings import Settings
 from tests.api.conftest import ADMIN_TOKEN, AUTH
 from tests.conftest import Processes
+from tests.factories import tiny_spec
 from tests.support import free_port, wait_for
 
 # Long enough to be interrupted while it trains, whatever the machine's speed.
-SPEC = {"name": "interrupted demo", "model": "tiny", "dataset": "reviews.csv", "replicas": 2,
-        "epochs": 100, "batch_size": 2, "checkpoint_every_steps": 0}
+SPEC = tiny_spec(name="interrupted demo", replicas=2, epochs=100, batch_size=2,
+                 checkpoint_every_steps=0)
 
 
 def alive(pid: int) -> bool:

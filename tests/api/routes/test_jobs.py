@@ -8,7 +8,7 @@ from tests.api.conftest import AUTH, create_job
 from tests.api.fakes import FakeBackend
 from tests.factories import record
 from trainer.contract.records import Quorum
-from trainer.contract.spec import JobSpec
+from trainer.contract.spec import JobSpec, LoraSpec
 
 
 def test_endpoints_need_the_admin_token(client: TestClient) -> None:
@@ -97,8 +97,7 @@ def test_invalid_specs_are_422_naming_the_field(client: TestClient, backend: Fak
 def test_a_lora_job_gets_its_defaults_and_says_why_a_target_is_refused(
         client: TestClient) -> None:
     job = create_job(client, finetune="lora")
-    assert job["spec"]["lora"] == {"r": 8, "alpha": 16, "dropout": 0.05,
-                                   "target_modules": ["query", "value"]}
+    assert job["spec"]["lora"] == LoraSpec().model_dump(mode="json")
     assert job["spec"]["learning_rate"] == 2e-3  # LoRA's own default
     assert create_job(client, finetune="lora", learning_rate=1e-3)["spec"][
         "learning_rate"] == 1e-3

@@ -13,7 +13,12 @@ from typing import Any
 import pytest
 
 from tests.conftest import Processes
-from tests.factories import make_poisoned_csv, make_poisoned_model, make_reviews_csv
+from tests.factories import (
+    make_poisoned_csv,
+    make_poisoned_model,
+    make_reviews_csv,
+    tiny_spec,
+)
 from tests.support import PEER_SECRET, has_ipv6_loopback, start_lighthouse, wait_for
 
 pytestmark = pytest.mark.slow
@@ -23,8 +28,7 @@ def records(path: Path) -> list[dict]:
 
 
 def live_spec(**overrides: Any) -> dict[str, Any]:
-    return {"model": "tiny", "dataset": "reviews.csv", "batch_size": 8, "learning_rate": 0.003,
-            "fault_tolerance": "live", **overrides}
+    return tiny_spec(fault_tolerance="live", **overrides)
 
 
 def start_pod(processes: Processes, tmp_path: Path, inputs_dir: Path, lighthouse: str,
