@@ -74,7 +74,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     settings = settings or Settings()
     private_dir(settings.data_dir)  # it holds the admin token, the database, the jobs' secrets
     engine = make_engine(settings)
-    broker = Broker()
+    broker = Broker(settings.stream_queue_size)
     chosen = backend or make_backend(settings)
 
     @asynccontextmanager

@@ -9,24 +9,25 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 Item = dict[str, Any]
-QUEUE_SIZE = 1000
-"""Events a client may have in flight before it is flagged to catch up from the database."""
 
 
 @dataclass(eq=False)
 class Subscription:
     job_id: str
-    queue: asyncio.Queue[Item | None] = field(default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
+    queue: asyncio.Queue[Item | None]
     lagged: bool = False
     """Events were discarded for this client; it must re-read from the database."""
 
 
 class Broker:
-    def __init__(self) -> None:
+    def __init__(self, queue_size: int) -> None:
+        self.queue_size = queue_size
+        """Events a client may have in flight before it is flagged to catch up from the
+        database (settings.stream_queue_size)."""
         self._subscriptions: dict[str, set[Subscription]] = defaultdict(set)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
@@ -40,7 +41,7 @@ class Broker:
             return sum(len(subs) for subs in self._subscriptions.values())
 
     def subscribe(self, job_id: str) -> Subscription:
-        subscription = Subscription(job_id)
+        subscription = Subscription(job_id, asyncio.Queue(self.queue_size))
         with self._lock:
             self._subscriptions[job_id].add(subscription)
         return subscription

@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     stream_link_seconds: int = Field(default=60, ge=1, le=3600)
     """How long a signed link to a job's event stream can be opened (an open stream is never
     cut); the dashboard asks for a new one each time it connects."""
+    stream_queue_size: int = Field(default=1000, ge=1, le=1_000_000)
+    """Events each client of an event stream may have waiting to be sent; past it, the client
+    catches up from the database instead, so a slow client never slows the reports."""
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     """Largest request body accepted, but for reports (413 above, before it is read whole)."""
     max_report_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)

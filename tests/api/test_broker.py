@@ -6,7 +6,7 @@ from api.broker import Broker
 
 def test_fan_out_and_lagging_client() -> None:
     async def scenario() -> None:
-        broker = Broker()
+        broker = Broker(queue_size=1000)
         broker.bind(asyncio.get_running_loop())
         fast, slow, other = broker.subscribe("j"), broker.subscribe("j"), broker.subscribe("k")
         assert broker.clients == 3
@@ -27,7 +27,7 @@ def test_fan_out_and_lagging_client() -> None:
 
 def test_publish_from_another_thread() -> None:
     async def scenario() -> None:
-        broker = Broker()
+        broker = Broker(queue_size=10)
         broker.bind(asyncio.get_running_loop())
         subscription = broker.subscribe("j")
         thread = threading.Thread(target=broker.publish, args=("j", [{"id": 1}]))

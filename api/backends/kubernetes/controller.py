@@ -33,8 +33,11 @@ class PodController:
     """Creates, lets onto the scheduler and deletes the trainer pods of one namespace. Its
     callers hold the backend's lock: two passes at once would both create a missing pod."""
 
-    def __init__(self, core: client.CoreV1Api, namespace: str, anchors: Anchors) -> None:
+    def __init__(self, core: client.CoreV1Api, namespace: str, anchors: Anchors,
+                 migration_timeout: float = MIGRATION_TIMEOUT) -> None:
         self.core, self.namespace, self.anchors = core, namespace, anchors
+        self.migration_timeout = migration_timeout
+        """How long a migration's replacement may take to be placed, or to be ready."""
         self._creating: dict[str, dict[str, tuple[int, float]]] = {}
         """Per job, the pods created and not seen through the watch yet: (ordinal, monotonic
         deadline). A pass must not create a pod again because the watch lags behind."""
@@ -69,9 +72,9 @@ class PodController:
           at once in a live job (it heals from a peer while the old one leaves), once the old
           one is gone in a restart job (two pods of one ordinal would both rendezvous);
         - a live migration's replacement that is ready takes over: the pod it replaces is
-          deleted with its grace; one not ready within MIGRATION_TIMEOUT is deleted instead;
+          deleted with its grace; one not ready within `migration_timeout` is deleted instead;
         - a restart-mode migration's replacement is let onto the scheduler once the pod it
-          replaces is gone; one no node takes within MIGRATION_TIMEOUT is replaced by a pod
+          replaces is gone; one no node takes within `migration_timeout` is replaced by a pod
           that may go anywhere.
         """
         live = owner["data"].get(MODE_KEY) == "live"
@@ -94,14 +97,14 @@ class PodController:
             elif current is not None and current.gated and surge is None and not leaving:
                 self.lift_gate(current)
             elif (current is not None and current.replaces is not None and current.unschedulable
-                  and now - (current.created or now) > MIGRATION_TIMEOUT):
+                  and now - (current.created or now) > self.migration_timeout):
                 # A restart-mode migration to a node that cannot take it: start over anywhere.
-                self.delete_pod(current, 0, f"not placed within {MIGRATION_TIMEOUT:.0f} s")
+                self.delete_pod(current, 0, f"not placed within {self.migration_timeout:.0f} s")
             elif surge is not None and current is not None:
                 if surge.ready:
                     self.delete_pod(current, TERMINATION_GRACE, f"replaced by {surge.name}")
-                elif now - (surge.created or now) > MIGRATION_TIMEOUT:
-                    self.delete_pod(surge, 0, f"not ready within {MIGRATION_TIMEOUT:.0f} s")
+                elif now - (surge.created or now) > self.migration_timeout:
+                    self.delete_pod(surge, 0, f"not ready within {self.migration_timeout:.0f} s")
 
     def lift_gate(self, pod: PodView) -> None:
         call(f"patch pod {self.namespace}/{pod.name}", self.core.patch_namespaced_pod,

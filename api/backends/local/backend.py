@@ -42,7 +42,7 @@ from api.backends.local.jobdir import (
     tail_lines,
     write_launch,
 )
-from api.backends.local.watchdog import Watchdog
+from api.backends.local.watchdog import DELETE_TIMEOUT, Watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +56,12 @@ class LocalBackend:
 
     def __init__(self, jobs_dir: Path, max_restarts: int = DEFAULT_MAX_RESTARTS,
                  restart_backoff: float = DEFAULT_BACKOFF_SECONDS,
-                 supervisor_restarts: int = SUPERVISOR_RESTARTS, standby: bool = True) -> None:
+                 supervisor_restarts: int = SUPERVISOR_RESTARTS, standby: bool = True,
+                 delete_timeout: float = DELETE_TIMEOUT) -> None:
         self.jobs_dir = jobs_dir
         self.max_restarts, self.restart_backoff = max_restarts, restart_backoff
         self.standby = standby
-        self._watchdog = Watchdog(supervisor_restarts)
+        self._watchdog = Watchdog(supervisor_restarts, delete_timeout)
 
     def launch(self, launch: Launch) -> None:
         job_dir = self._job_dir(launch.job_id)

@@ -5,7 +5,7 @@ The next pod the supervisor starts (recreated after a failure or a graceful leav
 scale-up, a migration's replacement) is handed to the standby on its stdin instead of being
 spawned, so it takes part after a heal rather than after a Python start-up and a model load.
 A new standby starts only once the job is quiet again (every pod takes part, none started in
-the last SETTLE_SECONDS): loading one costs CPU the pods would miss during a heal.
+the last `Standby.settle_seconds`): loading one costs CPU the pods would miss during a heal.
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ NAME = "standby"
 class Standby:
     """At most one warm process, and what it takes to start, hand over and stop one."""
 
-    def __init__(self, job_dir: JobDir) -> None:
+    def __init__(self, job_dir: JobDir, settle_seconds: float = SETTLE_SECONDS) -> None:
         self.job_dir = job_dir
+        self.settle_seconds = settle_seconds
+        """How long after the last pod started a new standby may start loading."""
         self.process: Child | None = None
         self.failures = 0
         self._starts = 0

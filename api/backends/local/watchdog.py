@@ -36,6 +36,7 @@ from trainer.contract.process import PRIVATE_UMASK
 logger = logging.getLogger(__name__)
 
 DELETE_TIMEOUT = 20.0
+"""How long a deleted job's supervisor may take to stop its pods before it is SIGKILLed."""
 POLL_SECONDS = 0.1
 STARTUP_GRACE = 30.0
 """How long a job with launch.json but no state.json yet counts as starting up."""
@@ -48,9 +49,10 @@ SOURCE_ROOT = Path(__file__).resolve().parents[3]
 class Watchdog:
     """The supervisors of one jobs directory, as one API process sees them."""
 
-    def __init__(self, restarts: int) -> None:
+    def __init__(self, restarts: int, delete_timeout: float = DELETE_TIMEOUT) -> None:
         self.restarts = restarts
         """How often a job's supervisor may die and be replaced before the job fails instead."""
+        self.delete_timeout = delete_timeout
         # Supervisors this process started; polling them reaps them (no zombies in the API).
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()  # routes and the reconciler call in from several threads
@@ -133,7 +135,7 @@ class Watchdog:
         state = self.readable_state(job_id, job_dir)
         if self.alive(job_id, job_dir, state):
             send_command(job_dir, DeleteCommand())
-            deadline = time.monotonic() + DELETE_TIMEOUT
+            deadline = time.monotonic() + self.delete_timeout
             while (self.alive(job_id, job_dir, state := self.readable_state(job_id, job_dir))
                    and time.monotonic() < deadline):
                 time.sleep(POLL_SECONDS)
@@ -141,10 +143,10 @@ class Watchdog:
         if supervisor is not None:
             # It hung: it goes first, or it would restart the pods killed below.
             logger.warning("job %s: supervisor did not stop in %.0f s: SIGKILL", job_id,
-                           DELETE_TIMEOUT)
+                           self.delete_timeout)
             supervisor.send_signal(signal.SIGKILL)
             with contextlib.suppress(psutil.Error):  # a zombie of another parent never "ends"
-                supervisor.wait(timeout=DELETE_TIMEOUT)
+                supervisor.wait(timeout=self.delete_timeout)
             state = self.readable_state(job_id, job_dir)  # it may have started pods meanwhile
         if state is None or (not state.finished
                              and self._give_up(job_id, job_dir, state, "deleted")):

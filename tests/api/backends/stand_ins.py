@@ -19,6 +19,7 @@ import pytest
 from api.backends import programs
 from api.backends.base import Launch
 from api.backends.local.jobdir import JobDir, LaunchDocument
+from api.backends.local.standby import SETTLE_SECONDS
 from api.backends.local.supervisor import Supervisor
 from tests.support import PEER_SECRET, wait_for
 from trainer.contract.spec import JobSpec
@@ -59,7 +60,8 @@ def standby_argv(ready_file: Path, python: str = "python") -> list[str]:
 
 
 def start_supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, standby: bool,
-                     lighthouse: bool = False) -> Supervisor:
+                     lighthouse: bool = False,
+                     settle_seconds: float = SETTLE_SECONDS) -> Supervisor:
     """A live job of 2 pods (max 4) with its lighthouse (a stand-in unless `lighthouse`) and
     pods started."""
     monkeypatch.setattr(programs, "pod_argv", lambda *args, **kwargs: SLEEPER)
@@ -74,7 +76,8 @@ def start_supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, standby: b
                     report_token="t", checkpoint_dir=tmp_path / "checkpoints",
                     model_dir=tmp_path / "model", inputs_dir=tmp_path,
                     cache_dir=tmp_path / "cache", peer_secret=PEER_SECRET)
-    running = Supervisor(job_dir, LaunchDocument(launch, standby=standby))
+    running = Supervisor(job_dir, LaunchDocument(launch, standby=standby),
+                         settle_seconds=settle_seconds)
     running.ensure_coordinator()
     for pod in running.pods:
         running.start_pod(pod, first=True)

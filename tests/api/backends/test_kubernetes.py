@@ -280,8 +280,7 @@ def test_a_live_migration_makes_the_replacement_before_it_breaks_the_pod(
 
 
 def test_a_migration_goes_to_the_named_node_or_gives_up(
-        backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer) -> None:
     launch = make_launch(settings, replicas=1)
     backend.launch(launch)
     running(backend, launch.job_id)
@@ -295,7 +294,7 @@ def test_a_migration_goes_to_the_named_node_or_gives_up(
     assert status.pods[0].restarts == 0
 
     # A node no pod can go to: the replacement stays unschedulable, and is given up.
-    monkeypatch.setattr("api.backends.kubernetes.controller.MIGRATION_TIMEOUT", 0.5)
+    backend.controller.migration_timeout = 0.5  # from here on, a replacement is given up soon
     backend.migrate_pod(launch.job_id, 0, "node-nowhere")
     stuck = pod_of(fake_k8s, launch.job_id, 0)
     assert stuck["metadata"]["labels"][REPLACES_LABEL] == "1"
@@ -310,8 +309,7 @@ def test_a_migration_goes_to_the_named_node_or_gives_up(
 
 
 def test_a_restart_mode_migration_starts_the_replacement_once_the_pod_is_gone(
-        backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        backend: KubernetesBackend, settings: Settings, fake_k8s: FakeApiServer) -> None:
     launch = make_launch(settings, mode="restart")
     backend.launch(launch)
     running(backend, launch.job_id)
@@ -330,7 +328,7 @@ def test_a_restart_mode_migration_starts_the_replacement_once_the_pod_is_gone(
     assert status.pods[0].node != old["spec"]["nodeName"] and status.pods[0].restarts == 0
 
     # To a node that cannot take it: once given up, a pod that may go anywhere replaces it.
-    monkeypatch.setattr("api.backends.kubernetes.controller.MIGRATION_TIMEOUT", 0.5)
+    backend.controller.migration_timeout = 0.5  # from here on, a replacement is given up soon
     backend.migrate_pod(launch.job_id, 0, "node-nowhere")
     status = pod_status(backend, launch.job_id, 0,
                         lambda p: p.incarnation == "3" and p.phase == "Running",

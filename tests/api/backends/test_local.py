@@ -20,7 +20,6 @@ import psutil
 import pytest
 
 from api.backends.base import BackendError, Launch, WorkloadNotFound, WorkloadStatus
-from api.backends.local import watchdog
 from api.backends.local.backend import LocalBackend
 from api.backends.local.jobdir import JobDir, same_process
 from tests.api.backends.test_supervisor import SPEC, kill_everything, recorded_processes
@@ -259,9 +258,9 @@ def test_delete_mid_training_stops_everything_and_keeps_checkpoints(
 @pytest.mark.slow
 @pytest.mark.parametrize("fate", ["dead", "hung"])
 def test_delete_kills_the_pods_of_a_dead_or_hung_supervisor(
-        fate: str, backend: LocalBackend, make_launch: Callable[..., Launch], jobs_dir: Path,
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(watchdog, "DELETE_TIMEOUT", 0.5)
+        fate: str, make_launch: Callable[..., Launch], jobs_dir: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    backend = LocalBackend(jobs_dir, delete_timeout=0.5)
     backend.launch(make_launch("job-orphans", replicas=1, epochs=20))
     wait_for(lambda: backend.status("job-orphans").pods[0].phase == "Running", what="pod 0 to run")
     supervisor_pid, started, _ = recorded_processes(jobs_dir / "job-orphans")[0]

@@ -23,14 +23,13 @@ from api.backends.local.jobdir import (
     send_command,
 )
 from api.backends.local.standby import MAX_FAILURES, Standby
-from api.backends.local.supervisor import Supervisor, keep_warm
+from api.backends.local.supervisor import Supervisor
 from tests.api.backends.stand_ins import start_supervisor, ticks_until, took_part, up
 
 
 @pytest.fixture
 def supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Supervisor]:
-    monkeypatch.setattr(keep_warm, "SETTLE_SECONDS", 0.0)
-    running = start_supervisor(tmp_path, monkeypatch, standby=True)
+    running = start_supervisor(tmp_path, monkeypatch, standby=True, settle_seconds=0.0)
     yield running
     running.kill_leftovers()
 

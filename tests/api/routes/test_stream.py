@@ -7,6 +7,7 @@ import httpx
 import pytest
 
 from api.app import create_app
+from api.settings import Settings
 from tests.api.conftest import AUTH, metric
 from tests.api.fakes import FakeBackend
 from tests.api.live import serve, sse_events, take
@@ -130,13 +131,12 @@ def metric_steps_until(events, last_step: int) -> list[int]:
     raise AssertionError("stream ended early")
 
 
-def test_slow_client_slows_nobody_and_catches_up(server, monkeypatch) -> None:
-    import api.broker
-
+def test_slow_client_slows_nobody_and_catches_up(settings: Settings,
+                                                 backend: FakeBackend) -> None:
     # Small queues: every batch of 500 overflows them, so the catch-up path surely runs.
-    monkeypatch.setattr(api.broker, "QUEUE_SIZE", 50)
-    url, backend = server
-    with httpx.Client(base_url=url, timeout=30) as http, \
+    small_queues = settings.model_copy(update={"stream_queue_size": 50})
+    with serve(create_app(small_queues, backend)) as url, \
+            httpx.Client(base_url=url, timeout=30) as http, \
             httpx.Client(base_url=url, timeout=30) as slow_http:
         job_id = start_job(http)
         stream_url = f"/api/v1/jobs/{job_id}/stream"

@@ -23,7 +23,7 @@ from api.backends.local.jobdir import (
     write_state,
 )
 from api.backends.local.processes import POLL_SECONDS, STOP_GRACE_SECONDS, Pod, Watched, spawn
-from api.backends.local.standby import Standby
+from api.backends.local.standby import SETTLE_SECONDS, Standby
 from api.backends.local.supervisor import failures, migration
 from api.backends.local.supervisor.adoption import adopt
 from api.backends.local.supervisor.commands import run_commands
@@ -38,7 +38,9 @@ class Supervisor:
     """One job's supervisor: the state it keeps, its loop and how it starts and stops pods."""
 
     def __init__(self, job_dir: JobDir, document: LaunchDocument,
-                 previous: StateDocument | None = None) -> None:
+                 previous: StateDocument | None = None,
+                 settle_seconds: float = SETTLE_SECONDS) -> None:
+        """`settle_seconds`: how long after the last pod started its standby may start."""
         self.job_dir, self.launch = job_dir, document.launch
         self.job_id = self.launch.job_id
         self.max_restarts, self.backoff = document.max_restarts, document.restart_backoff
@@ -64,8 +66,8 @@ class Supervisor:
                               if self.stages > 1 else [])
         """Where each replica of a live pipeline meets (its stage 0 hosts the store)."""
         # A standby is any pod's; a pipeline pod holds one stage and meets its replica first.
-        self.standby = (Standby(job_dir) if self.live and document.standby and self.stages == 1
-                        else None)
+        self.standby = (Standby(job_dir, settle_seconds)
+                        if self.live and document.standby and self.stages == 1 else None)
         """The warm process the next pod to start becomes (live jobs)."""
         self.warm_workers = document.standby
         """Whether restart-mode pods keep a warm worker for their next round."""
