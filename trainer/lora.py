@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import torch
 from torch import nn
@@ -26,7 +26,8 @@ from trainer.model import ModelError, load_model
 
 QUANTIZED_DEVICES = ("cuda",)
 """Device types an 8-bit base model trains on. (bitsandbytes also runs LLM.int8() on the
-CPU, far slower than float32 there: the tests use it, the product does not.)"""
+CPU, far slower than float32 there: the tests use it, the product does not; see
+Runtime.quantize_on_cpu.)"""
 
 
 class LoraError(ModelError):
@@ -64,11 +65,13 @@ def apply_lora(model: nn.Module, spec: JobSpec) -> nn.Module:
     return adapted
 
 
-def check_quantization(spec: JobSpec, device: torch.device) -> None:
-    """An 8-bit base model needs bitsandbytes and a CUDA device: say which one is missing."""
+def check_quantization(spec: JobSpec, device: torch.device,
+                       devices: Collection[str] = QUANTIZED_DEVICES) -> None:
+    """An 8-bit base model needs bitsandbytes and a CUDA device (one of `devices`' types): say
+    which one is missing."""
     if spec.quantization == "none":
         return
-    if device.type not in QUANTIZED_DEVICES:
+    if device.type not in devices:
         raise LoraError(f"quantization: an 8-bit base model needs CUDA and bitsandbytes, and "
                         f"this pod runs on {device.type}")
     if importlib.util.find_spec("bitsandbytes") is None:

@@ -41,7 +41,9 @@ def _prepared_key(config: TrainConfig) -> str:
 def prepare(config: TrainConfig, device: torch.device) -> Prepared:
     """The tokenizer, the tokenized splits and the seeded model of the job's spec."""
     spec, runtime = config.spec, config.runtime
-    lora.check_quantization(spec, device)
+    quantized = lora.QUANTIZED_DEVICES
+    lora.check_quantization(spec, device, (*quantized, "cpu") if runtime.quantize_on_cpu
+                            else quantized)
     name_or_path = resolve_model(spec.model, runtime.inputs_dir)
     tokenizer = load_tokenizer(name_or_path)
     splits = make_splits(load_source(spec, runtime.inputs_dir, runtime.cache_dir), spec)

@@ -135,15 +135,15 @@ def test_an_8bit_base_needs_cuda(make_config, tmp_path: Path, inputs_dir: Path) 
 
 
 def test_an_8bit_base_trains_only_the_adapters_and_exports_a_float_model(
-        make_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        make_config, tmp_path: Path) -> None:
     """bitsandbytes' LLM.int8() on the CPU stands in for CUDA (the product refuses the CPU:
     it is slower there than float32): the same code path, with real int8 layers."""
     from bitsandbytes.nn import Linear8bitLt
     from transformers import AutoModelForSequenceClassification, pipeline
 
-    monkeypatch.setattr(lora, "QUANTIZED_DEVICES", ("cuda", "cpu"))
     config = make_config(finetune="lora", quantization="8bit", learning_rate=3e-2, epochs=5,
                          checkpoint_every_steps=5, keep_checkpoints=10)
+    config.runtime.quantize_on_cpu = True
     trainer = run(config, tmp_path / "reports.jsonl")
     query = trainer.model.base_model.model.bert.encoder.layer[0].attention.self.query
     assert isinstance(query.base_layer, Linear8bitLt)

@@ -89,6 +89,10 @@ class Runtime(BaseModel):
     """How long an ending pod waits for the control plane to take its undelivered reports (it
     may be restarting); what is left then is lost, and the pod's log says how much."""
 
+    quantize_on_cpu: bool = Field(default=False, alias="QUANTIZE_ON_CPU")
+    """Tests: let an 8-bit base model train on the CPU (bitsandbytes' LLM.int8(), far slower
+    than float32 there, so no backend asks for it), to run the CUDA path's code."""
+
     heartbeat_file: Path | None = Field(default=None, alias="HEARTBEAT_FILE")
     """Touched about once a second while report records flow; Kubernetes probes its age."""
 

@@ -32,8 +32,8 @@ def live_spec(**overrides: Any) -> dict[str, Any]:
 
 
 def start_pod(processes: Processes, tmp_path: Path, inputs_dir: Path, lighthouse: str,
-              spec: dict, ordinal: int, incarnation: int = 0, module: str = "trainer",
-              address: str = "127.0.0.1"):
+              spec: dict, ordinal: int, incarnation: int = 0, address: str = "127.0.0.1",
+              **more_env: str):
     env = {"TRAINER_CONFIG": json.dumps(spec), "JOB_ID": "live", "POD_NAME": f"live-{ordinal}",
            "POD_INCARNATION": str(incarnation), "POD_ADDRESS": address,
            "PEER_SECRET": PEER_SECRET,
@@ -41,8 +41,8 @@ def start_pod(processes: Processes, tmp_path: Path, inputs_dir: Path, lighthouse
            "CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "MODEL_DIR": str(tmp_path / "model"),
            "TRAINER_CACHE_DIR": str(tmp_path / "cache"),
            "METRICS_FILE": str(tmp_path / "reports.jsonl"), "LOG_SAMPLE_IDS": "true",
-           "OMP_NUM_THREADS": "1"}
-    return processes.start([sys.executable, "-m", module], env,
+           "OMP_NUM_THREADS": "1", **more_env}
+    return processes.start([sys.executable, "-m", "trainer"], env,
                            tmp_path / f"pod-{ordinal}-{incarnation}.log")
 
 
@@ -284,7 +284,7 @@ def test_a_killed_pod_of_an_8bit_lora_job_heals_just_the_adapters(
 
     def start(ordinal: int, incarnation: int):
         return start_pod(processes, tmp_path, inputs_dir, lighthouse, spec, ordinal,
-                         incarnation, module="tests.trainer.int8_on_cpu")
+                         incarnation, QUANTIZE_ON_CPU="true")
 
     def steps(pod: str, after: float = 0.0) -> list[int]:
         return [r["data"]["step"] for r in records(reports)
