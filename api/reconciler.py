@@ -1,4 +1,5 @@
-"""Observe every active job's pods; record pod events, move job status, finalize completion.
+"""Reconcile and observe every active job's workload; record pod events, move job status,
+finalize completion.
 
 Runs one pass per interval in a worker thread. A control-plane restart loses nothing: each pass
 rebuilds its view from the backend (which outlives the API) and the database. Backend calls
@@ -112,9 +113,11 @@ class Reconciler:
                 migrations[migration.job_id].append(migration)
             for job in jobs:
                 try:
+                    self.backend.reconcile(job.id)
                     status = self.backend.status(job.id)
-                except BackendError as exc:
-                    logger.warning("job %s: cannot observe pods: %s", job.id, exc)
+                except BackendError as exc:  # half done, say a supervisor not yet replaced
+                    logger.warning("job %s: cannot reconcile or observe its workload: %s",
+                                   job.id, exc)
                     continue
                 self.reconcile_job(session, job, status, pods[job.id], migrations[job.id])
             if self.credentials is not None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from api.backends.kubernetes.backend import KubernetesBackend
 from api.settings import Settings
 from tests.api.backends.k8s_fake import FakeApiServer
-from tests.support import wait_for
+from tests.support import observed, wait_for
 
 
 def test_close_stops_a_long_watch_at_once(tmp_path: Path, kubeconfig: Path,
@@ -17,7 +17,7 @@ def test_close_stops_a_long_watch_at_once(tmp_path: Path, kubeconfig: Path,
                         k8s_kubeconfig=kubeconfig, k8s_watch_timeout=600)
     backend = KubernetesBackend.from_settings(settings)
     try:
-        assert backend.status("job-00000000").present is False  # starts the watch
+        assert observed(backend, "job-00000000").present is False  # starts the watch
         wait_for(lambda: any(r.query.get("watch") == "true" for r in fake_k8s.cluster.requests),
                  what="the watch request", timeout=10)
         assert backend.watcher.synced.is_set()
