@@ -13,7 +13,8 @@ PodPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
 MIGRATION_TIMEOUT = 120.0
 """Seconds a migration's replacement has to take part (heal and train). A backend that runs
 one gives up on it then (Kubernetes deletes it, and the pod stays where it is), and the
-control plane records the migration as failed once the backend no longer runs it."""
+control plane records the migration as failed once the backend no longer runs it
+(api/services/pod_migrations.py)."""
 
 
 class BackendError(Exception):

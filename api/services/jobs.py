@@ -1,5 +1,5 @@
-"""Job lifecycle: create and launch, read, scale, cancel, delete, kill or migrate a pod, list
-events."""
+"""Job lifecycle: create and launch, read, scale, cancel, delete, kill a pod, list events (a
+pod's migration is api/services/pod_migrations.py's)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import logging
 import os
 import re
 import secrets
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -295,7 +294,7 @@ def _active(job: Job, action: str) -> None:
         raise Conflict(f"job {job.id} is {job.status.value}, not running: {action}")
 
 
-def _call(action: str, call: Callable[[], T]) -> T:
+def call_backend(action: str, call: Callable[[], T]) -> T:
     """Run a backend request, its errors as the API's."""
     try:
         return call()
@@ -316,7 +315,7 @@ def kill_pod(session: Session, backend: Backend, events: EventLog, job_id: str, 
     job = get_job(session, job_id)
     check_ordinal(job, ordinal)
     _active(job, "nothing to kill")
-    _call("kill", lambda: backend.kill_pod(job_id, ordinal, grace_seconds))
+    call_backend("kill", lambda: backend.kill_pod(job_id, ordinal, grace_seconds))
     events.commit(session, [new_event(
         job_id, "pod", action="kill", ordinal=ordinal, name=f"{job_id}-{ordinal}",
         grace_seconds=grace_seconds, by="admin",
@@ -336,7 +335,7 @@ def scale_job(session: Session, backend: Backend, events: EventLog, job_id: str,
     before = int(job.spec["replicas"])
     if update.replicas == before:
         return job
-    _call("scale", lambda: backend.scale(job_id, update.replicas))
+    call_backend("scale", lambda: backend.scale(job_id, update.replicas))
     job.spec = {**job.spec, "replicas": update.replicas}
     rows = {pod.ordinal: pod for pod in pods_of(session, job_id)}
     for ordinal in range(before, update.replicas):
@@ -351,36 +350,6 @@ def scale_job(session: Session, backend: Backend, events: EventLog, job_id: str,
         guard=lambda: still_active(session, job_id))
     logger.info("job %s scaled from %d to %d pods", job_id, before, update.replicas)
     return job
-
-
-def migrate_pod(session: Session, backend: Backend, events: EventLog, job_id: str,
-                ordinal: int, node: str | None) -> Migration:
-    """Start moving one pod: its replacement starts; the reports say when it takes part."""
-    job = get_job(session, job_id)
-    check_ordinal(job, ordinal)
-    if stages_of(job.spec) > 1:
-        raise Conflict(f"job {job_id} is a pipeline job: its pods cannot be migrated yet (each "
-                       "stage pod holds a part of its replica's model)")
-    if job.status not in (JobStatus.running, JobStatus.degraded):
-        raise Conflict(f"job {job_id} is {job.status.value}: only a running job's pods migrate")
-    pending = session.exec(select(Migration).where(
-        Migration.job_id == job_id, Migration.ordinal == ordinal,
-        Migration.status == "pending")).first()
-    if pending is not None:
-        raise Conflict(f"pod {job_id}-{ordinal} is already migrating (since "
-                       f"{time.time() - pending.requested_at:.0f} s)")
-    requested_at = time.time()
-    moving = _call("migrate", lambda: backend.migrate_pod(job_id, ordinal, node))
-    migration = Migration(job_id=job_id, ordinal=ordinal, requested_at=requested_at,
-                          step_at_request=job.step, node_to=node,
-                          old_incarnation=moving.incarnation, node_from=moving.node)
-    session.add(migration)
-    name = f"{job_id}-{ordinal}"
-    events.commit(session, [new_event(
-        job_id, "pod", action="migrate", ordinal=ordinal, name=name, node=node, by="admin",
-        message=f"pod {name} migrating" + (f" to node {node}" if node else "")
-                + ": its replacement starts")], guard=lambda: still_active(session, job_id))
-    return migration
 
 
 def list_events(session: Session, job_id: str, after: int, limit: int,
