@@ -94,9 +94,9 @@ class Reconciler:
         """A job still pending at start-up was never launched: the API stopped in between."""
         with session_scope(self.engine) as session:
             for job in session.exec(select(Job).where(Job.status == JobStatus.pending)):
-                events = [self._finish(job, JobStatus.failed,
-                                       "the control plane stopped before the job was launched")]
-                self.events.commit(session, events)
+                with self.events.append(session) as failed:
+                    failed.add(self._finish(job, JobStatus.failed, "the control plane stopped "
+                                            "before the job was launched"))
 
     def reconcile_once(self) -> None:
         with session_scope(self.engine) as session:
@@ -148,7 +148,8 @@ class Reconciler:
                     message=f"{len(removed)} checkpoints pruned {ttl:.0f} s after the job "
                             "ended; the final and the best are kept"))
         if events:
-            self.events.commit(session, events)
+            with self.events.append(session) as pruned:
+                pruned.add(*events)
 
     def delete_orphans(self, session: Session) -> None:
         """Delete the workloads of finished jobs: a cancel whose deletion failed, say."""
@@ -217,7 +218,9 @@ class Reconciler:
             return
         session.add(job)
         # A cancel may have finished the job since it was read: then it stays as the cancel left it.
-        if not self.events.commit(session, events, guard=lambda: still_active(session, job.id)):
+        with self.events.append(session, guard=lambda: still_active(session, job.id)) as synced:
+            synced.add(*events)
+        if not synced.committed:
             logger.info("job %s finished meanwhile; this pass's view of it is dropped", job.id)
 
     @staticmethod

@@ -139,13 +139,13 @@ def create_job(session: Session, settings: Settings, backend: Backend, events: E
     token = secrets.token_urlsafe(32)
     job = Job(id=f"job-{secrets.token_hex(4)}", name=spec.name,
               spec=spec.model_dump(mode="json"), report_token_hash=hash_token(token))
-    with events.transaction(session) as created:
+    with events.append(session) as created:
         session.add(job)
         session.flush()  # the job's row first: its pods and events refer to it
         session.add_all([Pod(job_id=job.id, ordinal=ordinal, name=f"{job.id}-{ordinal}")
                          for ordinal in range(spec.pods)])
-        created.append(new_event(job.id, "job", status="pending", message="job created",
-                                 spec=job.spec))
+        created.add(new_event(job.id, "job", status="pending", message="job created",
+                              spec=job.spec))
     try:
         launch = _launch(settings, job, spec, token)
         backend.launch(launch)
@@ -154,7 +154,8 @@ def create_job(session: Session, settings: Settings, backend: Backend, events: E
         known = isinstance(exc, BackendError | OSError | CredentialError)
         reason = f"launch failed: {exc}" if known else "launch failed: internal error"
         job.status, job.reason, job.finished_at = JobStatus.failed, reason, utc_now()
-        events.commit(session, [new_event(job.id, "job", status="failed", message=reason)])
+        with events.append(session) as failed:
+            failed.add(new_event(job.id, "job", status="failed", message=reason))
         if not known:
             raise
         raise BackendUnavailable(f"job {job.id} could not be launched: {exc}") from None
@@ -166,7 +167,8 @@ def create_job(session: Session, settings: Settings, backend: Backend, events: E
             job.id, "job", type="restart_mode", fault_tolerance=launch.fault_tolerance,
             message="one pipeline replica has no live peer to heal from: it restarts from "
                     "the newest checkpoint on a failure (live needs replicas >= 2)"))
-    events.commit(session, launched)
+    with events.append(session) as appending:
+        appending.add(*launched)
     logger.info("job %s launched on %s with %d pods", job.id, backend.name, spec.pods)
     return job
 
@@ -228,7 +230,7 @@ def list_jobs(session: Session, offset: int, limit: int,
 
 
 def still_active(session: Session, job_id: str) -> bool:
-    """Whether the job is still unfinished in the database (a guard for EventLog.commit)."""
+    """Whether the job is still unfinished in the database (a guard for EventLog.append)."""
     status = session.exec(select(Job.status).where(Job.id == job_id)).first()
     return status is not None and not JobStatus(status).finished
 
@@ -248,7 +250,9 @@ def cancel_job(session: Session, backend: Backend, events: EventLog,
     job.status, job.finished_at, job.reason = JobStatus.cancelled, utc_now(), "cancelled by user"
     event = new_event(job.id, "job", status="cancelled",
                       message="cancelled: the workload is deleted, checkpoints are kept")
-    if not events.commit(session, [event], guard=lambda: still_active(session, job_id)):
+    with events.append(session, guard=lambda: still_active(session, job_id)) as cancelled:
+        cancelled.add(event)
+    if not cancelled.committed:
         session.refresh(job)
         raise Conflict(f"job {job_id} {job.status.value} before it could be cancelled")
     try:
@@ -316,10 +320,11 @@ def kill_pod(session: Session, backend: Backend, events: EventLog, job_id: str, 
     check_ordinal(job, ordinal)
     _active(job, "nothing to kill")
     call_backend("kill", lambda: backend.kill_pod(job_id, ordinal, grace_seconds))
-    events.commit(session, [new_event(
-        job_id, "pod", action="kill", ordinal=ordinal, name=f"{job_id}-{ordinal}",
-        grace_seconds=grace_seconds, by="admin",
-        message=f"pod {job_id}-{ordinal} killed on request (grace {grace_seconds:g} s)")])
+    with events.append(session) as killed:
+        killed.add(new_event(
+            job_id, "pod", action="kill", ordinal=ordinal, name=f"{job_id}-{ordinal}",
+            grace_seconds=grace_seconds, by="admin",
+            message=f"pod {job_id}-{ordinal} killed on request (grace {grace_seconds:g} s)"))
 
 
 def scale_job(session: Session, backend: Backend, events: EventLog, job_id: str,
@@ -344,10 +349,10 @@ def scale_job(session: Session, backend: Backend, events: EventLog, job_id: str,
         session.add(pod)
     session.add(job)
     direction = "up" if update.replicas > before else "down"
-    events.commit(session, [new_event(
-        job_id, "job", type="scaled", **{"from": before, "to": update.replicas}, by="admin",
-        message=f"scaled {direction} from {before} to {update.replicas} pods")],
-        guard=lambda: still_active(session, job_id))
+    with events.append(session, guard=lambda: still_active(session, job_id)) as scaled:
+        scaled.add(new_event(
+            job_id, "job", type="scaled", **{"from": before, "to": update.replicas},
+            by="admin", message=f"scaled {direction} from {before} to {update.replicas} pods"))
     logger.info("job %s scaled from %d to %d pods", job_id, before, update.replicas)
     return job
 

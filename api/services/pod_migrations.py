@@ -58,10 +58,11 @@ def start(session: Session, backend: Backend, events: EventLog, job_id: str, ord
                           old_incarnation=moving.incarnation, node_from=moving.node)
     session.add(migration)
     name = f"{job_id}-{ordinal}"
-    events.commit(session, [new_event(
-        job_id, "pod", action="migrate", ordinal=ordinal, name=name, node=node, by="admin",
-        message=f"pod {name} migrating" + (f" to node {node}" if node else "")
-                + ": its replacement starts")], guard=lambda: still_active(session, job_id))
+    with events.append(session, guard=lambda: still_active(session, job_id)) as started:
+        started.add(new_event(
+            job_id, "pod", action="migrate", ordinal=ordinal, name=name, node=node, by="admin",
+            message=f"pod {name} migrating" + (f" to node {node}" if node else "")
+                    + ": its replacement starts"))
     return migration
 
 
