@@ -11,6 +11,7 @@ from sqlalchemy import JSON, Column, DateTime, Index, UniqueConstraint
 from sqlmodel import Field as SQLField
 from sqlmodel import SQLModel
 
+from api.db import ModelJSON
 from trainer.contract.spec import MAX_REPLICAS, JobSpec
 
 
@@ -62,7 +63,7 @@ class Job(SQLModel, table=True):
     name: str | None = None
     status: JobStatus = SQLField(default=JobStatus.pending, index=True)
     reason: str | None = None
-    spec: dict[str, Any] = SQLField(sa_column=Column(JSON, nullable=False))
+    spec: JobSpec = SQLField(sa_column=Column(ModelJSON(JobSpec), nullable=False))
     report_token_hash: str
     created_at: datetime = SQLField(default_factory=utc_now,
                                     sa_column=Column(DateTime(timezone=True), nullable=False))
@@ -296,6 +297,9 @@ class EventsPublic(BaseModel):
     data: list[EventPublic]
     next_after: int | None
     """Pass as `after` to get the next page; None when this page is the last."""
+    next_before: int | None = None
+    """With `newest=true`: pass as `before` to get the page before this one; None when no
+    older event is left."""
 
 
 class Incarnation(SQLModel, table=True):

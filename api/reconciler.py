@@ -43,7 +43,6 @@ from api.services.models import clear_export_staging, register_model
 from api.settings import Settings
 from trainer.contract import store
 from trainer.contract.checkpoints import EXPORTED
-from trainer.contract.spec import pod_count
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +226,7 @@ class Reconciler:
     def _update_degraded(job: Job, status: WorkloadStatus) -> list[Event]:
         """Degraded while fewer pods than asked run, or fewer replicas take part in the latest
         step than asked (a pipeline replica is one participant of `stages` pods)."""
-        replicas, pods = int(job.spec["replicas"]), pod_count(job.spec)
+        replicas, pods = job.spec.replicas, job.spec.pods
         running = sum(p.phase == "Running" for p in status.pods)
         participants = int(job.metrics.get("participants", replicas))
         wanted = JobStatus.degraded if running < pods or participants < replicas else \
@@ -244,7 +243,7 @@ class Reconciler:
                    rows: list[Pod]) -> list[Event]:
         """Copy observed pod phases and restarts into the pods' rows, as events."""
         events: list[Event] = []
-        pods = pod_count(job.spec)
+        pods = job.spec.pods
         observed = {p.ordinal: p for p in status.pods}
         for pod in rows:  # a scale adds the rows of new ordinals
             seen = observed.get(pod.ordinal)
@@ -288,7 +287,7 @@ class Reconciler:
                 return None
             completed = completions(session, job.id)
             everyone = {pod for pod, _ in completed} >= {
-                f"{job.id}-{o}" for o in range(pod_count(job.spec))}
+                f"{job.id}-{o}" for o in range(job.spec.pods)}
             first = min((time_ for _, time_ in completed), default=time.time())
             if not (everyone or time.time() - first > COMPLETION_GRACE):
                 return None

@@ -118,7 +118,8 @@ class Settings(BaseSettings):
     k8s_cache_size: str = "8Gi"
     """Size limit of a trainer pod's emptyDir cache (Hugging Face downloads, tokenized data)."""
     k8s_watch_timeout: int = Field(default=300, ge=1)
-    """Seconds one pod watch request lasts before it is renewed from the last resourceVersion."""
+    """Seconds one watch request (of the pods, of the anchors) lasts before it is renewed from
+    the last resourceVersion."""
 
     @property
     def resolved_inputs_dir(self) -> Path:

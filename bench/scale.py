@@ -8,6 +8,8 @@
    (`python -m bench.serve_noop`) while it reconciles that many active jobs (goal: under 50 ms).
 3. A job page over a long history: what the dashboard fetches for a job of 10k to 300k events
    (goal: usable in under 1 s; the API's memory flat).
+4. The Kubernetes backend's requests to the API server on passes over that many quiet jobs,
+   against the test suite's fake API server (bench/k8s_requests.py; goal: about zero).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from api.services.events import EventLog
 from api.settings import Settings
 from bench.api_ingest import ADMIN, start_server
 from bench.control_plane import wait
+from bench.k8s_requests import quiet_passes
 from bench.serve_noop import NoopBackend
 from trainer.contract.spec import JobSpec
 
@@ -40,7 +43,7 @@ PODS_PER_JOB = 2
 
 def add_active_jobs(settings: Settings, backend: NoopBackend, count: int) -> None:
     """`count` running jobs of two Running pods each, written straight to the database."""
-    spec = JobSpec(replicas=PODS_PER_JOB).model_dump(mode="json")
+    spec = JobSpec(replicas=PODS_PER_JOB)
     engine = make_engine(settings)
     with Session(engine) as session:
         for _ in range(count):
@@ -156,19 +159,25 @@ def whole_history(http: httpx.Client, job_id: str) -> tuple[int, int, float]:
 
 
 def page_load(http: httpx.Client, job_id: str) -> tuple[int, int, float]:
-    """What the job page reads now (web/static/job.js): the job, its series, then its events
-    other than metric points up to the series' last id (requests, bytes, s)."""
+    """What the job page reads now (web/static/history.js): the job, its series, its
+    evaluations, then the timeline's newest 200 other events up to the series' last id
+    (requests, bytes, s)."""
     start = time.perf_counter()
     job = http.get(f"/api/v1/jobs/{job_id}")
     series = http.get(f"/api/v1/jobs/{job_id}/series", params={"points": 2000})
+    before = series.json()["last_id"] + 1
     requests, size = 2, len(job.content) + len(series.content)
     after: int | None = 0
     while after is not None:
         response = http.get(f"/api/v1/jobs/{job_id}/events", params={
-            "after": after, "before": series.json()["last_id"] + 1, "points": "false",
-            "limit": 1000, "type": ["metric", "checkpoint", "job", "pod", "log"]})
+            "type": "metric", "points": "false", "after": after, "before": before,
+            "limit": 1000})
         requests, size = requests + 1, size + len(response.content)
         after = response.json()["next_after"]
+    latest = http.get(f"/api/v1/jobs/{job_id}/events", params={
+        "before": before, "newest": "true", "points": "false", "limit": 200,
+        "type": ["metric", "checkpoint", "job", "pod", "log"]})
+    requests, size = requests + 1, size + len(latest.content)
     return requests, size, time.perf_counter() - start
 
 
@@ -202,6 +211,8 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--events", default="10000,100000,300000")
+    parser.add_argument("--k8s-seconds", type=float, default=10.0,
+                        help="seconds of passes measured per count of jobs (part 4)")
     args = parser.parse_args()
     counts = [int(n) for n in args.jobs.split(",")]
     print("## 1. Reconcile pass (noop backend, SQLite)\n")
@@ -210,6 +221,8 @@ def main() -> None:
     api_latency(counts, args.requests)
     print("\n## 3. A job page over a long history (noop backend, SQLite)\n")
     job_pages([int(n) for n in args.events.split(",")])
+    print("\n## 4. Kubernetes requests on passes over quiet jobs (fake API server)\n")
+    quiet_passes(counts, args.k8s_seconds)
 
 
 if __name__ == "__main__":

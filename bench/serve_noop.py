@@ -29,7 +29,7 @@ class NoopBackend:
         self.replicas: dict[str, int] = {}
 
     def launch(self, launch: Launch) -> None:
-        self.replicas[launch.job_id] = launch.replicas
+        self.replicas[launch.job_id] = launch.pods
         self.tokens_dir.mkdir(parents=True, exist_ok=True)
         (self.tokens_dir / launch.job_id).write_text(launch.report_token)
 

@@ -3,24 +3,26 @@
 
 Precedence, lowest first: defaults, the environment (TRAINER_CONFIG holds the spec as JSON; the
 runtime has a variable per field), a JSON file given with --config, command-line flags. A
-document is a flat job spec with an optional `runtime` object.
+document is a flat job spec with an optional `runtime` object. The flags (`--batch-size`, one per
+field of both models) are pydantic-settings' CLI source over those fields; like the
+environment's, their values are checked only when everything is merged.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError, create_model
+from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict, SettingsError
 
 from trainer.contract.runtime import SPEC_ENV, Runtime
 from trainer.contract.spec import JobSpec
 
-CLI_SECTIONS: tuple[type[BaseModel], ...] = (JobSpec, Runtime)
 NOT_ON_THE_COMMAND_LINE = {"resources", "lora"}
 """Nested objects: a document sets them; no pod needs them as a flag."""
 
@@ -37,21 +39,40 @@ class TrainConfig:
     runtime: Runtime = field(default_factory=Runtime)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m trainer",
-        description="Fine-tune a BERT-family sentiment classifier (one pod of a job).")
-    parser.add_argument("--config", type=Path, help="JSON job spec (overrides TRAINER_CONFIG)")
-    for section in CLI_SECTIONS:
-        group = parser.add_argument_group(section.__name__)
-        for name, info in section.model_fields.items():
-            if name not in NOT_ON_THE_COMMAND_LINE:
-                # Values stay strings: the models convert them, as they do the environment's.
-                # argparse formats help with %: a description's own % signs are escaped.
-                group.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
-                                   metavar="VALUE",
-                                   help=(info.description or "").replace("%", "%%"))
-    return parser
+class _CommandLine(BaseSettings):
+    """Fine-tune a BERT-family sentiment classifier (one pod of a job)."""
+
+    model_config = SettingsConfigDict(cli_prog_name="python -m trainer", cli_kebab_case=True,
+                                      cli_exit_on_error=False)
+
+    config: Path | None = Field(default=None,
+                                description=f"JSON job spec (overrides {SPEC_ENV})")
+
+
+def _flag(section: type[BaseModel], name: str) -> Any:
+    """A field of `section` as a flag: its type (for the parser and --help), default and docs;
+    none of its checks (the section's model runs them, once every source is merged)."""
+    info = section.model_fields[name]
+    help_ = info.description or ""
+    if section is Runtime:
+        help_ += f" [env: {Runtime.env_name(name)}]"
+    return (info.annotation,
+            Field(default=info.get_default(call_default_factory=True), description=help_))
+
+
+COMMAND_LINE: type[BaseSettings] = create_model(
+    "CommandLine", __base__=_CommandLine, __doc__=_CommandLine.__doc__,
+    **{name: _flag(section, name) for section in (JobSpec, Runtime)
+       for name in section.model_fields if name not in NOT_ON_THE_COMMAND_LINE})
+"""The trainer's flags: `--config` and one per field of the job spec and the runtime."""
+
+
+def parse_command_line(argv: Sequence[str]) -> dict[str, Any]:
+    """The values the flags set (strings, as the environment's are), by field name."""
+    try:
+        return CliSettingsSource(COMMAND_LINE)(args=list(argv))()
+    except SettingsError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _read_json(text: str, origin: str) -> dict[str, Any]:
@@ -81,22 +102,23 @@ def _describe(error: ValidationError) -> str:
 
 
 def load_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> TrainConfig:
-    """Build and validate the configuration from environment, file and command line."""
-    args = build_parser().parse_args(argv)
+    """Build and validate the configuration from environment, file and command line (argv
+    None: this process's)."""
+    flags = parse_command_line(sys.argv[1:] if argv is None else argv)
+    config_file = flags.pop("config", None)
     spec: dict[str, Any] = {}
     runtime: dict[str, Any] = {}
     if environ.get(SPEC_ENV):
         _merge(spec, runtime, _read_json(environ[SPEC_ENV], SPEC_ENV), SPEC_ENV)
     runtime.update(Runtime.fields_from_env(environ))
-    if args.config is not None:
+    if config_file is not None:
         try:
-            text = args.config.read_text()
+            text = Path(config_file).read_text()
         except OSError as exc:
-            raise ConfigError(f"--config: cannot read {args.config}: {exc.strerror}") from None
-        _merge(spec, runtime, _read_json(text, str(args.config)), str(args.config))
-    for name, value in vars(args).items():
-        if name != "config" and value is not None:
-            (spec if name in JobSpec.model_fields else runtime)[name] = value
+            raise ConfigError(f"--config: cannot read {config_file}: {exc.strerror}") from None
+        _merge(spec, runtime, _read_json(text, config_file), config_file)
+    for name, value in flags.items():
+        (spec if name in JobSpec.model_fields else runtime)[name] = value
     try:
         return TrainConfig(JobSpec.model_validate(spec), Runtime.model_validate(runtime))
     except ValidationError as exc:

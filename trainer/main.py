@@ -46,7 +46,7 @@ def build_reporter(config: TrainConfig, pod: str, environ: Mapping[str, str]) ->
         sinks.append(JsonlSink(runtime.metrics_file, pod, reporter.incarnation))
     if runtime.report_url and runtime.report_token:
         sinks.append(HttpSink(runtime.report_url, runtime.report_token, pod,
-                              reporter.incarnation))
+                              reporter.incarnation, drain_seconds=runtime.report_drain_seconds))
     if runtime.heartbeat_file is not None:
         sinks.append(HeartbeatFile(runtime.heartbeat_file))
     reporter.sinks = sinks
@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
     else:
         return ExitCode.OK
     finally:
-        reporter.close(timeout=10.0)
+        reporter.close()
         if group is not None:
             group.close()
 

@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 
 Record = dict[str, Any]
 DROPPABLE = "metric"
+DRAIN_NOTICE = 30.0
+"""Seconds between the notices of an ending pod still waiting to deliver its reports."""
 
 
 def encode(record: Record) -> str | None:
@@ -46,8 +48,9 @@ class MetricsSink(Protocol):
     def flush(self, timeout: float = 0.0) -> bool:
         """Ask for delivery now; wait up to `timeout` seconds; True when nothing is pending."""
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Deliver what is pending (bounded by `timeout`) and release resources."""
+    def close(self, timeout: float | None = None) -> None:
+        """Deliver what is pending (waiting up to `timeout`; None: the sink's own bound) and
+        release resources."""
 
 
 class NullSink:
@@ -57,7 +60,7 @@ class NullSink:
     def flush(self, timeout: float = 0.0) -> bool:
         return True
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float | None = None) -> None:
         pass
 
 
@@ -82,7 +85,7 @@ class JsonlSink:
     def flush(self, timeout: float = 0.0) -> bool:
         return True
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float | None = None) -> None:
         os.close(self._fd)
 
 
@@ -111,7 +114,7 @@ class HeartbeatFile:
     def flush(self, timeout: float = 0.0) -> bool:
         return True
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float | None = None) -> None:
         pass
 
 
@@ -133,8 +136,11 @@ class HttpSink:
 
     def __init__(self, url: str, token: str, pod: str, incarnation: str, *,
                  interval: float = 1.0, heartbeat_interval: float = 5.0, capacity: int = 50_000,
-                 max_batch: int = 1_000, client: httpx.Client | None = None) -> None:
+                 max_batch: int = 1_000, drain_seconds: float = 10.0,
+                 client: httpx.Client | None = None) -> None:
         self.url, self.pod, self.incarnation = url, pod, incarnation
+        self.drain_seconds = drain_seconds
+        """How long `close` waits, by default, for the buffer to be delivered."""
         self.interval, self.heartbeat_interval = interval, heartbeat_interval
         self.capacity, self.max_batch = capacity, max_batch
         self._client = client or httpx.Client(
@@ -183,8 +189,17 @@ class HttpSink:
                 self._lock.wait(deadline - time.monotonic())
             return not self._buffer
 
-    def close(self, timeout: float = 10.0) -> None:
-        self.flush(timeout)
+    def close(self, timeout: float | None = None) -> None:
+        """Deliver what is buffered (waiting up to `timeout`, default `drain_seconds`, for an
+        unreachable control plane, saying so every 30 s), then stop."""
+        deadline = time.monotonic() + (self.drain_seconds if timeout is None else timeout)
+        while not self.flush(min(DRAIN_NOTICE, max(deadline - time.monotonic(), 0.0))):
+            if time.monotonic() >= deadline:
+                logger.error("%d report records not delivered: the control plane did not take "
+                             "them in time", len(self._buffer))
+                break
+            logger.warning("waiting up to %.0f s more for the control plane to take %d report "
+                           "records", deadline - time.monotonic(), len(self._buffer))
         with self._lock:
             self._stopping = True
         self._wake.set()
@@ -279,6 +294,6 @@ class Reporter:
     def flush(self, timeout: float = 0.0) -> bool:
         return all([sink.flush(timeout) for sink in self.sinks])
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float | None = None) -> None:
         for sink in self.sinks:
             sink.close(timeout)

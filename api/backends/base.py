@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
+from trainer.contract.spec import JobSpec
 from trainer.contract.store import Location
 
 PodPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
@@ -55,10 +56,12 @@ class Launch:
     """Everything a backend needs to start a job's pods."""
 
     job_id: str
-    replicas: int
+    pods: int
+    """Pods to run: `spec.replicas` data-parallel replicas of `spec.stages` pods each."""
     fault_tolerance: Literal["live", "restart"]
-    spec: dict[str, Any]
-    """The trainer's job spec (trainer.config.JobSpec fields), passed as TRAINER_CONFIG."""
+    spec: JobSpec
+    """The job spec the trainer takes; it becomes JSON (TRAINER_CONFIG) only in the pods'
+    environment (api.backends.programs.pod_env)."""
     report_url: str
     """`.../api/v1/jobs/{id}/reports`, reachable from the pods."""
     report_token: str

@@ -20,7 +20,6 @@ from pathlib import Path
 from api.backends.base import Launch
 from trainer.contract.credentials import SECRET_ENV
 from trainer.contract.runtime import LOOPBACK, RENDEZVOUS_BACKEND, SPEC_ENV, Runtime, host_port
-from trainer.contract.spec import stages_of
 
 LIGHTHOUSE_PORT = 29510
 STORE_PORT = 29400
@@ -83,8 +82,8 @@ def pod_argv(launch: Launch, coordinator: Endpoint, local_addr: str,
         return [python, "-m", "trainer"]
     # The rendezvous admits up to max_replicas nodes: scaling up is one more round. A pipeline
     # needs every stage of every replica: its rounds wait for all of its pods.
-    max_nodes = max(int(launch.spec.get("max_replicas", launch.replicas)), launch.replicas)
-    nodes = (f"{launch.replicas}:{launch.replicas}" if stages_of(launch.spec) > 1
+    max_nodes = max(launch.spec.max_replicas, launch.pods)
+    nodes = (f"{launch.pods}:{launch.pods}" if launch.spec.stages > 1
              else f"1:{max_nodes}")
     return [python, "-m", "trainer.engine.elastic", f"--nnodes={nodes}",
             "--nproc-per-node=1", f"--rdzv-backend={RENDEZVOUS_BACKEND}",
@@ -125,8 +124,9 @@ def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: s
                       peer_secret=launch.peer_secret,
                       lighthouse=f"http://{coordinator}" if live else None,
                       **({} if live or warm_worker else {"warm_worker": False}))
-    env = {SPEC_ENV: json.dumps(launch.spec), **runtime.to_env(), **launch.store_env,
-           "OMP_NUM_THREADS": str(max(1, threads))}
+    # Here the spec leaves the process: as JSON, in the pods' environment.
+    env = {SPEC_ENV: json.dumps(launch.spec.model_dump(mode="json")), **runtime.to_env(),
+           **launch.store_env, "OMP_NUM_THREADS": str(max(1, threads))}
     if not live:
         # Workers get their own process-group store on the lowest rank: the rendezvous store
         # stays the agents' alone.

@@ -168,7 +168,7 @@ def run(client: Client, args: argparse.Namespace) -> int:
         job = client.request("PATCH", f"/api/v1/jobs/{args.job_id}",
                              json={"replicas": args.replicas})
         echo(f"{job['id']}: {job['spec']['replicas']} pods (at most "
-             f"{job['spec'].get('max_replicas', job['spec']['replicas'])})")
+             f"{job['spec']['max_replicas']})")
     elif args.command == "migrate":
         body = {"node": args.node} if args.node else {}
         answer = client.request(

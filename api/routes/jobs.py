@@ -93,11 +93,13 @@ def list_events(job_id: str, session: SessionDep,
                 limit: Annotated[int, Query(ge=1, le=1000)] = 200,
                 type: Annotated[list[str] | None, Query()] = None,
                 before: Annotated[int | None, Query(ge=1, le=MAX_INT)] = None,
-                points: bool = True) -> EventsPublic:
+                points: bool = True, newest: bool = False) -> EventsPublic:
     """The job's events after id `after` (and before id `before`, if given), oldest first: at
     most `limit` of them and 1 MiB of their data (but always one); follow `next_after` for the
-    rest. `points=false` leaves out the metric points (`/series` serves them)."""
-    return service.list_events(session, job_id, after, limit, type, before, points)
+    rest. `newest=true` takes the newest of them instead (still listed oldest first); follow
+    `next_before` for older ones. `points=false` leaves out the metric points (`/series` serves
+    them)."""
+    return service.list_events(session, job_id, after, limit, type, before, points, newest)
 
 
 @router.get("/{job_id}/series", response_model=SeriesPublic, responses=error_responses(404))

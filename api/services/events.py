@@ -49,11 +49,12 @@ def new_event(job_id: str, type_: str, **data: Any) -> Event:
 
 def event_page(session: Session, job_id: str, after: int, limit: int,
                types: Sequence[str] | None = None, budget: int = PAGE_BYTES,
-               before: int | None = None, points: bool = True,
+               before: int | None = None, points: bool = True, newest: bool = False,
                ) -> tuple[list[Event], int | None]:
     """The job's events after id `after` (of `types`, and before id `before`, if given; without
-    metric points unless `points`): at most `limit` of them and `budget` bytes; and the `after`
-    of the next page, None when this one is the last."""
+    metric points unless `points`): at most `limit` of them and `budget` bytes, the oldest ones
+    (the newest with `newest`), listed oldest first; and the `after` of the next page (the
+    `before` of the previous one with `newest`), None when this one is the last."""
     where: list[ColumnElement[bool]] = [col(Event.job_id) == job_id, col(Event.id) > after]
     if types:
         where.append(col(Event.type).in_(types))
@@ -62,8 +63,9 @@ def event_page(session: Session, job_id: str, after: int, limit: int,
     if not points:
         where.append(col(Event.step).is_(None))
     # Sizes first, so that a page reads no more data than it returns.
+    order = col(Event.id).desc() if newest else col(Event.id)
     sizes = session.exec(select(Event.id, Event.size).where(*where)
-                         .order_by(col(Event.id)).limit(limit + 1)).all()
+                         .order_by(order).limit(limit + 1)).all()
     taken, total = 0, 0
     for _, size in sizes[:limit]:
         if taken and total + size > budget:
@@ -71,10 +73,10 @@ def event_page(session: Session, job_id: str, after: int, limit: int,
         taken, total = taken + 1, total + size
     if not taken:
         return [], None
-    last = sizes[taken - 1][0]
-    events = session.exec(select(Event).where(*where, col(Event.id) <= last)
-                          .order_by(col(Event.id))).all()
-    return list(events), last if len(sizes) > taken else None
+    edge = sizes[taken - 1][0]
+    within = col(Event.id) >= edge if newest else col(Event.id) <= edge
+    events = session.exec(select(Event).where(*where, within).order_by(col(Event.id))).all()
+    return list(events), edge if len(sizes) > taken else None
 
 
 def completions(session: Session, job_id: str) -> list[tuple[str | None, float]]:

@@ -54,8 +54,6 @@ from trainer.contract.spec import (
     DATASET_ALIASES,
     LOCAL_DATA_SUFFIXES,
     OFFLINE_MODEL,
-    pod_count,
-    stages_of,
 )
 
 logger = logging.getLogger(__name__)
@@ -122,7 +120,7 @@ def _launch(settings: Settings, job: Job, spec: JobCreate, token: str) -> Launch
     # A live pipeline needs another replica to heal from: one alone restarts as a whole.
     mode = ("restart" if spec.parallelism == "pipeline" and spec.replicas == 1
             else spec.fault_tolerance)
-    return Launch(job_id=job.id, replicas=spec.pods, fault_tolerance=mode,
+    return Launch(job_id=job.id, pods=spec.pods, fault_tolerance=mode,
                   spec=job.spec, resources=resources,
                   report_url=f"{settings.base_url}/api/v1/jobs/{job.id}/reports",
                   report_token=token, peer_secret=secrets.token_urlsafe(32),
@@ -138,14 +136,14 @@ def create_job(session: Session, settings: Settings, backend: Backend, events: E
     check_quantization(spec, backend.name)
     token = secrets.token_urlsafe(32)
     job = Job(id=f"job-{secrets.token_hex(4)}", name=spec.name,
-              spec=spec.model_dump(mode="json"), report_token_hash=hash_token(token))
+              spec=spec, report_token_hash=hash_token(token))
     with events.append(session) as created:
         session.add(job)
         session.flush()  # the job's row first: its pods and events refer to it
         session.add_all([Pod(job_id=job.id, ordinal=ordinal, name=f"{job.id}-{ordinal}")
                          for ordinal in range(spec.pods)])
         created.add(new_event(job.id, "job", status="pending", message="job created",
-                              spec=job.spec))
+                              spec=spec.model_dump(mode="json")))
     try:
         launch = _launch(settings, job, spec, token)
         backend.launch(launch)
@@ -186,19 +184,19 @@ def pods_of(session: Session, job_id: str) -> list[Pod]:
 
 def current_pods(session: Session, job: Job) -> list[Pod]:
     """The job's pods: its ordinals, and those scaled away that have not ended yet."""
-    pods = pod_count(job.spec)
+    pods = job.spec.pods
     return [pod for pod in pods_of(session, job.id)
             if pod.ordinal < pods or pod.phase != REMOVED]
 
 
 def to_public(session: Session, job: Job) -> JobPublic:
-    epochs = int(job.spec.get("epochs", 1))
+    epochs = job.spec.epochs
     remaining = (job.total_samples - job.samples_seen) if job.total_samples else None
     throughput = job.metrics.get("samples_per_second")
     eta = None
     if remaining is not None and throughput and not job.status.finished:
         eta = round(max(remaining, 0) / throughput, 1)
-    base, stages = f"/api/v1/jobs/{job.id}", stages_of(job.spec)
+    base, stages = f"/api/v1/jobs/{job.id}", job.spec.stages
     links = {"self": base, "events": f"{base}/events", "stream": f"{base}/stream",
              "stream_link": f"{base}/stream-link", "checkpoints": f"{base}/checkpoints",
              "cancel": f"{base}/cancel", "kill": f"{base}/pods/{{ordinal}}/kill",
@@ -206,7 +204,8 @@ def to_public(session: Session, job: Job) -> JobPublic:
     if job.model_id:
         links["model"] = f"/api/v1/models/{job.model_id}"
     return JobPublic(
-        id=job.id, name=job.name, status=job.status, reason=job.reason, spec=job.spec,
+        id=job.id, name=job.name, status=job.status, reason=job.reason,
+        spec=job.spec.model_dump(mode="json"),
         pods=[PodPublic.model_validate(p).model_copy(update={
                   "replica": p.ordinal // stages, "stage": p.ordinal % stages})
               for p in current_pods(session, job)],
@@ -288,9 +287,9 @@ def delete_job(session: Session, settings: Settings, job_id: str, artifacts: boo
 
 
 def check_ordinal(job: Job, ordinal: int) -> None:
-    if ordinal < 0 or ordinal >= pod_count(job.spec):
+    if ordinal < 0 or ordinal >= job.spec.pods:
         raise NotFound(f"job {job.id} has no pod {ordinal} (ordinals 0.."
-                       f"{pod_count(job.spec) - 1})")
+                       f"{job.spec.pods - 1})")
 
 
 def _active(job: Job, action: str) -> None:
@@ -331,17 +330,17 @@ def scale_job(session: Session, backend: Backend, events: EventLog, job_id: str,
               update: JobUpdate) -> Job:
     """Run `update.replicas` pods: the spec says so at once, the pods follow."""
     job = get_job(session, job_id)
-    if job.spec.get("parallelism") == "pipeline":
+    if job.spec.parallelism == "pipeline":
         raise InvalidSpec("replicas", "a pipeline job cannot be scaled yet")
-    limit = int(job.spec.get("max_replicas", job.spec["replicas"]))
+    limit = job.spec.max_replicas
     if update.replicas > limit:
         raise InvalidSpec("replicas", f"must be at most the job's max_replicas ({limit})")
     _active(job, "it cannot be scaled")
-    before = int(job.spec["replicas"])
+    before = job.spec.replicas
     if update.replicas == before:
         return job
     call_backend("scale", lambda: backend.scale(job_id, update.replicas))
-    job.spec = {**job.spec, "replicas": update.replicas}
+    job.spec = job.spec.model_copy(update={"replicas": update.replicas})
     rows = {pod.ordinal: pod for pod in pods_of(session, job_id)}
     for ordinal in range(before, update.replicas):
         pod = rows.get(ordinal) or Pod(job_id=job_id, ordinal=ordinal, name=f"{job_id}-{ordinal}")
@@ -359,8 +358,11 @@ def scale_job(session: Session, backend: Backend, events: EventLog, job_id: str,
 
 def list_events(session: Session, job_id: str, after: int, limit: int,
                 types: list[str] | None, before: int | None = None,
-                points: bool = True) -> EventsPublic:
+                points: bool = True, newest: bool = False) -> EventsPublic:
     get_job(session, job_id)
-    page, next_after = event_page(session, job_id, after, limit, types, before=before,
-                                  points=points)
-    return EventsPublic(data=[EventPublic.model_validate(e) for e in page], next_after=next_after)
+    page, edge = event_page(session, job_id, after, limit, types, before=before, points=points,
+                            newest=newest)
+    data = [EventPublic.model_validate(e) for e in page]
+    if newest:
+        return EventsPublic(data=data, next_after=None, next_before=edge)
+    return EventsPublic(data=data, next_after=edge)

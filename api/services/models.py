@@ -43,7 +43,7 @@ def register_model(session: Session, settings: Settings, job: Job,
     model = Model(id=model_id, job_id=job.id, name=job.name or job.id,
                   path=(str(model_dir.relative_to(settings.data_dir.resolve()))
                         if isinstance(model_dir, Path) else str(model_dir)),
-                  base_model=str(job.spec.get("model")), dataset=str(job.spec.get("dataset")),
+                  base_model=job.spec.model, dataset=job.spec.dataset,
                   metrics=metrics, size_bytes=_size(model_dir))
     session.add(model)
     job.model_id = model.id

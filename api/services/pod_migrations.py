@@ -23,7 +23,6 @@ from api.models import Event, Job, JobStatus, Migration
 from api.services.events import EventLog, new_event
 from api.services.jobs import call_backend, check_ordinal, get_job, still_active
 from trainer.contract.records import Joined
-from trainer.contract.spec import stages_of
 
 MIGRATIONS = Migration.__table__  # type: ignore[attr-defined]
 
@@ -40,7 +39,7 @@ def start(session: Session, backend: Backend, events: EventLog, job_id: str, ord
     """Start moving one pod: its replacement starts; the reports say when it takes part."""
     job = get_job(session, job_id)
     check_ordinal(job, ordinal)
-    if stages_of(job.spec) > 1:
+    if job.spec.stages > 1:
         raise Conflict(f"job {job_id} is a pipeline job: its pods cannot be migrated yet (each "
                        "stage pod holds a part of its replica's model)")
     if job.status not in (JobStatus.running, JobStatus.degraded):

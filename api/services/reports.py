@@ -38,7 +38,6 @@ from api.services.events import EventLog
 from api.services.job_view import JobView, PodView
 from api.services.report_rows import EVENTS, Items, admit, stage
 from trainer.contract.records import ReportBatch
-from trainer.contract.spec import pod_count
 
 logger = logging.getLogger(__name__)
 
@@ -241,8 +240,8 @@ class ReportWriter:
         found = {}
         for row in connection.execute(select(*columns).where(JOBS.c.id.in_(ids))):
             found[row.id] = JobView(
-                row.id, JobStatus(row.status), int(row.spec["epochs"]),
-                pod_count(row.spec), row.step, row.epoch, row.samples_seen,
+                row.id, JobStatus(row.status), row.spec.epochs,
+                row.spec.pods, row.step, row.epoch, row.samples_seen,
                 row.total_samples, row.metrics or {}, row.completed_model_dir,
                 row.event_bytes, self.quota)
         return found

@@ -41,7 +41,7 @@ class FakeBackend:
             raise BackendError(self.fail_launch)
         self.launches.append(launch)
         self.workloads[launch.job_id] = WorkloadStatus(present=True, pods=[
-            self._pod(launch.job_id, o) for o in range(launch.replicas)])
+            self._pod(launch.job_id, o) for o in range(launch.pods)])
 
     @staticmethod
     def _pod(job_id: str, ordinal: int) -> PodStatus:

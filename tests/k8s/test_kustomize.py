@@ -23,6 +23,7 @@ from api.settings import Settings
 from tests.api.backends.k8s_fake import SCHEMA_VERSION
 from tests.api.backends.k8s_fake.store import matches, parse_selector
 from tests.conftest import ROOT
+from trainer.contract.spec import JobSpec
 from trainer.contract.store import is_local, location
 
 K8S = ROOT / "k8s"
@@ -166,8 +167,8 @@ def test_only_a_jobs_own_trainers_reach_its_pods() -> None:
     policies = [d for d in objects.values() if d["kind"] == "NetworkPolicy"]
     jobs = {}
     for job, mode in (("job-a", "live"), ("job-b", "restart")):
-        launch = Launch(job_id=job, replicas=2, fault_tolerance=mode,  # type: ignore[arg-type]
-                        spec={}, report_url="http://api", report_token="t",
+        launch = Launch(job_id=job, pods=2, fault_tolerance=mode,  # type: ignore[arg-type]
+                        spec=JobSpec(), report_url="http://api", report_token="t",
                         checkpoint_dir=Path("c"), model_dir=Path("m"), inputs_dir=Path("i"),
                         cache_dir=Path("x"))
         policies.append(network_policy(launch, cluster))
@@ -279,7 +280,7 @@ def test_the_object_store_overlay_lets_trainers_and_the_api_reach_the_store() ->
     api = objects[("Deployment", "migrator-api")]["spec"]["template"]["spec"]["containers"][0]
     assert {"secretRef": {"name": settings.k8s_artifacts_secret, "optional": True}} in api[
         "envFrom"]
-    launch = Launch(job_id="job-1", replicas=2, fault_tolerance="live", spec={},
+    launch = Launch(job_id="job-1", pods=2, fault_tolerance="live", spec=JobSpec(),
                     report_url="http://api", report_token="t",
                     checkpoint_dir=location(f"{settings.artifacts_url}/job-1/checkpoints"),
                     model_dir=location(f"{settings.artifacts_url}/job-1/model"),

@@ -1,4 +1,5 @@
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,19 @@ def test_precedence_is_cli_over_file_over_env(tmp_path: Path) -> None:
     assert config.spec.seed == 11
     assert config.runtime.checkpoint_dir == Path("/file/ckpt")
     assert config.runtime.job_id == "job-42"
+
+
+def test_a_flag_sets_an_optional_back_to_none() -> None:
+    env = {"TRAINER_CONFIG": json.dumps({"max_train_samples": 100}), "MAX_STEPS": "5"}
+    config = load_config(["--max-train-samples", "null", "--max-steps", "null"], env)
+    assert config.spec.max_train_samples is None
+    assert config.runtime.max_steps is None
+
+
+def test_without_argv_the_process_arguments_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["trainer", "--seed", "5", "--job-id", "job-7"])
+    config = load_config(None, {})
+    assert (config.spec.seed, config.runtime.job_id) == (5, "job-7")
 
 
 def test_env_types_are_coerced() -> None:
@@ -65,6 +79,17 @@ def test_unreadable_spec_file_and_bad_json(tmp_path: Path) -> None:
         load_config([], {"TRAINER_CONFIG": "{epochs: 3"})
 
 
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--epochz", "3"], "--epochz"),
+    (["--seed"], "--seed"),
+    (["--batch", "8"], "--batch"),  # no abbreviations: a new flag could make one ambiguous
+    (["--resources", "{}"], "--resources"),
+])
+def test_bad_flags_name_the_flag(argv: list[str], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        load_config(argv, {})
+
+
 def test_main_exits_2_with_the_field_named(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--batch-size", "-1"], environ={}) == ExitCode.BAD_INPUT
     assert "batch_size" in capsys.readouterr().err
@@ -77,3 +102,5 @@ def test_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None:
     assert exited.value.code == 0
     shown = capsys.readouterr().out
     assert "--dataset" in shown and "25% sample" in shown and "--finetune" in shown
+    assert "--batch-size" in shown and "(default: 16)" in shown
+    assert "[env: CHECKPOINT_DIR]" in shown and "--config" in shown

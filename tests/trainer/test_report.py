@@ -1,4 +1,5 @@
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
@@ -165,3 +166,27 @@ def test_the_sender_outlives_an_unexpected_error(server: ReportServer) -> None:
     assert sink.flush(timeout=20)
     reporter.close()
     assert transport.failed and [r["seq"] for r in server.records()] == [1]
+
+
+def test_an_ending_pod_waits_for_a_restarting_control_plane(server: ReportServer) -> None:
+    """close() keeps the buffer until the control plane is back (within `drain_seconds`): a
+    pod that ends while the API restarts loses no report."""
+    reporter, sink = reporter_for(server, drain_seconds=120.0)
+    for step in range(1, 51):
+        reporter.emit(metric_data(step))
+    closer = threading.Thread(target=reporter.close)
+    closer.start()
+    assert not sink.flush(timeout=0.5) and closer.is_alive()  # nobody listening: it waits
+    server.start()
+    closer.join(timeout=60)
+    assert not closer.is_alive()
+    assert [r["data"]["step"] for r in server.records()] == list(range(1, 51))
+
+
+def test_past_its_drain_an_ending_pod_says_what_it_lost(
+        server: ReportServer, caplog: pytest.LogCaptureFixture) -> None:
+    reporter, _ = reporter_for(server, drain_seconds=0.3)
+    for step in range(1, 8):
+        reporter.emit(metric_data(step))
+    reporter.close()
+    assert "7 report records not delivered" in caplog.text

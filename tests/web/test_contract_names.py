@@ -1,51 +1,57 @@
-"""The dashboard reads the names the contract and the API define (no browser needed)."""
+"""The dashboard's contract names: generated from the Python contract (api/web_contract.py) into
+web/static/contract.js, and never spelled by the page's modules themselves (no browser needed)."""
 
 from __future__ import annotations
 
-import re
 from typing import get_args
 
-from api.models import EventType
+import pytest
+
+from api import web_contract
+from api.models import EventType, JobStatus
 from tests.conftest import ROOT
 from trainer.contract.records import CONTROL_EVENT_TYPES, EVENT_TYPES, RECORD_KINDS
 
 STATIC = ROOT / "web" / "static"
-QUOTED = re.compile(r"'([a-z_]+)'")
+REGENERATE = f"run `.venv/bin/{web_contract.COMMAND}` and commit the result"
+# The spec's choices are left out: the page has words of its own that are theirs too (its
+# stream's `live` state, a pod's `restart` tag).
+SPEC_CHOICES = ("FAULT_TOLERANCE", "PARALLELISM")
 
 
-def lines_of(name: str) -> list[str]:
-    return (STATIC / name).read_text().splitlines()
+def test_the_checked_in_module_is_what_the_contract_generates() -> None:
+    target = ROOT / web_contract.TARGET
+    assert target.is_file(), f"{web_contract.TARGET} is missing: {REGENERATE}"
+    assert target.read_text() == web_contract.render(), (
+        f"{web_contract.TARGET} is out of date: {REGENERATE}")
 
 
-def test_the_stream_types_the_page_listens_to_are_the_apis() -> None:
-    declared = next(line for line in lines_of("job.js") if "const STREAM_TYPES" in line)
-    assert set(QUOTED.findall(declared)) == set(get_args(EventType))
+def test_the_module_holds_every_name_the_api_and_the_pods_send() -> None:
+    groups = {name: set(values) for name, (_, values) in web_contract.GROUPS.items()}
+    assert groups["STREAM"] == set(get_args(EventType))
+    assert groups["KIND"] == set(RECORD_KINDS)
+    assert groups["EVENT"] == {*EVENT_TYPES, *CONTROL_EVENT_TYPES}
+    assert groups["JOB_STATUS"] == set(JobStatus)
+    assert {"Running", "Failed", "Removed"} <= groups["POD_PHASE"]
+    module = web_contract.render()
+    assert "export const EVENT = names('EVENT', ['started', " in module
+    assert ("export const FINISHED = Object.freeze([JOB_STATUS.succeeded, JOB_STATUS.failed, "
+            "JOB_STATUS.cancelled]);") in module
 
 
-COMPARED_KIND = re.compile(r"data\.kind [!=]== '([a-z_]+)'")
-COMPARED_TYPE = re.compile(r"(?:data\.type|tag) [!=]== '([a-z_]+)'")
-LISTED_TYPES = re.compile(r"\[([^\]]*)\]\.includes\((?:tag|data\.type)\)")
+def test_a_name_the_page_could_not_read_as_a_property_is_refused() -> None:
+    with pytest.raises(ValueError, match="migration-failed"):
+        web_contract.render({"EVENT": ("A job event's type.", ("migrated", "migration-failed"))})
 
 
-def test_every_record_kind_and_event_type_the_page_compares_exists() -> None:
-    kinds, types = set(), set()
-    for name in ("job.js", "timeline.js", "charts.js", "pods.js"):
-        lines = lines_of(name)
-        for number, line in enumerate(lines):
-            kinds |= set(COMPARED_KIND.findall(line))
-            types |= set(COMPARED_TYPE.findall(line))
-            for listed in LISTED_TYPES.findall(line):
-                types |= set(QUOTED.findall(listed))
-            if "function rejoinType" in line:  # the event that marks a rejoin, per mode
-                types |= set(QUOTED.findall(lines[number + 1].split("?", 1)[1]))
-    assert {"eval", "metric"} <= kinds and {"healed", "resumed", "quorum"} <= types
-    # Membership changes: the pods' own (left, joined) and the control plane's (scaled, ...).
-    assert {"scaled", "left", "joined", "migrated", "migration_failed"} <= types
-    assert kinds <= set(RECORD_KINDS), kinds - set(RECORD_KINDS)
-    known = set(EVENT_TYPES) | set(CONTROL_EVENT_TYPES)
-    assert types <= known, types - known
-
-
-def test_the_history_reads_every_stream_type_but_sample_ids() -> None:
-    declared = next(line for line in lines_of("history.js") if "const HISTORY_TYPES" in line)
-    assert set(QUOTED.findall(declared)) == set(get_args(EventType)) - {"samples"}
+def test_the_page_spells_no_contract_name_as_a_string_of_its_own() -> None:
+    """`EVENT.healed`, never `'healed'`: a misspelled import or property fails where it is
+    read (the tables throw on unknown names), a misspelled string would never match."""
+    names = {str(value) for group, (_, values) in web_contract.GROUPS.items()
+             if group not in SPEC_CHOICES for value in values}
+    modules = [path for path in sorted(STATIC.glob("*.js")) if path.name != "contract.js"]
+    assert len(modules) >= 10
+    spelled = [f"{path.name}:{number}: {name}" for path in modules
+               for number, line in enumerate(path.read_text().splitlines(), 1)
+               for name in sorted(names) if f"'{name}'" in line or f'"{name}"' in line]
+    assert spelled == [], "import these names from contract.js"

@@ -355,6 +355,21 @@ def test_series_combine_pods_and_cut_pauses(control_plane: ControlPlane, page: A
     assert page.console.unexpected() == []
 
 
+def test_a_misspelled_contract_name_throws_where_it_is_read(control_plane: ControlPlane,
+                                                            page: Any) -> None:
+    login(page, control_plane)
+    read = page.evaluate("""async () => {
+        const { EVENT, KIND } = await import('/static/contract.js');
+        let misspelled = null;
+        try { misspelled = KIND.evall; } catch (error) { misspelled = error.message; }
+        return [KIND.eval, misspelled, Object.isFrozen(EVENT), Object.keys(KIND)];
+    }""")
+    known, misspelled, frozen, listed = read
+    assert known == "eval" and misspelled == "KIND has no name evall" and frozen
+    assert listed == ["metric", "eval", "checkpoint", "samples", "event"]
+    assert page.console.unexpected() == []
+
+
 def cancelled_job(plane: ControlPlane) -> str:
     """A job whose pod stopped at once: only what a test reports happens to it."""
     created = plane.http.post("/api/v1/jobs", json={**SPEC, "replicas": 1})
@@ -412,6 +427,55 @@ def test_a_long_history_loads_as_a_bounded_series_and_the_stream_goes_on_from_it
     send([validation(3)])
     wait_for(lambda: chart_points(page, "accuracy") == 3, timeout=10, what="the new evaluation")
     assert page.locator(".timeline li[data-tag='validation eval']").count() == 3
+
+
+def test_the_timeline_shows_the_latest_events_and_older_ones_on_demand(
+        control_plane: ControlPlane, page: Any) -> None:
+    job_id = cancelled_job(control_plane)
+    epochs = 450  # more than two of the timeline's pages (200 events, web/static/history.js)
+    response = control_plane.http.post(
+        f"/api/v1/jobs/{job_id}/reports",
+        headers={"Authorization": f"Bearer {control_plane.report_token(job_id)}"},
+        json={"pod": f"{job_id}-0", "incarnation": "web-test", "records": [
+            record(n, evaluation(epoch=n, step=n), time.time()) for n in range(1, epochs + 1)]})
+    assert response.status_code == 200, response.text
+    reads = []
+    page.on("request", lambda r: "/events?" in r.url and reads.append(r.url))
+
+    login(page, control_plane, f"#/jobs/{job_id}")
+    page.wait_for_selector(".connection[data-state=live]")
+    rows = page.locator(".timeline li[data-tag='validation eval']")
+    wait_for(lambda: rows.count() > 0, timeout=10, what="the latest events")
+    older = page.get_by_role("button", name="Show older events")
+    said = page.locator(".older [role=status]")
+    older.wait_for()
+
+    def epochs_shown() -> list[int]:
+        texts = rows.evaluate_all("rows => rows.map(row => row.textContent)")
+        return [int(text.rsplit("(epoch ", 1)[1].rstrip(")")) for text in texts]
+
+    # The newest page only (a few of the job's own pod events may be among it), newest first;
+    # the accuracy chart has every evaluation all the same.
+    latest = epochs_shown()
+    assert latest == list(range(epochs, epochs - len(latest), -1)) and 190 <= len(latest) <= 200
+    assert chart_points(page, "accuracy") == epochs
+    assert len(reads) == 2 and all("before=" in url for url in reads)  # evaluations, the page
+
+    older.click()
+    wait_for(lambda: rows.count() > len(latest), timeout=10, what="the older page")
+    shown = epochs_shown()
+    assert shown[:len(latest)] == latest and len(shown) >= len(latest) + 190
+    assert shown == list(range(epochs, epochs - len(shown), -1))  # the page below, in order
+    assert said.inner_text() == f"{len(shown) - len(latest)} older events loaded."
+
+    older.focus()  # the button works from the keyboard, and says when nothing is older
+    page.keyboard.press("Enter")
+    wait_for(lambda: rows.count() == epochs, timeout=10, what="the oldest page")
+    assert epochs_shown() == list(range(epochs, 0, -1))
+    assert said.inner_text().endswith("No older events.") and older.is_hidden()
+    assert page.evaluate("() => document.activeElement.getAttribute('role')") == "status"
+    assert page.locator(".timeline li").last.get_attribute("data-tag") == "pending"
+    assert page.console.unexpected() == []
 
 
 def test_the_stream_reconnects_after_a_control_plane_restart_and_misses_nothing(

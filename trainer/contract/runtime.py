@@ -85,6 +85,10 @@ class Runtime(BaseModel):
     max_steps: int | None = Field(default=None, ge=1, alias="MAX_STEPS")
     """Stop after this many committed steps in all (benchmarks, tests); none: every epoch."""
 
+    report_drain_seconds: float = Field(default=600.0, ge=0, alias="REPORT_DRAIN_SECONDS")
+    """How long an ending pod waits for the control plane to take its undelivered reports (it
+    may be restarting); what is left then is lost, and the pod's log says how much."""
+
     heartbeat_file: Path | None = Field(default=None, alias="HEARTBEAT_FILE")
     """Touched about once a second while report records flow; Kubernetes probes its age."""
 

@@ -8,7 +8,6 @@ Checks that need the machine (does the dataset file exist, is there a GPU) are n
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -52,18 +51,6 @@ trainer)."""
 
 # Kubernetes quantities: an integer or decimal with an optional suffix (`500m`, `2`, `4Gi`).
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
-
-
-def stages_of(spec: Mapping[str, Any]) -> int:
-    """Pods per replica of a stored spec: a pipeline's stages, else 1."""
-    if spec.get("parallelism") == "pipeline":
-        return int(spec.get("pipeline_stages", 2))
-    return 1
-
-
-def pod_count(spec: Mapping[str, Any]) -> int:
-    """Pods a stored spec runs: replicas x stages."""
-    return int(spec["replicas"]) * stages_of(spec)
 
 
 def _not_blank(value: str) -> str:
@@ -307,9 +294,14 @@ class JobSpec(BaseModel):
         return value
 
     @property
+    def stages(self) -> int:
+        """Pods per replica: a pipeline's stages, else 1."""
+        return self.pipeline_stages if self.parallelism == "pipeline" else 1
+
+    @property
     def pods(self) -> int:
         """Pods the job runs: replicas x stages."""
-        return pod_count(self.model_dump())
+        return self.replicas * self.stages
 
     @model_validator(mode="after")
     def _default_max_replicas(self) -> JobSpec:

@@ -15,7 +15,6 @@ job's peer secret: torchrun's `c10d` rendezvous, over a MemberStore instead of a
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -42,7 +41,7 @@ from torch.distributed.launcher import api as launcher_api
 from trainer.contract import credentials
 from trainer.contract.process import ExitCode
 from trainer.contract.runtime import RENDEZVOUS_BACKEND, SPEC_ENV, Runtime
-from trainer.contract.spec import stages_of
+from trainer.contract.spec import JobSpec
 from trainer.engine import warm_worker
 from trainer.engine.store import MemberStore
 from trainer.engine.warm_worker import WarmWorker
@@ -119,7 +118,7 @@ def warm_worker_wanted(environ: Mapping[str, str]) -> bool:
     never for a pipeline stage (which one a worker holds is known only once it runs)."""
     try:
         runtime = Runtime(**Runtime.fields_from_env(environ))
-        pipeline = stages_of(json.loads(environ.get(SPEC_ENV) or "{}")) > 1
+        pipeline = JobSpec.model_validate_json(environ.get(SPEC_ENV) or "{}").stages > 1
     except (ValidationError, ValueError, AttributeError):
         return False  # the worker says what is wrong
     return runtime.warm_worker and not pipeline

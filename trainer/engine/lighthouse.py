@@ -5,7 +5,8 @@ stop for `heartbeat_timeout`: a replica that leaves on purpose (scale-down, the 
 migration, SIGTERM) would cost its peers that wait, as a crash does. This server speaks the same
 gRPC service to torchft's managers (`torchft.LighthouseService`: Quorum and Heartbeat) and forms
 quorums by the same rules, plus one call of its own, `Leave`: a replica that committed its last
-step says so, and the next quorum goes on without it at once.
+step says so, and the next quorum goes on without it at once. Both protocols are `.proto` files
+beside this module (torchft.proto is torchft's own), compiled by grpcio-tools when it loads.
 
 Only the job's own pods are heard: a Quorum, Heartbeat or Leave is answered only under a member
 id whose tag proves the job's peer secret (trainer.engine.credentials), so a stranger that can
@@ -25,75 +26,65 @@ import asyncio
 import logging
 import os
 import sys
+import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import grpc
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+from google.protobuf import descriptor, descriptor_pb2, descriptor_pool
+from google.protobuf.message_factory import GetMessageClass
+from grpc_tools import protoc
 
 from trainer.contract import credentials
 from trainer.contract.runtime import host_port
 
 logger = logging.getLogger(__name__)
 
-TORCHFT_SERVICE = "torchft.LighthouseService"
+PROTOCOL = Path(__file__).with_name("lighthouse.proto")
+"""Our Leave service; it imports torchft's protocol (torchft.proto beside it)."""
 REFUSALS_LOGGED_EVERY = 10.0
 """Seconds between two log lines about refused strangers (their clients retry many times a
 second)."""
-LEAVE_SERVICE = "livemigrator.Lighthouse"
 
 
-def _messages() -> dict[str, type[Any]]:
-    """torchft's lighthouse messages, by the field numbers of its protocol."""
+def compile_protocol(proto: Path) -> descriptor_pool.DescriptorPool:
+    """`proto` and what it imports, compiled by grpcio-tools' protoc when the module loads: a
+    pool of their own, so nothing generated is checked in or installed."""
+    well_known = resources.files("grpc_tools") / "_proto"  # google/protobuf/timestamp.proto
+    with tempfile.TemporaryDirectory() as scratch:
+        compiled = Path(scratch) / "descriptors.pb"
+        status = protoc.main(["protoc", f"--proto_path={proto.parent}",
+                              f"--proto_path={well_known}", "--include_imports",
+                              f"--descriptor_set_out={compiled}", proto.name])
+        if status != 0:
+            raise RuntimeError(f"protoc could not compile {proto} (exit {status})")
+        files = descriptor_pb2.FileDescriptorSet.FromString(compiled.read_bytes())
     pool = descriptor_pool.DescriptorPool()
-    pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
-    proto = descriptor_pb2.FileDescriptorProto(
-        name="livemigrator/lighthouse.proto", package="torchft", syntax="proto3",
-        dependency=["google/protobuf/timestamp.proto"])
-    scalar = descriptor_pb2.FieldDescriptorProto
-    kinds = {"string": scalar.TYPE_STRING, "int64": scalar.TYPE_INT64,
-             "uint64": scalar.TYPE_UINT64, "bool": scalar.TYPE_BOOL}
-
-    def message(name: str, *fields: tuple[str, int, str, bool]) -> None:
-        described = proto.message_type.add(name=name)
-        for field_name, number, kind, repeated in fields:
-            entry = described.field.add(
-                name=field_name, number=number,
-                label=scalar.LABEL_REPEATED if repeated else scalar.LABEL_OPTIONAL)
-            if kind in kinds:
-                entry.type = kinds[kind]
-            else:
-                entry.type, entry.type_name = scalar.TYPE_MESSAGE, kind
-
-    message("QuorumMember", ("replica_id", 1, "string", False), ("address", 2, "string", False),
-            ("store_address", 3, "string", False), ("step", 4, "int64", False),
-            ("world_size", 5, "uint64", False), ("shrink_only", 6, "bool", False),
-            ("data", 7, "string", False), ("commit_failures", 8, "int64", False))
-    message("Quorum", ("quorum_id", 1, "int64", False),
-            ("participants", 2, ".torchft.QuorumMember", True),
-            ("created", 3, ".google.protobuf.Timestamp", False))
-    message("LighthouseQuorumRequest", ("requester", 1, ".torchft.QuorumMember", False))
-    message("LighthouseQuorumResponse", ("quorum", 1, ".torchft.Quorum", False))
-    message("LighthouseHeartbeatRequest", ("replica_id", 1, "string", False))
-    message("LighthouseHeartbeatResponse")
-    pool.Add(proto)
-    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"torchft.{name}"))
-            for name in ("QuorumMember", "Quorum", "LighthouseQuorumRequest",
-                         "LighthouseQuorumResponse", "LighthouseHeartbeatRequest",
-                         "LighthouseHeartbeatResponse")}
+    for file in files.file:  # dependencies first
+        pool.Add(file)
+    return pool
 
 
-MESSAGES = _messages()
-QuorumMember = MESSAGES["QuorumMember"]
-Quorum = MESSAGES["Quorum"]
-QuorumRequest = MESSAGES["LighthouseQuorumRequest"]
-QuorumResponse = MESSAGES["LighthouseQuorumResponse"]
-HeartbeatRequest = MESSAGES["LighthouseHeartbeatRequest"]
-HeartbeatResponse = MESSAGES["LighthouseHeartbeatResponse"]
-LeaveRequest, LeaveResponse = HeartbeatRequest, HeartbeatResponse
-"""Leave names the replica that leaves, as a heartbeat does."""
+POOL = compile_protocol(PROTOCOL)
+TORCHFT_SERVICE = POOL.FindServiceByName("torchft.LighthouseService")
+LEAVE_SERVICE = POOL.FindServiceByName("livemigrator.Lighthouse")
+LEAVE = LEAVE_SERVICE.methods_by_name["Leave"]
+
+
+def message(described: descriptor.Descriptor) -> type[Any]:
+    """The class of a message of the pool (Any: its fields are known only when it loads)."""
+    return GetMessageClass(described)
+
+
+QuorumMember = message(POOL.FindMessageTypeByName("torchft.QuorumMember"))
+Quorum = message(POOL.FindMessageTypeByName("torchft.Quorum"))
+QuorumResponse = message(TORCHFT_SERVICE.methods_by_name["Quorum"].output_type)
+HeartbeatResponse = message(TORCHFT_SERVICE.methods_by_name["Heartbeat"].output_type)
+LeaveRequest, LeaveResponse = message(LEAVE.input_type), message(LEAVE.output_type)
 
 
 @dataclass
@@ -238,19 +229,23 @@ class Lighthouse:
             inbox.put_nowait(quorum)
 
 
-def handlers(lighthouse: Lighthouse) -> Iterable[grpc.GenericRpcHandler]:
-    def unary(method: Any, request: type[Any], response: type[Any]) -> grpc.RpcMethodHandler:
+def served(service: descriptor.ServiceDescriptor,
+           methods: dict[str, Callable[..., Any]]) -> grpc.GenericRpcHandler:
+    """`service`'s methods, answered by `methods` (by method name)."""
+    def unary(name: str) -> grpc.RpcMethodHandler:
+        method = service.methods_by_name[name]
         return grpc.unary_unary_rpc_method_handler(
-            method, request_deserializer=request.FromString,
-            response_serializer=response.SerializeToString)
+            methods[name], request_deserializer=message(method.input_type).FromString,
+            response_serializer=message(method.output_type).SerializeToString)
 
-    return [
-        grpc.method_handlers_generic_handler(TORCHFT_SERVICE, {
-            "Quorum": unary(lighthouse.quorum, QuorumRequest, QuorumResponse),
-            "Heartbeat": unary(lighthouse.heartbeat, HeartbeatRequest, HeartbeatResponse)}),
-        grpc.method_handlers_generic_handler(LEAVE_SERVICE, {
-            "Leave": unary(lighthouse.leave, LeaveRequest, LeaveResponse)}),
-    ]
+    return grpc.method_handlers_generic_handler(service.full_name,
+                                                {name: unary(name) for name in methods})
+
+
+def handlers(lighthouse: Lighthouse) -> Iterable[grpc.GenericRpcHandler]:
+    return [served(TORCHFT_SERVICE, {"Quorum": lighthouse.quorum,
+                                     "Heartbeat": lighthouse.heartbeat}),
+            served(LEAVE_SERVICE, {"Leave": lighthouse.leave})]
 
 
 async def serve(bind: str, options: Options, secret: str) -> None:
@@ -271,7 +266,7 @@ def leave(lighthouse: str, replica_id: str, timeout: float = 5.0) -> None:
     """Tell `lighthouse` (`http://host:port`) that `replica_id` has left."""
     target = lighthouse.removeprefix("http://")
     with grpc.insecure_channel(target) as channel:
-        call = channel.unary_unary(f"/{LEAVE_SERVICE}/Leave",
+        call = channel.unary_unary(f"/{LEAVE_SERVICE.full_name}/{LEAVE.name}",
                                    request_serializer=LeaveRequest.SerializeToString,
                                    response_deserializer=LeaveResponse.FromString)
         call(LeaveRequest(replica_id=replica_id), timeout=timeout)

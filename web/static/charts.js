@@ -19,7 +19,7 @@ function cssVar(name) {
 const MARKER_COLORS = {
   kill: '--bad', failure: '--bad', restart: '--warn', rejoin: '--good',
   scale: '--scale', join: '--good', leave: '--warn',
-  migrate: '--move', migrated: '--move', 'migration-failed': '--bad',
+  migrate: '--move', migrated: '--move', migration_failed: '--bad',
 };
 // Dashed: a pod coming (back) or asked to move; solid: what happened to the job.
 const DASHED = new Set(['rejoin', 'join', 'leave', 'migrate']);

@@ -1,25 +1,25 @@
 // A job page: summary, pods, live charts, result, timeline, checkpoints. The stream's events are
 // queued and applied once per animation frame, so a burst of thousands costs one redraw.
 import { api, streamUrl } from './api.js';
+import { EVENT, FAULT_TOLERANCE, FINISHED, JOB_STATUS, KIND, PARALLELISM, POD_PHASE, STREAM } from './contract.js';
 import { Charts } from './charts.js';
 import { ago, badge, confirmDialog, duration, fill, h, notice, number, percent, setBadge, setText } from './dom.js';
 import { podsOf, progressOf } from './jobs.js';
 import { Pods } from './pods.js';
-import { loadHistory } from './history.js';
+import { applyEvaluation, loadHistory, loadOlder } from './history.js';
 import { Checkpoints, Result } from './result.js';
 import { KeyedSeries, TimeSeries } from './series.js';
 import { state } from './state.js';
 import { describe, joinedLate, membershipLabel, ordinalOf, Timeline } from './timeline.js';
 
 const POLL_MS = 2000;
-const STREAM_TYPES = ['metric', 'checkpoint', 'job', 'pod', 'log', 'samples'];
-const FINISHED = ['succeeded', 'failed', 'cancelled'];
 const RETRY_MS = 3000;
+const MEMBERSHIP = [EVENT.scaled, EVENT.left, EVENT.joined, EVENT.migrated, EVENT.migration_failed];
 
 /** How a pod rejoins: a live group heals it from a peer (a pod recreated there may first load a
  * checkpoint: not a rejoin yet); a restarted group resumes from the checkpoint. */
 function rejoinType(job) {
-  return job.spec.fault_tolerance === 'restart' ? 'resumed' : 'healed';
+  return job.spec.fault_tolerance === FAULT_TOLERANCE.restart ? EVENT.resumed : EVENT.healed;
 }
 
 function newView(id) {
@@ -52,14 +52,14 @@ function newView(id) {
 
 /** Chart markers of a membership change, and what the pods grid notes of it. */
 function membership(view, data, time) {
-  const label = membershipLabel('job', data);
-  if (data.type === 'scaled') {
+  const label = membershipLabel(STREAM.job, data);
+  if (data.type === EVENT.scaled) {
     for (let ordinal = data.from; ordinal < data.to; ordinal += 1) view.arriving.add(ordinal);
     for (const ordinal of view.arriving) if (ordinal >= data.to) view.arriving.delete(ordinal);
     view.markers.push({ time, kind: 'scale', label });
-  } else if (data.type === 'left') {
+  } else if (data.type === EVENT.left) {
     view.markers.push({ time, kind: 'leave', label });
-  } else if (data.type === 'joined') {
+  } else if (data.type === EVENT.joined) {
     // Only a scale-up's newcomers: a migration's replacement has its `migrated` marker, a
     // comeback its rejoin, and the pods that start together join at step 1.
     if (view.arriving.delete(ordinalOf(data.pod)) && joinedLate(data)) {
@@ -67,7 +67,7 @@ function membership(view, data, time) {
     }
   } else {
     view.migrating.delete(data.ordinal);
-    view.markers.push({ time, kind: data.type === 'migrated' ? 'migrated' : 'migration-failed', label });
+    view.markers.push({ time, kind: data.type, label }); // migrated or migration_failed
   }
 }
 
@@ -86,6 +86,7 @@ function layout(view) {
     charts: h('div.charts'),
     result: h('section.card.result', { hidden: true, 'aria-label': 'Result' }),
     timeline: h('ol.timeline', { 'aria-label': 'Events, newest first' }),
+    older: h('div.older'),
     checkpointsBody: h('tbody'),
     checkpointsEmpty: h('p.muted', {}, 'No checkpoint yet.'),
   };
@@ -103,7 +104,7 @@ function layout(view) {
       el.podsBody))),
     section('Training', el.charts),
     h('div.columns', {},
-      section('Events', el.timeline),
+      section('Events', el.timeline, el.older),
       section('Checkpoints', el.checkpointsEmpty, h('div.table-wrap', {}, h('table.checkpoints', {},
         h('thead', {}, h('tr', {}, h('th', {}, 'Checkpoint'), h('th.num', {}, 'Epoch'),
           h('th.num', {}, 'Step'), h('th.num', {}, 'Val acc'), h('th.num', {}, 'Size'),
@@ -127,7 +128,7 @@ export function showJob(main, id) {
     pods.render();
     renderSummary();
   });
-  const timeline = new Timeline(el.timeline);
+  const timeline = new Timeline(el.timeline, el.older, (before) => loadOlder(id, before));
   const checkpoints = new Checkpoints(el.checkpointsBody, el.checkpointsEmpty);
   const result = new Result(el.result);
   const charts = new Charts(el.charts, view.series, view.markers,
@@ -155,7 +156,7 @@ export function showJob(main, id) {
       stat('Participants', String(latest?.participants ?? job.metrics.participants ?? '–')),
       stat('Val accuracy', percent(job.metrics.val_accuracy)),
       stat(view.finished ? 'Finished' : 'ETA', view.finished ? ago(job.finished_at) : duration(progress.eta_seconds)),
-      stat('Mode', job.spec.parallelism === 'pipeline'
+      stat('Mode', job.spec.parallelism === PARALLELISM.pipeline
         ? `${job.spec.fault_tolerance}, ${job.spec.replicas} x ${job.spec.pipeline_stages} pods`
         : `${job.spec.fault_tolerance}, ${job.spec.replicas} pods`),
     ];
@@ -164,7 +165,7 @@ export function showJob(main, id) {
       items.push(stat('Trainable', `${number(trainable / 1e6, 2)}M of ${number(parameters / 1e6, 1)}M (${percent(trainable / parameters)})`));
     }
     fill(el.stats, items);
-    el.reason.hidden = !job.reason || job.status === 'succeeded';
+    el.reason.hidden = !job.reason || job.status === JOB_STATUS.succeeded;
     setText(el.reason, job.reason ?? '');
     el.cancel.hidden = view.finished;
   }
@@ -174,7 +175,7 @@ export function showJob(main, id) {
   function apply(event) {
     const { type, data } = event;
     const time = data.time;
-    if (type === 'metric' && data.kind === 'metric') {
+    if (type === STREAM.metric && data.kind === KIND.metric) {
       const step = data.step;
       view.series.loss.add(step, [data.loss]);
       view.series.speed.add(time, step, [data.samples_per_second]);
@@ -183,27 +184,26 @@ export function showJob(main, id) {
       if (!view.latest || step >= view.latest.step) view.latest = data;
       return null;
     }
-    if (type === 'metric' && data.kind === 'eval' && data.split === 'validation' && data.epoch !== undefined) {
-      view.series.accuracy.add(data.epoch, [data.accuracy]);
-    }
+    // The history's evaluations are in the chart already (loadHistory reads them all).
+    if (type === STREAM.metric && !event.historic) applyEvaluation(view, data);
     let context = {};
-    if (type === 'pod' && data.action === 'kill') {
+    if (type === STREAM.pod && data.action === 'kill') {
       view.kills.set(data.ordinal, { time, restarts: view.restarts.get(data.ordinal) ?? 0 });
       view.markers.push({ time, kind: 'kill', label: `kill ${data.ordinal}` });
-    } else if (type === 'pod' && data.action === 'migrate') {
+    } else if (type === STREAM.pod && data.action === 'migrate') {
       view.migrating.add(data.ordinal);
       view.markers.push({ time, kind: 'migrate', label: membershipLabel(type, data) });
-    } else if (type === 'pod' && data.ordinal !== undefined) {
+    } else if (type === STREAM.pod && data.ordinal !== undefined) {
       const before = view.restarts.get(data.ordinal) ?? 0;
       if ((data.restarts ?? 0) > before) {
         view.restarts.set(data.ordinal, data.restarts);
         view.markers.push({ time, kind: 'restart', label: `restart ${data.ordinal}` });
       }
       const kill = view.kills.get(data.ordinal);
-      if (data.phase === 'Failed' && !(kill && time - kill.time < 30)) {
+      if (data.phase === POD_PHASE.Failed && !(kill && time - kill.time < 30)) {
         view.markers.push({ time, kind: 'failure', label: `failed ${data.ordinal}` });
       }
-      if (data.phase === 'Removed') {
+      if (data.phase === POD_PHASE.Removed) {
         view.arriving.delete(data.ordinal);
         view.migrating.delete(data.ordinal);
       }
@@ -212,24 +212,24 @@ export function showJob(main, id) {
         pod.phase = data.phase;
         pod.restarts = Math.max(pod.restarts, data.restarts ?? 0);
       }
-    } else if (type === 'job' && data.type === rejoinType(view.job)) {
+    } else if (type === STREAM.job && data.type === rejoinType(view.job)) {
       const ordinal = ordinalOf(data.pod);
       const kill = view.kills.get(ordinal);
       // A heal at step 0 is a pod joining at start-up, not a comeback; nor is the heal of a pod
       // a scale-up or a migration brings in (their own markers say so).
       const arrival = view.arriving.has(ordinal) || view.migrating.has(ordinal);
-      if (!arrival && ((data.type === 'healed' && data.step !== 0) || kill)) {
+      if (!arrival && ((data.type === EVENT.healed && data.step !== 0) || kill)) {
         view.rejoins.set(ordinal, { time, step: data.step });
         view.markers.push({ time, kind: 'rejoin', label: `rejoin ${ordinal ?? ''}` });
         if (kill && time >= kill.time) context = { afterKill: time - kill.time };
       }
-    } else if (type === 'job' && ['scaled', 'left', 'joined', 'migrated', 'migration_failed'].includes(data.type)) {
+    } else if (type === STREAM.job && MEMBERSHIP.includes(data.type)) {
       membership(view, data, time);
-    } else if (type === 'job' && data.type === 'quorum' && Number.isFinite(data.participants)) {
+    } else if (type === STREAM.job && data.type === EVENT.quorum && Number.isFinite(data.participants)) {
       view.series.participants.add(time, `q${event.id}`, [data.participants]);
-    } else if (type === 'job' && data.status && !data.type && !event.historic) {
+    } else if (type === STREAM.job && data.status && !data.type && !event.historic) {
       view.job.status = data.status; // history is older than the polled job: only live moves
-    } else if (type === 'checkpoint') {
+    } else if (type === STREAM.checkpoint) {
       checkpoints.refreshSoon(view.id);
     }
     const item = describe(type, data, context);
@@ -293,7 +293,7 @@ export function showJob(main, id) {
     }
     if (stopped) return;
     source = new EventSource(url);
-    for (const type of STREAM_TYPES) source.addEventListener(type, enqueue);
+    for (const type of Object.values(STREAM)) source.addEventListener(type, enqueue);
     source.addEventListener('message', enqueue);
     source.onopen = () => setConnection('live');
     source.onerror = () => {
@@ -363,7 +363,11 @@ export function showJob(main, id) {
   // The job and its history at once, then live; a failed history read still goes live from
   // the start (the stream replays everything too, only slower).
   poll();
-  loadHistory(view, push, () => stopped).catch(() => {}).then(() => { if (!stopped) connect(); });
+  loadHistory(view, push, () => stopped).then((before) => {
+    if (stopped) return;
+    timeline.olderFrom(before);
+    if (!view.frame) view.frame = requestAnimationFrame(flush); // the charts, if nothing was queued
+  }, () => {}).then(() => { if (!stopped) connect(); });
   checkpoints.refresh(id);
   return stop;
 }

@@ -1,5 +1,6 @@
 // The jobs list (polled) and the new-job form (built from the API's JobCreate schema).
 import { api } from './api.js';
+import { JOB_STATUS, PARALLELISM, POD_PHASE } from './contract.js';
 import { ago, badge, fill, h, notice, percent, setBadge, setText } from './dom.js';
 import { state } from './state.js';
 
@@ -7,7 +8,7 @@ const POLL_MS = 2000;
 
 export function progressOf(job) {
   const { progress } = job;
-  if (job.status === 'succeeded') return 1;
+  if (job.status === JOB_STATUS.succeeded) return 1;
   if (progress.total_samples) return Math.min(progress.samples_seen / progress.total_samples, 1);
   return progress.epochs ? Math.min((progress.epoch - 1) / progress.epochs, 1) || 0 : 0;
 }
@@ -21,11 +22,11 @@ export function accuracyOf(job) {
 
 /** Pods a job runs: replicas x stages (a data-parallel job has one stage). */
 export function podsOf(spec) {
-  return spec.replicas * (spec.parallelism === 'pipeline' ? spec.pipeline_stages : 1);
+  return spec.replicas * (spec.parallelism === PARALLELISM.pipeline ? spec.pipeline_stages : 1);
 }
 
 export function aliveOf(job) {
-  const alive = job.pods.filter((pod) => pod.phase === 'Running').length;
+  const alive = job.pods.filter((pod) => pod.phase === POD_PHASE.Running).length;
   return `${alive}/${podsOf(job.spec)}`;
 }
 

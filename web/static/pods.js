@@ -1,11 +1,12 @@
 // The pods grid: one row per ordinal, each with Kill and Migrate buttons (after a confirm), and
 // the replicas control that scales the job.
 import { api } from './api.js';
+import { JOB_STATUS, PARALLELISM, POD_PHASE } from './contract.js';
 import { ago, confirmDialog, fill, h, notice, setBadge, setText } from './dom.js';
 import { podsOf } from './jobs.js';
 
-const SCALABLE = ['starting', 'running', 'degraded'];
-const MIGRATABLE = ['running', 'degraded'];
+const SCALABLE = [JOB_STATUS.starting, JOB_STATUS.running, JOB_STATUS.degraded];
+const MIGRATABLE = [JOB_STATUS.running, JOB_STATUS.degraded];
 
 /** What to show for a pod: its phase, or "Killed" from the kill until its restart is seen. */
 export function shownPhase(pod, view) {
@@ -24,7 +25,7 @@ function noteOf(pod, phase, view) {
   if (!view.finished && view.migrating.has(pod.ordinal)) return 'migrating';
   if (!view.finished && view.arriving.has(pod.ordinal)) return 'joining';
   if (rejoin && (!kill || rejoin.time >= kill.time)) return `rejoined${rejoin.step !== undefined ? ` at step ${rejoin.step}` : ''}`;
-  if (kill && phase !== 'Running') return 'recreated';
+  if (kill && phase !== POD_PHASE.Running) return 'recreated';
   return '';
 }
 
@@ -82,8 +83,8 @@ export class Pods {
     if (!job) return;
     // The API lists a scaled-away pod until it is gone; the stream may say so first.
     const count = podsOf(job.spec);
-    const pipeline = job.spec.parallelism === 'pipeline';
-    const pods = job.pods.filter((p) => p.ordinal < count || p.phase !== 'Removed');
+    const pipeline = job.spec.parallelism === PARALLELISM.pipeline;
+    const pods = job.pods.filter((p) => p.ordinal < count || p.phase !== POD_PHASE.Removed);
     const listed = new Set(pods.map((p) => p.ordinal));
     for (const [ordinal, row] of this.rows) {
       if (!listed.has(ordinal)) {
@@ -109,10 +110,10 @@ export class Pods {
       setText(cells.heartbeat, ago(pod.last_heartbeat));
       const step = Math.max(pod.step ?? 0, view.podSteps.get(pod.name) ?? 0);
       setText(cells.step, step || '–');
-      cells.kill.disabled = view.finished || phase !== 'Running' || leaving;
+      cells.kill.disabled = view.finished || phase !== POD_PHASE.Running || leaving;
       cells.kill.setAttribute('aria-label', `Kill pod ${pod.ordinal} (${pod.name})`);
       // A stage pod holds a part of its replica's model: pipeline pods do not migrate yet.
-      cells.migrate.disabled = !live || pipeline || phase !== 'Running' || leaving;
+      cells.migrate.disabled = !live || pipeline || phase !== POD_PHASE.Running || leaving;
       cells.migrate.setAttribute('aria-label', `Migrate pod ${pod.ordinal} (${pod.name})`);
     }
     this.renderReplicas();
@@ -121,9 +122,9 @@ export class Pods {
   renderReplicas() {
     const { job } = this.view;
     const replicas = job.spec.replicas;
-    const max = job.spec.max_replicas ?? replicas;
+    const max = job.spec.max_replicas;
     // A pipeline job cannot be scaled yet.
-    this.form.hidden = !SCALABLE.includes(job.status) || job.spec.parallelism === 'pipeline';
+    this.form.hidden = !SCALABLE.includes(job.status) || job.spec.parallelism === PARALLELISM.pipeline;
     this.replicas.max = String(max);
     setText(this.limit, `of at most ${max}`);
     // A value being typed stays until the job's count itself changes.

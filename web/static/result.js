@@ -1,5 +1,6 @@
 // A finished job's result (test metrics, model download, try-it box) and the checkpoints table.
 import { api, download } from './api.js';
+import { JOB_STATUS } from './contract.js';
 import { bytes, clock, fill, h, notice, number, percent } from './dom.js';
 
 /** A download anchor that fetches a signed link when clicked (`links.download_link`). */
@@ -59,7 +60,7 @@ export class Result {
   }
 
   async show(job) {
-    if (job.status !== 'succeeded' || !job.model_id || this.shown === job.model_id) return;
+    if (job.status !== JOB_STATUS.succeeded || !job.model_id || this.shown === job.model_id) return;
     this.shown = job.model_id;
     let model;
     try {

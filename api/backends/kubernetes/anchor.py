@@ -12,7 +12,6 @@ from api.backends.kubernetes.labels import TRAINER, metadata
 from api.backends.kubernetes.network import headless_service, network_policy
 from api.backends.kubernetes.secret import secret
 from api.backends.kubernetes.template import pod_template
-from trainer.contract.spec import stages_of
 
 INCARNATIONS_ANNOTATION = "live-migrator.io/incarnations"
 """On the job's anchor: per ordinal, the pod uid last seen and the restarts counted so far, so a
@@ -37,8 +36,8 @@ def anchor(launch: Launch, config: ClusterConfig) -> Manifest:
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {**metadata(job, job, TRAINER, config.namespace),
                          "annotations": {ISSUED_ANNOTATION: "0"}},
-            "data": {REPLICAS_KEY: str(launch.replicas),
-                     STAGES_KEY: str(stages_of(launch.spec)), MODE_KEY: launch.fault_tolerance,
+            "data": {REPLICAS_KEY: str(launch.pods),
+                     STAGES_KEY: str(launch.spec.stages), MODE_KEY: launch.fault_tolerance,
                      TEMPLATE_KEY: json.dumps(pod_template(launch, config),
                                               separators=(",", ":"))}}
 

@@ -6,11 +6,12 @@ the job's `replicas` pods, one per ordinal; `status` only reads. Crashed contain
 place (restartPolicy Always); while no control plane runs, a deleted pod waits for the next one
 to replace it.
 
-Objects come from the pure functions of anchor.py and the modules it draws on; pods are
-observed through one pod watch (watch.py) and mapped by status.py; what the control plane
-records on a job's anchor goes through anchor_state.py and restarts.py. A foreground delete of
-the anchor removes the pods first and nothing replaces them; the shared checkpoints and models
-PVCs are not owned and stay. API errors keep their meaning (calls.py).
+Objects come from the pure functions of anchor.py and the modules it draws on; pods and
+anchors are observed through watch caches (informer.py; the pods' is watch.py, the anchors' is
+in anchor_state.py), so a pass over a quiet job makes no request; pods are mapped by status.py;
+what the control plane records on a job's anchor goes through anchor_state.py and restarts.py.
+A foreground delete of the anchor removes the pods first and nothing replaces them; the shared
+checkpoints and models PVCs are not owned and stay. API errors keep their meaning (calls.py).
 """
 
 from __future__ import annotations
@@ -61,9 +62,6 @@ from api.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-SYNC_WAIT = 2.0
-"""Seconds a status call waits for the pod watch's first list before listing pods itself."""
-
 
 def cluster_config(settings: Settings) -> ClusterConfig:
     return ClusterConfig(namespace=settings.k8s_namespace, image=settings.k8s_trainer_image,
@@ -90,7 +88,7 @@ class KubernetesBackend:
                                   watch_timeout, key=ordinal_key)
         self._lock = threading.Lock()
         """One controller pass at a time, beside no migration or tally update."""
-        self.anchors = Anchors(self.core, self.namespace)
+        self.anchors = Anchors(self.core, self.namespace, watch_timeout)
         self.controller = PodController(self.core, self.namespace, self.anchors)
         self.restarts = RestartTally(self.watcher, self.anchors, self._lock)
         self._started = False
@@ -106,6 +104,7 @@ class KubernetesBackend:
 
     def close(self) -> None:
         self.watcher.stop()
+        self.anchors.stop()
         self.api.close()
 
     def _ensure_watch(self) -> None:
@@ -113,6 +112,7 @@ class KubernetesBackend:
             if not self._started:
                 self._started = True
                 self.watcher.start()
+                self.anchors.start()
 
     # --- launch ------------------------------------------------------------------------
 
@@ -125,13 +125,13 @@ class KubernetesBackend:
             for manifest in dependents(launch, self.cluster):
                 self._create(owned_by(manifest, owner))
             with self._lock:
-                for ordinal in range(launch.replicas):
+                for ordinal in range(launch.pods):
                     self.controller.create_pod(owner, ordinal, 0)
         except BackendError:
             # One delete of the owner takes whatever was created with it.
             self.anchors.delete(job)
             raise
-        logger.info("job %s: %d pods created under %s/%s (%s)", job, launch.replicas, ns, job,
+        logger.info("job %s: %d pods created under %s/%s (%s)", job, launch.pods, ns, job,
                     launch.fault_tolerance)
 
     def _create(self, manifest: Manifest) -> None:
@@ -214,7 +214,7 @@ class KubernetesBackend:
                               restarts, self.restart_budget)
 
     def _pods(self, job_id: str) -> list[dict[str, Any]]:
-        if self.watcher.synced.wait(SYNC_WAIT):
+        if self.watcher.wait_synced():
             return self.watcher.pods(JOB_LABEL, job_id)
         pods_of_job = selector(match_labels(job_id, TRAINER))
         listing = raw(f"list pods {self.namespace} -l {pods_of_job}",
@@ -321,9 +321,11 @@ class KubernetesBackend:
         return text.splitlines()[-lines:]
 
     def active_jobs(self) -> list[str]:
+        self._ensure_watch()
         return self.anchors.active()
 
     def gone(self, job_id: str) -> bool:
+        self._ensure_watch()
         try:
             self.anchors.get(job_id)
         except WorkloadNotFound:

@@ -35,7 +35,9 @@ class RestartTally:
         restarted control plane goes on from it."""
         annotation = (owner["metadata"].get("annotations") or {}).get(INCARNATIONS_ANNOTATION)
         with self._lock:
-            tally = self._incarnations.setdefault(job_id, load_incarnations(annotation))
+            tally = self._incarnations.get(job_id)
+            if tally is None:  # read once: the anchor's copy is what this process wrote since
+                tally = self._incarnations[job_id] = load_incarnations(annotation)
             ordinals = sorted(set(range(replicas)) | set(tally))
             taken, cached = self.watcher.take([f"{job_id}-{o}" for o in ordinals],
                                               JOB_LABEL, job_id)

@@ -207,4 +207,4 @@ class LocalBackend:
         if state is not None:
             return {pod.ordinal for pod in state.pods if not pod.removing}
         document = read_launch(job_dir)
-        return set(range(document.launch.replicas if document else 0))
+        return set(range(document.launch.pods if document else 0))

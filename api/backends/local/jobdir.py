@@ -246,6 +246,8 @@ def _nest_launch(data: Any) -> Any:
     policy = {k: data[k] for k in ("max_restarts", "restart_backoff", "standby") if k in data}
     if "heal_secret" in data:  # a live job's secret, as the previous version named it
         data = {"peer_secret": data["heal_secret"], **data}
+    if "replicas" in data:  # the pods, as earlier versions named them
+        data = {"pods": data["replicas"], **data}
     return {"launch": data, **policy}
 
 

@@ -21,6 +21,7 @@ from api.backends.base import Launch
 from api.backends.local.jobdir import JobDir, LaunchDocument
 from api.backends.local.supervisor import Supervisor
 from tests.support import PEER_SECRET, wait_for
+from trainer.contract.spec import JobSpec
 
 POD = """
 import os, pathlib, signal, sys, time
@@ -68,8 +69,8 @@ def start_supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, standby: b
     job_dir = JobDir(tmp_path / "job-elastic")
     for sub in (job_dir.logs, job_dir.commands):
         sub.mkdir(parents=True)
-    launch = Launch(job_id=job_dir.job_id, replicas=2, fault_tolerance="live",
-                    spec={"replicas": 2, "max_replicas": 4}, report_url="http://127.0.0.1:9",
+    launch = Launch(job_id=job_dir.job_id, pods=2, fault_tolerance="live",
+                    spec=JobSpec(replicas=2, max_replicas=4), report_url="http://127.0.0.1:9",
                     report_token="t", checkpoint_dir=tmp_path / "checkpoints",
                     model_dir=tmp_path / "model", inputs_dir=tmp_path,
                     cache_dir=tmp_path / "cache", peer_secret=PEER_SECRET)

@@ -42,6 +42,7 @@ from api.settings import Settings
 from tests.api.backends.k8s_fake import FakeApiServer
 from tests.conftest import ROOT
 from tests.support import observed, wait_for
+from trainer.contract.spec import JobSpec
 
 NS = "live-migrator"
 BUDGET = 3
@@ -76,8 +77,8 @@ def backend(backends: Callable[[], KubernetesBackend]) -> KubernetesBackend:
 def make_launch(settings: Settings, job_id: str = "job-0a1b2c3d", mode: str = "live",
                 replicas: int = 2) -> Launch:
     directory = settings.jobs_dir / job_id
-    return Launch(job_id=job_id, replicas=replicas, fault_tolerance=mode,  # type: ignore[arg-type]
-                  spec={"replicas": replicas, "fault_tolerance": mode},
+    return Launch(job_id=job_id, pods=replicas, fault_tolerance=mode,  # type: ignore[arg-type]
+                  spec=JobSpec(replicas=replicas, fault_tolerance=mode),
                   report_url=f"http://api:8000/api/v1/jobs/{job_id}/reports",
                   report_token="token-" + job_id, peer_secret="heal-" + job_id,
                   checkpoint_dir=directory / "checkpoints",
@@ -515,7 +516,8 @@ def test_watch_recovers_from_410_gone(backend: KubernetesBackend, settings: Sett
     lists = [r for r in fake_k8s.cluster.requests if r.path.endswith("/pods")
              and r.method == "GET" and r.query.get("watch") != "true"]
     assert len(lists) >= 2  # the first list and the one after 410
-    watches = [r for r in fake_k8s.cluster.requests if r.query.get("watch") == "true"]
+    watches = [r for r in fake_k8s.cluster.requests if r.path.endswith("/pods")
+               and r.query.get("watch") == "true"]
     assert all(w.query["labelSelector"] == ALL_TRAINERS for w in watches)
     assert {w.query["timeoutSeconds"] for w in watches} == {"2"}
     # Resumed watches start from the last version seen, not from a fresh list.

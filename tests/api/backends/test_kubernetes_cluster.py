@@ -20,6 +20,7 @@ from api.backends.base import Launch, WorkloadStatus
 from api.backends.kubernetes.backend import KubernetesBackend
 from api.settings import Settings
 from tests.support import observed, wait_for
+from trainer.contract.spec import JobSpec
 
 pytestmark = [
     pytest.mark.cluster,
@@ -54,9 +55,9 @@ def all_running(backend: KubernetesBackend, job_id: str) -> WorkloadStatus:
 def test_lifecycle_on_a_real_cluster(backend: KubernetesBackend, settings: Settings) -> None:
     job_id = f"job-{secrets.token_hex(4)}"
     directory = settings.jobs_dir / job_id
-    launch = Launch(job_id=job_id, replicas=2, fault_tolerance="restart",
-                    spec={"replicas": 2, "fault_tolerance": "restart", "max_train_samples": 2000,
-                          "epochs": 3},
+    launch = Launch(job_id=job_id, pods=2, fault_tolerance="restart",
+                    spec=JobSpec(replicas=2, fault_tolerance="restart", max_train_samples=2000,
+                                 epochs=3),
                     report_url=f"http://migrator-api:8000/api/v1/jobs/{job_id}/reports",
                     report_token=secrets.token_urlsafe(32), checkpoint_dir=directory / "ckpt",
                     model_dir=directory / "model", inputs_dir=settings.resolved_inputs_dir,

@@ -28,6 +28,7 @@ from tests.conftest import ROOT
 from tests.factories import make_reviews_csv
 from tests.support import PEER_SECRET, ReportServer, observed, wait_for
 from trainer.checkpoint import MARKER
+from trainer.contract.spec import JobSpec
 
 
 @pytest.fixture
@@ -48,8 +49,8 @@ def make_launch(jobs_dir: Path, inputs_dir: Path, sink: ReportServer,
                 tmp_path: Path) -> Callable[..., Launch]:
     def build(job_id: str, replicas: int = 2, **spec: Any) -> Launch:
         job_dir = jobs_dir / job_id
-        return Launch(job_id=job_id, replicas=replicas, fault_tolerance="restart",
-                      spec={**SPEC, "replicas": replicas, **spec}, report_url=sink.url,
+        return Launch(job_id=job_id, pods=replicas, fault_tolerance="restart",
+                      spec=JobSpec(**{**SPEC, "replicas": replicas, **spec}), report_url=sink.url,
                       report_token="secret-token", checkpoint_dir=job_dir / "checkpoints",
                       model_dir=job_dir / "model", inputs_dir=inputs_dir,
                       cache_dir=tmp_path / "cache", peer_secret=PEER_SECRET)
@@ -357,9 +358,11 @@ from pathlib import Path
 from api.backends.local import backend as local
 from api.backends.base import Launch
 from api.backends.local.backend import LocalBackend
+from trainer.contract.spec import JobSpec
 doc = json.loads(sys.argv[2])
 paths = {k: Path(doc[k]) for k in ("checkpoint_dir", "model_dir", "inputs_dir", "cache_dir")}
-LocalBackend(Path(sys.argv[1])).launch(Launch(**{**doc, **paths}))
+LocalBackend(Path(sys.argv[1])).launch(Launch(**{**doc, **paths,
+                                                 "spec": JobSpec.model_validate(doc["spec"])}))
 """
 
 
@@ -367,7 +370,8 @@ LocalBackend(Path(sys.argv[1])).launch(Launch(**{**doc, **paths}))
 def test_supervisor_outlives_its_launcher_and_is_re_adopted(
         make_launch: Callable[..., Launch], jobs_dir: Path, sink: ReportServer) -> None:
     launch = make_launch("job-adopt", replicas=1, epochs=20, checkpoint_every_steps=1000)
-    document = {k: str(v) if isinstance(v, Path) else v for k, v in vars(launch).items()}
+    document = {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(launch).items()},
+                "spec": launch.spec.model_dump(mode="json")}
     launcher = subprocess.run([sys.executable, "-c", LAUNCH_FROM_CHILD, str(jobs_dir),
                                json.dumps(document)], cwd=ROOT, timeout=60, check=True)
     assert launcher.returncode == 0  # the launching process is gone
@@ -400,7 +404,7 @@ def fake_live_job(jobs_dir: Path, job_id: str, replicas: int = 2,
     """A job dir whose recorded supervisor is this test process (alive, never reused)."""
     job_dir = jobs_dir / job_id
     (job_dir / "commands").mkdir(parents=True)
-    (job_dir / "launch.json").write_text(json.dumps({"job_id": job_id, "replicas": replicas}))
+    (job_dir / "launch.json").write_text(json.dumps({"job_id": job_id, "pods": replicas}))
     me = psutil.Process()
     pods = [{"ordinal": i, "name": f"{job_id}-{i}", "pid": None, "pid_started": None,
              "phase": "Pending", "restarts": 0, "started_at": None, "exit_code": None}

@@ -31,6 +31,7 @@ from api.backends.local.jobdir import (
     write_launch,
     write_state,
 )
+from trainer.contract.spec import JobSpec
 
 # state.json as the supervisor before the typed documents wrote it (commit 4ffa6c5), mid-job.
 PREVIOUS_STATE = """{"supervisor_pid": 4242, "supervisor_started": 1754300000.12,
@@ -97,7 +98,7 @@ def test_a_launch_written_by_the_previous_version_reads(job_dir: JobDir) -> None
     document = read_launch(job_dir)
     assert document is not None
     assert document.launch == Launch(
-        "job-old", 2, "live", {"model": "tiny", "replicas": 2}, "http://127.0.0.1:8000/r",
+        "job-old", 2, "live", JobSpec(model="tiny", replicas=2), "http://127.0.0.1:8000/r",
         "secret", Path("/data/jobs/job-old/checkpoints"), Path("/data/jobs/job-old/model"),
         Path("/inputs"), Path("/cache"), peer_secret="the-secret")
     assert (document.max_restarts, document.restart_backoff) == (5, 1.0)
@@ -106,7 +107,7 @@ def test_a_launch_written_by_the_previous_version_reads(job_dir: JobDir) -> None
 def test_the_launch_round_trips_with_absolute_paths_and_a_private_mode(
         job_dir: JobDir, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(job_dir.path)
-    launch = Launch("job-old", 3, "restart", {"epochs": 1}, "http://x/r", "secret",
+    launch = Launch("job-old", 3, "restart", JobSpec(epochs=1), "http://x/r", "secret",
                     Path("checkpoints"), Path("/m"), Path("/i"), Path("/c"),
                     resources=Resources(cpu="500m", gpus=1))
     write_launch(job_dir, LaunchDocument(launch, max_restarts=2, restart_backoff=0.5))

@@ -57,6 +57,7 @@ from api.backends.kubernetes.volumes import exported_model_dir, pod_launch, volu
 from tests.api.backends.k8s_fake import SCHEMA_VERSION
 from tests.conftest import Processes
 from tests.support import accepts, free_port, has_ipv6_loopback, wait_for
+from trainer.contract.spec import JobSpec
 from trainer.contract.store import location
 
 CLUSTER = ClusterConfig(namespace="live-migrator", image="registry.example/trainer:1.2.3")
@@ -64,8 +65,8 @@ CLUSTER = ClusterConfig(namespace="live-migrator", image="registry.example/train
 
 def make_launch(mode: str = "live", replicas: int = 3, resources: Resources | None = None,
                 ) -> Launch:
-    return Launch(job_id="job-1a2b3c4d", replicas=replicas, fault_tolerance=mode,  # type: ignore[arg-type]
-                  spec={"replicas": replicas, "model": "tiny", "fault_tolerance": mode},
+    return Launch(job_id="job-1a2b3c4d", pods=replicas, fault_tolerance=mode,  # type: ignore[arg-type]
+                  spec=JobSpec(replicas=replicas, model="tiny", fault_tolerance=mode),
                   report_url="http://migrator-api.live-migrator.svc:8000/api/v1/jobs/"
                              "job-1a2b3c4d/reports",
                   report_token="the-report-token", peer_secret="the-peer-secret",
@@ -180,9 +181,9 @@ def test_anchor_and_pod_shape_labels_and_security() -> None:
 
 
 def test_a_pipeline_jobs_pods_carry_their_replica_and_stage() -> None:
-    launch = dataclasses.replace(make_launch("restart", replicas=6), spec={
-        "replicas": 2, "model": "tiny", "fault_tolerance": "restart",
-        "parallelism": "pipeline", "pipeline_stages": 3})
+    launch = dataclasses.replace(make_launch("restart", replicas=6), spec=JobSpec(
+        replicas=2, model="tiny", fault_tolerance="restart", parallelism="pipeline",
+        pipeline_stages=3))
     owner = created(launch)
     assert owner["data"][REPLICAS_KEY] == "6"
     assert owner["data"][STAGES_KEY] == "3"
@@ -199,7 +200,7 @@ def test_a_pipeline_jobs_pods_carry_their_replica_and_stage() -> None:
 
     # Live: each replica's stages meet at its stage 0, through the headless Service's DNS.
     live = dataclasses.replace(launch, fault_tolerance="live",
-                               spec={**launch.spec, "fault_tolerance": "live"})
+                               spec=launch.spec.model_copy(update={"fault_tolerance": "live"}))
     stores = []
     for ordinal in range(6):
         pod = trainer_pod(live, ordinal=ordinal)

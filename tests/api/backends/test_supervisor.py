@@ -58,7 +58,7 @@ def write_job(job_dir: Path, inputs_dir: Path, sink: ReportServer, max_restarts:
         (job_dir / sub).mkdir(parents=True)
     write_json_atomic(job_dir / "launch.json", {
         "max_restarts": max_restarts, "restart_backoff": restart_backoff,
-        "job_id": job_dir.name, "replicas": replicas, "fault_tolerance": "restart",
+        "job_id": job_dir.name, "pods": replicas, "fault_tolerance": "restart",
         "spec": {**SPEC, "replicas": replicas, **spec}, "report_url": sink.url,
         "report_token": "t", "peer_secret": PEER_SECRET,
         "checkpoint_dir": str(job_dir / "checkpoints"), "model_dir": str(job_dir / "model"),

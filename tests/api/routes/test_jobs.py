@@ -44,7 +44,7 @@ def test_create_with_defaults_launches_the_pods(client: TestClient,
     assert job["links"]["stream"] == f"/api/v1/jobs/{job['id']}/stream"
     assert job["links"]["cancel"] == f"/api/v1/jobs/{job['id']}/cancel"
     launch = backend.launches[0]
-    assert launch.job_id == job["id"] and launch.replicas == 2
+    assert launch.job_id == job["id"] and launch.pods == 2
     assert launch.report_url == f"http://127.0.0.1:8123/api/v1/jobs/{job['id']}/reports"
     assert len(launch.report_token) > 30 and launch.report_token not in response.text
     # A peer secret of its own, which no response shows and no other job shares.
@@ -133,7 +133,7 @@ def test_an_8bit_base_on_the_local_backend_needs_this_machines_cuda(
 def test_a_pipeline_job_runs_replicas_times_stages_pods(client: TestClient,
                                                         backend: FakeBackend) -> None:
     job = create_job(client, **PIPELINE, replicas=2, pipeline_stages=3, microbatches=8)
-    assert backend.launches[-1].replicas == 6
+    assert backend.launches[-1].pods == 6
     assert backend.launches[-1].fault_tolerance == "restart"
     assert [(p["ordinal"], p["replica"], p["stage"]) for p in job["pods"]] == [
         (0, 0, 0), (1, 0, 1), (2, 0, 2), (3, 1, 0), (4, 1, 1), (5, 1, 2)]
@@ -149,7 +149,7 @@ def test_a_pipeline_job_runs_replicas_times_stages_pods(client: TestClient,
     assert [e["data"]["fault_tolerance"] for e in told["data"]
             if e["data"].get("type") == "restart_mode"] == ["restart"]
     create_job(client, parallelism="pipeline", replicas=2)  # each replica a torchft group
-    assert (backend.launches[-1].fault_tolerance, backend.launches[-1].replicas) == ("live", 4)
+    assert (backend.launches[-1].fault_tolerance, backend.launches[-1].pods) == ("live", 4)
     data = create_job(client, replicas=2)
     assert [(p["replica"], p["stage"]) for p in data["pods"]] == [(0, 0), (1, 0)]
 
@@ -171,7 +171,8 @@ def test_list_is_paged_and_filterable(client: TestClient) -> None:
 
 
 def launch_spec(backend: FakeBackend) -> dict:
-    return backend.launches[-1].spec
+    """The spec the pods get, as JSON."""
+    return backend.launches[-1].spec.model_dump(mode="json")
 
 
 def test_unknown_job_is_404(client: TestClient) -> None:
@@ -283,6 +284,29 @@ def test_events_are_paged_with_after(client: TestClient) -> None:
     assert ids == sorted(ids) and len(set(ids)) == len(ids) and rest["next_after"] is None
 
 
+def test_the_newest_events_come_first_and_older_ones_with_next_before(
+        client: TestClient) -> None:
+    job = create_job(client)
+    for ordinal in (0, 1, 0, 1):
+        client.post(f"/api/v1/jobs/{job['id']}/pods/{ordinal}/kill", headers=AUTH)
+    url = f"/api/v1/jobs/{job['id']}/events"
+    every = [e["id"] for e in client.get(url, headers=AUTH).json()["data"]]
+    assert len(every) >= 6
+
+    newest = client.get(f"{url}?newest=true&limit=2", headers=AUTH).json()
+    assert [e["id"] for e in newest["data"]] == every[-2:]  # the newest two, oldest first
+    assert newest["next_before"] == every[-2] and newest["next_after"] is None
+    older = client.get(f"{url}?newest=true&limit=3&before={newest['next_before']}",
+                       headers=AUTH).json()
+    assert [e["id"] for e in older["data"]] == every[-5:-2]
+    oldest = client.get(f"{url}?newest=true&limit=1000&before={older['next_before']}",
+                        headers=AUTH).json()
+    assert [e["id"] for e in oldest["data"]] == every[:-5] and oldest["next_before"] is None
+    kills = client.get(f"{url}?newest=true&type=pod&limit=1", headers=AUTH).json()
+    assert [e["data"]["ordinal"] for e in kills["data"]] == [1]  # the filters still apply
+    assert client.get(f"{url}?newest=maybe", headers=AUTH).status_code == 422
+
+
 def post_big_events(client: TestClient, backend: FakeBackend, job_id: str, count: int) -> None:
     """`count` events of about 9 KB each, as a pod may send them."""
     token = next(launch.report_token for launch in backend.launches if launch.job_id == job_id)
@@ -309,7 +333,9 @@ def test_event_pages_are_bounded_in_bytes(client: TestClient, backend: FakeBacke
     assert len(seen) == 300 + 3  # and the job's created, starting and running events
     with Session(client.app.state.engine) as session:  # type: ignore[attr-defined]
         events, next_after = event_page(session, job["id"], 0, 1000, budget=1)
+        newest, next_before = event_page(session, job["id"], 0, 1000, budget=1, newest=True)
     assert len(events) == 1 and next_after == events[0].id  # a page holds one event at least
+    assert [e.id for e in newest] == [seen[-1]] and next_before == seen[-1]
 
 
 def test_pending_jobs_at_start_up_are_failed(client: TestClient, backend: FakeBackend,
@@ -320,7 +346,7 @@ def test_pending_jobs_at_start_up_are_failed(client: TestClient, backend: FakeBa
 
     engine = client.app.state.engine
     with Session(engine) as session:
-        session.add(Job(id="job-stuck", spec={"replicas": 1}, report_token_hash="x"))
+        session.add(Job(id="job-stuck", spec=JobSpec(replicas=1), report_token_hash="x"))
         session.commit()
     Reconciler(engine, settings, backend, client.app.state.events).fail_unlaunched()
     stuck = client.get("/api/v1/jobs/job-stuck", headers=AUTH).json()

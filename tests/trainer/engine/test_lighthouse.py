@@ -14,7 +14,17 @@ from torchft._torchft import LighthouseClient
 from tests.conftest import Processes
 from tests.support import PEER_SECRET, accepts, start_lighthouse
 from trainer.contract.credentials import member_id
-from trainer.engine.lighthouse import Joined, Membership, Options, QuorumMember, leave
+from trainer.engine.lighthouse import (
+    Joined,
+    LeaveRequest,
+    Membership,
+    Options,
+    Quorum,
+    QuorumMember,
+    QuorumResponse,
+    compile_protocol,
+    leave,
+)
 
 
 def member(replica: str, shrink_only: bool = False) -> QuorumMember:
@@ -73,6 +83,35 @@ def test_shrink_only_keeps_newcomers_out() -> None:
     state = membership(["a", "b"], beating=["a", "b", "c"], asking=["a", "b", "c"])
     state.joined["a"].member.shrink_only = True
     assert ids(state.decide(now=10.1)[0]) == ["a", "b"]
+
+
+def test_the_messages_are_torchfts_on_the_wire() -> None:
+    # torchft's Rust managers decode these bytes: the field numbers and types of its
+    # proto/torchft.proto.
+    joined = QuorumMember(replica_id="a", address="b", store_address="c", step=3, world_size=2,
+                          shrink_only=True, data="{}", commit_failures=1)
+    quorum = Quorum(quorum_id=7, participants=[joined, joined])
+    quorum.created.seconds = 5
+    assert QuorumResponse(quorum=quorum).SerializeToString().hex() == (
+        "0a34080712150a01611201621a01632003280230013a027b7d400112150a01611201621a0163200328023001"
+        "3a027b7d40011a020805")
+    assert LeaveRequest(replica_id="x").SerializeToString() == b"\n\x01x"
+
+
+def test_a_member_field_newer_than_the_protocol_reaches_the_peers() -> None:
+    # Newer torchft managers send fields torchft.proto lacks (reconfigure_handles): the quorum
+    # the lighthouse sends back must carry them to every peer.
+    newer = QuorumMember(replica_id="a").SerializeToString() + bytes.fromhex("4a02") + b"hi"
+    quorum = Quorum(quorum_id=1, participants=[QuorumMember.FromString(newer)])
+    received = Quorum.FromString(quorum.SerializeToString()).participants[0]
+    assert received.SerializeToString() == newer
+
+
+def test_a_protocol_that_does_not_compile_fails_loudly(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.proto"
+    broken.write_text('syntax = "proto3";\nmessage Unfinished {\n')
+    with pytest.raises(RuntimeError, match=r"could not compile .*broken\.proto"):
+        compile_protocol(broken)
 
 
 @pytest.fixture

@@ -30,7 +30,6 @@ from api.backends.local.supervisor.commands import run_commands
 from api.backends.local.supervisor.coordinator import Coordinator
 from api.backends.local.supervisor.environment import free_port, inherited_env
 from api.backends.local.supervisor.keep_warm import keep_standby
-from trainer.contract.spec import stages_of
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +42,7 @@ class Supervisor:
         self.job_dir, self.launch = job_dir, document.launch
         self.job_id = self.launch.job_id
         self.max_restarts, self.backoff = document.max_restarts, document.restart_backoff
-        self.replicas = self.launch.replicas
+        self.replicas = self.launch.pods
         """The pods asked for: the launch's, until the job is scaled."""
         self.issued = 0
         """The highest incarnation number started (StateDocument.issued)."""
@@ -58,7 +57,7 @@ class Supervisor:
         self.adoptions = 0
         self.previous = previous
         """The state a dead supervisor left, to adopt its processes from."""
-        stages = stages_of(self.launch.spec)
+        stages = self.launch.spec.stages
         self.stages = stages if self.live else 1
         """Pods per torchft replica group: a live pipeline's stages."""
         self.replica_ports = ([free_port() for _ in range(self.replicas // stages)]

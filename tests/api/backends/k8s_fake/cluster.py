@@ -20,6 +20,7 @@ import copy
 import itertools
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,27 @@ class Request:
     path: str
     query: dict[str, str]
     body: Any
+
+    @property
+    def resource(self) -> str:
+        """What the request is on, as RBAC names it: `pods`, `pods/log`, `configmaps`..."""
+        rest = self._rest()
+        return rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "") if rest else self.path
+
+    @property
+    def verb(self) -> str:
+        """As the API server authorizes it: get, list, watch, create, patch or delete."""
+        if self.method == "GET" and len(self._rest()) > 1:
+            return "get"
+        if self.method == "GET":
+            return "watch" if self.query.get("watch") in ("true", "1") else "list"
+        return {"POST": "create", "PATCH": "patch", "DELETE": "delete"}.get(self.method,
+                                                                              self.method)
+
+    def _rest(self) -> list[str]:
+        """The path after `namespaces/{ns}/`: the plural, then a name and a subresource."""
+        parts = self.path.strip("/").split("/")
+        return parts[parts.index("namespaces") + 2:] if "namespaces" in parts else []
 
 
 class FakeCluster:
@@ -50,6 +72,7 @@ class FakeCluster:
         self.collect_garbage = True
         """False holds deletions in progress (tests that look at an object being deleted)."""
         self.requests: list[Request] = []
+        """Every request served, in order (the HTTP server appends them)."""
         self.sigterm_exit: dict[str, int] = {}
         """Exit code of a pod's container after a graceful deletion's SIGTERM (default 0)."""
         self.logs: dict[tuple[str, bool], str] = {}
@@ -143,6 +166,10 @@ class FakeCluster:
             return "".join(lines[-tail:] if tail else lines)
 
     # --- test hooks ---------------------------------------------------------------------
+
+    def served(self, since: int = 0) -> Counter[tuple[str, str]]:
+        """The requests served from the `since`-th on, counted by (verb, resource)."""
+        return Counter((r.verb, r.resource) for r in self.requests[since:])
 
     def pod(self, name: str, namespace: str = "live-migrator") -> Obj:
         return self.get("pods", namespace, name)

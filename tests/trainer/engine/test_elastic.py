@@ -1,0 +1,28 @@
+"""The restart-mode pod agent's choices made from its environment (trainer.engine.elastic)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainer.contract.runtime import SPEC_ENV
+from trainer.contract.spec import JobSpec
+from trainer.engine.elastic import warm_worker_wanted
+
+PIPELINE = JobSpec(parallelism="pipeline", pipeline_stages=3, fault_tolerance="restart")
+
+
+@pytest.mark.parametrize(("environ", "wanted"), [
+    ({}, True),  # the spec's defaults: a data-parallel job
+    ({SPEC_ENV: JobSpec(replicas=3).model_dump_json()}, True),
+    ({SPEC_ENV: PIPELINE.model_dump_json()}, False),  # a stage is known only once it runs
+    # The pipeline's default stages come from the spec's model, not from the agent.
+    ({SPEC_ENV: json.dumps({"parallelism": "pipeline"})}, False),
+    ({SPEC_ENV: JobSpec().model_dump_json(), "WARM_WORKER": "false"}, False),
+    ({SPEC_ENV: json.dumps({"replicas": 0})}, False),  # invalid: the worker says what is wrong
+    ({SPEC_ENV: "{replicas"}, False),
+])
+def test_a_warm_worker_is_kept_for_data_parallel_jobs_only(environ: dict[str, str],
+                                                            wanted: bool) -> None:
+    assert warm_worker_wanted(environ) is wanted
