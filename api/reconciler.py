@@ -1,4 +1,5 @@
-"""Observe every active job's pods; record pod events, move job status, finalize completion.
+"""Reconcile and observe every active job's workload; record pod events, move job status,
+finalize completion.
 
 Runs one pass per interval in a worker thread. A control-plane restart loses nothing: each pass
 rebuilds its view from the backend (which outlives the API) and the database. Backend calls
@@ -21,7 +22,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 from upath import UPath
 
-from api.backends.base import MIGRATION_TIMEOUT, Backend, BackendError, WorkloadStatus
+from api.backends.base import Backend, BackendError, WorkloadStatus
 from api.db import session_scope
 from api.models import (
     ACTIVE_STATUSES,
@@ -33,7 +34,7 @@ from api.models import (
     Pod,
     utc_now,
 )
-from api.services import checkpoints
+from api.services import checkpoints, pod_migrations
 from api.services.artifacts import checkpoints_dir, model_dir
 from api.services.events import EventLog, completions, new_event
 from api.services.job_credentials import Renewals
@@ -92,9 +93,9 @@ class Reconciler:
         """A job still pending at start-up was never launched: the API stopped in between."""
         with session_scope(self.engine) as session:
             for job in session.exec(select(Job).where(Job.status == JobStatus.pending)):
-                events = [self._finish(job, JobStatus.failed,
-                                       "the control plane stopped before the job was launched")]
-                self.events.commit(session, events)
+                with self.events.append(session) as failed:
+                    failed.add(self._finish(job, JobStatus.failed, "the control plane stopped "
+                                            "before the job was launched"))
 
     def reconcile_once(self) -> None:
         with session_scope(self.engine) as session:
@@ -105,17 +106,16 @@ class Reconciler:
             for pod in session.exec(select(Pod).join(Job).where(active).order_by(
                     col(Pod.job_id), col(Pod.ordinal))):
                 pods[pod.job_id].append(pod)
-            migrations: dict[str, list[Migration]] = defaultdict(list)
-            for migration in session.exec(select(Migration).join(Job).where(
-                    active, Migration.status == "pending")):
-                migrations[migration.job_id].append(migration)
+            pending = pod_migrations.pending_by_job(session, active)
             for job in jobs:
                 try:
+                    self.backend.reconcile(job.id)
                     status = self.backend.status(job.id)
-                except BackendError as exc:
-                    logger.warning("job %s: cannot observe pods: %s", job.id, exc)
+                except BackendError as exc:  # half done, say a supervisor not yet replaced
+                    logger.warning("job %s: cannot reconcile or observe its workload: %s",
+                                   job.id, exc)
                     continue
-                self.reconcile_job(session, job, status, pods[job.id], migrations[job.id])
+                self.reconcile_job(session, job, status, pods[job.id], pending[job.id])
             if self.credentials is not None:
                 self.credentials.keep(session)
             if time.monotonic() - self._orphans_checked >= ORPHANS_EVERY:
@@ -147,7 +147,8 @@ class Reconciler:
                     message=f"{len(removed)} checkpoints pruned {ttl:.0f} s after the job "
                             "ended; the final and the best are kept"))
         if events:
-            self.events.commit(session, events)
+            with self.events.append(session) as pruned:
+                pruned.add(*events)
 
     def delete_orphans(self, session: Session) -> None:
         """Delete the workloads of finished jobs: a cancel whose deletion failed, say."""
@@ -182,11 +183,11 @@ class Reconciler:
                             ", ".join(removed))
 
     def reconcile_job(self, session: Session, job: Job, status: WorkloadStatus,
-                      pods: list[Pod], migrations: list[Migration]) -> None:
+                      pods: list[Pod], pending: list[Migration]) -> None:
         """Record what changed in one job (its pod rows and pending migrations given, read for
         the whole pass at once)."""
-        events = self._sync_pods(session, job, status, pods) + self._settle_migrations(
-            session, job, status, migrations)
+        events = self._sync_pods(session, job, status, pods) + pod_migrations.fail_overdue(
+            session, job.id, status, pending)
         model_dir = self._finished_model_dir(session, job, status)
         if model_dir is not None:
             self._delete_workload(job.id)
@@ -216,7 +217,9 @@ class Reconciler:
             return
         session.add(job)
         # A cancel may have finished the job since it was read: then it stays as the cancel left it.
-        if not self.events.commit(session, events, guard=lambda: still_active(session, job.id)):
+        with self.events.append(session, guard=lambda: still_active(session, job.id)) as synced:
+            synced.add(*events)
+        if not synced.committed:
             logger.info("job %s finished meanwhile; this pass's view of it is dropped", job.id)
 
     @staticmethod
@@ -264,25 +267,6 @@ class Reconciler:
                 events += self._log_tail(job, pod)
             pod.phase, pod.restarts, pod.exit_code = seen.phase, seen.restarts, seen.exit_code
             session.add(pod)
-        return events
-
-    @staticmethod
-    def _settle_migrations(session: Session, job: Job, status: WorkloadStatus,
-                           pending: list[Migration]) -> list[Event]:
-        """Fail the migrations whose replacement is gone without having taken part."""
-        events: list[Event] = []
-        migrating = {p.ordinal for p in status.pods if p.migrating}
-        for migration in pending:
-            if (migration.ordinal in migrating
-                    or time.time() - migration.requested_at < MIGRATION_TIMEOUT):
-                continue
-            migration.status = "failed"
-            session.add(migration)
-            name = f"{job.id}-{migration.ordinal}"
-            events.append(new_event(
-                job.id, "job", type="migration_failed", ordinal=migration.ordinal, pod=name,
-                message=f"migration of {name} failed: its replacement did not take part "
-                        f"within {MIGRATION_TIMEOUT:.0f} s; the pod runs on as it was"))
         return events
 
     def _log_tail(self, job: Job, pod: Pod) -> list[Event]:

@@ -33,6 +33,9 @@ class NoopBackend:
         self.tokens_dir.mkdir(parents=True, exist_ok=True)
         (self.tokens_dir / launch.job_id).write_text(launch.report_token)
 
+    def reconcile(self, job_id: str) -> None:
+        pass
+
     def status(self, job_id: str) -> WorkloadStatus:
         return WorkloadStatus(present=True, pods=[
             PodStatus(ordinal=o, name=f"{job_id}-{o}", phase="Running", restarts=0)

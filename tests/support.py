@@ -15,6 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
+from api.backends.base import Backend, WorkloadStatus
+
 T = TypeVar("T")
 
 PEER_SECRET = "the-peer-secret"
@@ -57,6 +59,12 @@ def wait_for(condition: Callable[[], T], *, what: str = "condition", timeout: fl
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(interval)
     return value
+
+
+def observed(backend: Backend, job_id: str) -> WorkloadStatus:
+    """The job's status after one reconcile step: what a control-plane pass sees."""
+    backend.reconcile(job_id)
+    return backend.status(job_id)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

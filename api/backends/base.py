@@ -14,7 +14,8 @@ PodPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
 MIGRATION_TIMEOUT = 120.0
 """Seconds a migration's replacement has to take part (heal and train). A backend that runs
 one gives up on it then (Kubernetes deletes it, and the pod stays where it is), and the
-control plane records the migration as failed once the backend no longer runs it."""
+control plane records the migration as failed once the backend no longer runs it
+(api/services/pod_migrations.py)."""
 
 
 class BackendError(Exception):
@@ -127,8 +128,15 @@ class Backend(Protocol):
     def launch(self, launch: Launch) -> None:
         """Create the job's workload; return once it is created (pods start asynchronously)."""
 
+    def reconcile(self, job_id: str) -> None:
+        """Act so the job's workload converges to what it was asked to be: replace a dead
+        controller (a supervisor), create, gate-lift or delete pods (the Kubernetes pod
+        controller), give up where its budget is spent. The control plane calls it once per
+        pass, before `status`; it does nothing for a job with no workload."""
+
     def status(self, job_id: str) -> WorkloadStatus:
-        """Observe the job's pods; `present=False` when no workload exists (any more)."""
+        """Observe the job's pods, acting on nothing (`reconcile` acts); `present=False` when
+        no workload exists (any more) or its controller is not alive."""
 
     def kill_pod(self, job_id: str, ordinal: int, grace_seconds: float) -> None:
         """Kill one pod as a node failure would; its controller recreates it.

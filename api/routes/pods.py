@@ -12,6 +12,7 @@ from api.errors import error_responses
 from api.models import Accepted, KillRequest, MigrateRequest
 from api.routes import API_PREFIX
 from api.services import jobs as service
+from api.services import pod_migrations
 
 router = APIRouter(prefix=API_PREFIX + "/jobs/{job_id}/pods", tags=["pods"],
                    route_class=AdminRoute,
@@ -38,7 +39,7 @@ def migrate_pod(job_id: str, ordinal: int, session: SessionDep, backend: Backend
     break, the replacement heals from a peer and takes part before the old incarnation leaves
     gracefully. The `migrated` event says when it took part."""
     node = (request or MigrateRequest()).node
-    service.migrate_pod(session, backend, events, job_id, ordinal, node)
+    pod_migrations.start(session, backend, events, job_id, ordinal, node)
     return Accepted(id=f"{job_id}-{ordinal}", status="migrating",
                     detail="the replacement starts; a `migrated` event follows once it takes "
                            "part")

@@ -1,9 +1,12 @@
 """The one way to append events: each job's stream sees them in id order, none skipped.
 
 A stream replays from the database and then follows the broker, skipping ids at or below the
-last one it sent; so no event may be published after one with a higher id. Every writer of
-events goes through `EventLog`: the insert, the commit and the publish happen under one lock and
-take milliseconds. Slow work (a backend call, reading logs) happens before, outside the lock.
+last one it sent; so no event may be published before it is committed (a replay would miss it)
+nor after one of its job with a higher id (a stream would skip it). Every writer of events goes
+through `EventLog.append`, which holds that rule: the insert, the commit and the publish happen
+under one lock and take milliseconds, and an append whose ids would go back in its job's stream
+is refused before it commits (EventOrderError). Slow work (a backend call, reading logs) happens
+before, outside the lock.
 
 Writers must not flush a session before they append (sessions here do not autoflush): a
 transaction that wrote outside the lock would hold the database's write lock while it waits for
@@ -90,51 +93,83 @@ def event_item(event: Event) -> Item:
     return {"id": event.id, "type": event.type, "time": event.time, "data": event.data}
 
 
+class EventOrderError(RuntimeError):
+    """An append would publish an event at or below one its job's stream was already sent: a
+    stream following the broker would skip it. Nothing of that append is committed."""
+
+
+class Appending:
+    """What one `EventLog.append` writes: events to add, and rows a writer inserted itself."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.inserted: dict[str, list[Item]] = {}
+        self.committed = False
+        """Set once the append committed (False: its guard said no, everything rolled back)."""
+
+    def add(self, *events: Event) -> None:
+        self.events.extend(events)
+
+    def add_inserted(self, job_id: str, items: list[Item]) -> None:
+        """Rows inserted in the append's transaction by the writer itself (Core, for speed),
+        as stream items with their ids."""
+        self.inserted.setdefault(job_id, []).extend(items)
+
+    def by_job(self) -> dict[str, list[Item]]:
+        """Every event of the append as stream items, per job (ids known: flushed)."""
+        by_job = {job_id: list(items) for job_id, items in self.inserted.items()}
+        for event in self.events:
+            by_job.setdefault(event.job_id, []).append(event_item(event))
+        return by_job
+
+
 class EventLog:
+    """The one way to append events (see the module's docstring)."""
+
     def __init__(self, publish: Publish) -> None:
-        self.publish = publish
+        self._publish = publish
         self._lock = threading.Lock()
-
-    def commit(self, session: Session, events: Sequence[Event],
-               guard: Callable[[], bool] | None = None) -> bool:
-        """Commit the session's changes with `events`, then publish them.
-
-        `guard` runs first, under the lock: when it says no (the state it decided on changed
-        meanwhile, say a cancel finished the job), everything is rolled back and False returned.
-        """
-        with self._lock:
-            if guard is not None and not guard():
-                session.rollback()
-                return False
-            self._commit(session, events)
-        return True
+        self._published: dict[str, int] = {}
+        """The highest event id published per job."""
 
     @contextmanager
-    def transaction(self, session: Session) -> Iterator[list[Event]]:
-        """For writes that must be flushed in order (a new job's row before its pods): write
-        them in the block, append events to the list; all is committed and published at its
-        end, or rolled back on an error."""
+    def append(self, session: Session,
+               guard: Callable[[], bool] | None = None) -> Iterator[Appending]:
+        """Append events: write in the block (flushes in order, a Core insert of event rows),
+        `add` the events; at its end, under one lock, `guard` runs (when it says no, the state
+        it decided on changed meanwhile, say a cancel finished the job: everything is rolled
+        back), then the events are flushed, checked, committed and only then published, each
+        job's in id order. An error in the block rolls everything back.
+
+        Raises EventOrderError, with everything rolled back, where an event's id is not above
+        every id its job's stream was already sent.
+        """
         with self._lock:
-            events: list[Event] = []
+            appending = Appending()
             try:
-                yield events
+                yield appending
+                if guard is not None and not guard():
+                    session.rollback()
+                    return
+                session.add_all(appending.events)
+                session.flush()
+                by_job = appending.by_job()
+                for job_id, items in by_job.items():
+                    self._check_order(job_id, items)
+                session.commit()
             except BaseException:
                 session.rollback()
                 raise
-            self._commit(session, events)
+            appending.committed = True
+            for job_id, items in by_job.items():
+                if items:
+                    self._publish(job_id, items)
+                    self._published[job_id] = items[-1]["id"]
 
-    @contextmanager
-    def batch(self) -> Iterator[Publish]:
-        """For a writer that inserts events itself (the report writer): hold the lock from its
-        first write to its publish, and publish with what this yields."""
-        with self._lock:
-            yield self.publish
-
-    def _commit(self, session: Session, events: Sequence[Event]) -> None:
-        session.add_all(events)
-        session.commit()
-        by_job: dict[str, list[Item]] = {}
-        for event in events:
-            by_job.setdefault(event.job_id, []).append(event_item(event))
-        for job_id, items in by_job.items():
-            self.publish(job_id, items)
+    def _check_order(self, job_id: str, items: list[Item]) -> None:
+        last = self._published.get(job_id, 0)
+        for item in items:
+            if item["id"] is None or item["id"] <= last:
+                raise EventOrderError(
+                    f"job {job_id}: event {item['id']} would be published after event {last}")
+            last = item["id"]

@@ -1,5 +1,5 @@
-"""Job lifecycle: create and launch, read, scale, cancel, delete, kill or migrate a pod, list
-events."""
+"""Job lifecycle: create and launch, read, scale, cancel, delete, kill a pod, list events (a
+pod's migration is api/services/pod_migrations.py's)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import logging
 import os
 import re
 import secrets
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -138,13 +137,13 @@ def create_job(session: Session, settings: Settings, backend: Backend, events: E
     token = secrets.token_urlsafe(32)
     job = Job(id=f"job-{secrets.token_hex(4)}", name=spec.name,
               spec=spec, report_token_hash=hash_token(token))
-    with events.transaction(session) as created:
+    with events.append(session) as created:
         session.add(job)
         session.flush()  # the job's row first: its pods and events refer to it
         session.add_all([Pod(job_id=job.id, ordinal=ordinal, name=f"{job.id}-{ordinal}")
                          for ordinal in range(spec.pods)])
-        created.append(new_event(job.id, "job", status="pending", message="job created",
-                                 spec=spec.model_dump(mode="json")))
+        created.add(new_event(job.id, "job", status="pending", message="job created",
+                              spec=spec.model_dump(mode="json")))
     try:
         launch = _launch(settings, job, spec, token)
         backend.launch(launch)
@@ -153,7 +152,8 @@ def create_job(session: Session, settings: Settings, backend: Backend, events: E
         known = isinstance(exc, BackendError | OSError | CredentialError)
         reason = f"launch failed: {exc}" if known else "launch failed: internal error"
         job.status, job.reason, job.finished_at = JobStatus.failed, reason, utc_now()
-        events.commit(session, [new_event(job.id, "job", status="failed", message=reason)])
+        with events.append(session) as failed:
+            failed.add(new_event(job.id, "job", status="failed", message=reason))
         if not known:
             raise
         raise BackendUnavailable(f"job {job.id} could not be launched: {exc}") from None
@@ -165,7 +165,8 @@ def create_job(session: Session, settings: Settings, backend: Backend, events: E
             job.id, "job", type="restart_mode", fault_tolerance=launch.fault_tolerance,
             message="one pipeline replica has no live peer to heal from: it restarts from "
                     "the newest checkpoint on a failure (live needs replicas >= 2)"))
-    events.commit(session, launched)
+    with events.append(session) as appending:
+        appending.add(*launched)
     logger.info("job %s launched on %s with %d pods", job.id, backend.name, spec.pods)
     return job
 
@@ -228,7 +229,7 @@ def list_jobs(session: Session, offset: int, limit: int,
 
 
 def still_active(session: Session, job_id: str) -> bool:
-    """Whether the job is still unfinished in the database (a guard for EventLog.commit)."""
+    """Whether the job is still unfinished in the database (a guard for EventLog.append)."""
     status = session.exec(select(Job.status).where(Job.id == job_id)).first()
     return status is not None and not JobStatus(status).finished
 
@@ -248,7 +249,9 @@ def cancel_job(session: Session, backend: Backend, events: EventLog,
     job.status, job.finished_at, job.reason = JobStatus.cancelled, utc_now(), "cancelled by user"
     event = new_event(job.id, "job", status="cancelled",
                       message="cancelled: the workload is deleted, checkpoints are kept")
-    if not events.commit(session, [event], guard=lambda: still_active(session, job_id)):
+    with events.append(session, guard=lambda: still_active(session, job_id)) as cancelled:
+        cancelled.add(event)
+    if not cancelled.committed:
         session.refresh(job)
         raise Conflict(f"job {job_id} {job.status.value} before it could be cancelled")
     try:
@@ -294,7 +297,7 @@ def _active(job: Job, action: str) -> None:
         raise Conflict(f"job {job.id} is {job.status.value}, not running: {action}")
 
 
-def _call(action: str, call: Callable[[], T]) -> T:
+def call_backend(action: str, call: Callable[[], T]) -> T:
     """Run a backend request, its errors as the API's."""
     try:
         return call()
@@ -315,11 +318,12 @@ def kill_pod(session: Session, backend: Backend, events: EventLog, job_id: str, 
     job = get_job(session, job_id)
     check_ordinal(job, ordinal)
     _active(job, "nothing to kill")
-    _call("kill", lambda: backend.kill_pod(job_id, ordinal, grace_seconds))
-    events.commit(session, [new_event(
-        job_id, "pod", action="kill", ordinal=ordinal, name=f"{job_id}-{ordinal}",
-        grace_seconds=grace_seconds, by="admin",
-        message=f"pod {job_id}-{ordinal} killed on request (grace {grace_seconds:g} s)")])
+    call_backend("kill", lambda: backend.kill_pod(job_id, ordinal, grace_seconds))
+    with events.append(session) as killed:
+        killed.add(new_event(
+            job_id, "pod", action="kill", ordinal=ordinal, name=f"{job_id}-{ordinal}",
+            grace_seconds=grace_seconds, by="admin",
+            message=f"pod {job_id}-{ordinal} killed on request (grace {grace_seconds:g} s)"))
 
 
 def scale_job(session: Session, backend: Backend, events: EventLog, job_id: str,
@@ -335,7 +339,7 @@ def scale_job(session: Session, backend: Backend, events: EventLog, job_id: str,
     before = job.spec.replicas
     if update.replicas == before:
         return job
-    _call("scale", lambda: backend.scale(job_id, update.replicas))
+    call_backend("scale", lambda: backend.scale(job_id, update.replicas))
     job.spec = job.spec.model_copy(update={"replicas": update.replicas})
     rows = {pod.ordinal: pod for pod in pods_of(session, job_id)}
     for ordinal in range(before, update.replicas):
@@ -344,42 +348,12 @@ def scale_job(session: Session, backend: Backend, events: EventLog, job_id: str,
         session.add(pod)
     session.add(job)
     direction = "up" if update.replicas > before else "down"
-    events.commit(session, [new_event(
-        job_id, "job", type="scaled", **{"from": before, "to": update.replicas}, by="admin",
-        message=f"scaled {direction} from {before} to {update.replicas} pods")],
-        guard=lambda: still_active(session, job_id))
+    with events.append(session, guard=lambda: still_active(session, job_id)) as scaled:
+        scaled.add(new_event(
+            job_id, "job", type="scaled", **{"from": before, "to": update.replicas},
+            by="admin", message=f"scaled {direction} from {before} to {update.replicas} pods"))
     logger.info("job %s scaled from %d to %d pods", job_id, before, update.replicas)
     return job
-
-
-def migrate_pod(session: Session, backend: Backend, events: EventLog, job_id: str,
-                ordinal: int, node: str | None) -> Migration:
-    """Start moving one pod: its replacement starts; the reports say when it takes part."""
-    job = get_job(session, job_id)
-    check_ordinal(job, ordinal)
-    if job.spec.stages > 1:
-        raise Conflict(f"job {job_id} is a pipeline job: its pods cannot be migrated yet (each "
-                       "stage pod holds a part of its replica's model)")
-    if job.status not in (JobStatus.running, JobStatus.degraded):
-        raise Conflict(f"job {job_id} is {job.status.value}: only a running job's pods migrate")
-    pending = session.exec(select(Migration).where(
-        Migration.job_id == job_id, Migration.ordinal == ordinal,
-        Migration.status == "pending")).first()
-    if pending is not None:
-        raise Conflict(f"pod {job_id}-{ordinal} is already migrating (since "
-                       f"{time.time() - pending.requested_at:.0f} s)")
-    requested_at = time.time()
-    moving = _call("migrate", lambda: backend.migrate_pod(job_id, ordinal, node))
-    migration = Migration(job_id=job_id, ordinal=ordinal, requested_at=requested_at,
-                          step_at_request=job.step, node_to=node,
-                          old_incarnation=moving.incarnation, node_from=moving.node)
-    session.add(migration)
-    name = f"{job_id}-{ordinal}"
-    events.commit(session, [new_event(
-        job_id, "pod", action="migrate", ordinal=ordinal, name=name, node=node, by="admin",
-        message=f"pod {name} migrating" + (f" to node {node}" if node else "")
-                + ": its replacement starts")], guard=lambda: still_active(session, job_id))
-    return migration
 
 
 def list_events(session: Session, job_id: str, after: int, limit: int,

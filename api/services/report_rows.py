@@ -1,14 +1,16 @@
 """What a report batch becomes: the event rows of its new records, and the changes they make to
-the job's and the pod's views (progress, a migration completed, the event quota)."""
+the job's and the pod's views (progress, the event quota); a `joined` record completes its pod's
+migration (api/services/pod_migrations.py)."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection
 
-from api.models import Event, EventType, JobStatus, Migration
+from api.models import Event, EventType, JobStatus
+from api.services import pod_migrations
 from api.services.events import json_size
 from api.services.job_view import JobView, PodView
 from trainer.contract.records import (
@@ -25,7 +27,7 @@ from trainer.contract.records import (
 STREAM_TYPES: dict[Kind, EventType] = {"metric": "metric", "eval": "metric",
                                        "checkpoint": "checkpoint", "event": "job",
                                        "samples": "samples"}
-EVENTS, MIGRATIONS = Event.__table__, Migration.__table__  # type: ignore[attr-defined]
+EVENTS = Event.__table__  # type: ignore[attr-defined]
 Items = list[dict[str, Any]]
 Row = tuple[dict[str, Any], bool]
 """An event row to insert, and whether it is a lifecycle event (stored past the quota)."""
@@ -42,13 +44,6 @@ def event_row(job_id: str, type_: EventType, time_: float, data: dict[str, Any],
     return {"job_id": job_id, "type": type_, "time": time_, "data": data, **point}
 
 
-def of_incarnation(reported: str, incarnation: str | None) -> bool:
-    """Whether a batch's incarnation is the pod incarnation a backend named (restart-mode
-    workers add a suffix of their own to it)."""
-    return incarnation is not None and (reported == incarnation
-                                        or reported.startswith(f"{incarnation}-"))
-
-
 def stage(connection: Connection, job: JobView, pod: PodView, batch: ReportBatch,
           last: int) -> tuple[list[Row], int, int | None]:
     """Event rows of the batch's records after seq `last`, its duplicates, and its new seq
@@ -63,9 +58,10 @@ def stage(connection: Connection, job: JobView, pod: PodView, batch: ReportBatch
             data["reason"] = leave_reason(connection, job, pod, batch.incarnation)
         rows.append((event_row(job.id, STREAM_TYPES[record.kind], record.time, data, record.data),
                      record.kind == "event"))
-        if isinstance(record.data, Joined):
-            rows += [(row, True) for row in complete_migration(
-                connection, job, pod, batch.incarnation, record.data, record.time)]
+        if isinstance(record.data, Joined) and (migrated := pod_migrations.complete(
+                connection, job.id, pod.ordinal, batch.incarnation, record.data,
+                record.time)) is not None:
+            rows.append((event_row(job.id, "job", record.time, migrated), True))
         job.apply(record.data)
         if isinstance(record.data, Metric):
             pod.step = max(pod.step, record.data.step)
@@ -110,31 +106,6 @@ def leave_reason(connection: Connection, job: JobView, pod: PodView,
     SIGTERM from outside (an eviction, a drain, a kill with a grace)."""
     if pod.ordinal >= job.replicas:
         return "scale-down"
-    migrated = connection.execute(select(MIGRATIONS.c.old_incarnation).where(
-        MIGRATIONS.c.job_id == job.id, MIGRATIONS.c.ordinal == pod.ordinal)).scalars()
-    if any(of_incarnation(incarnation, old) for old in migrated):
+    if pod_migrations.retired(connection, job.id, pod.ordinal, incarnation):
         return "migrate"
     return "sigterm"
-
-
-def complete_migration(connection: Connection, job: JobView, pod: PodView, incarnation: str,
-                       joined: Joined, time_: float) -> Items:
-    """A pod's new incarnation took part: the pending migration of it, if any, is done."""
-    migration = connection.execute(select(MIGRATIONS).where(
-        MIGRATIONS.c.job_id == job.id, MIGRATIONS.c.ordinal == pod.ordinal,
-        MIGRATIONS.c.status == "pending").order_by(MIGRATIONS.c.id.desc())).first()
-    if (migration is None or of_incarnation(incarnation, migration.old_incarnation)
-            or time_ < migration.requested_at):
-        return []
-    seconds = round(time_ - migration.requested_at, 3)
-    # The replacement started from the state after step `joined.step - 1`.
-    lost = max(0, migration.step_at_request - (joined.step - 1))
-    connection.execute(update(MIGRATIONS).where(MIGRATIONS.c.id == migration.id).values(
-        status="done", new_incarnation=incarnation, seconds=seconds, steps_lost=lost))
-    return [event_row(job.id, "job", time_, {
-        "type": "migrated", "ordinal": pod.ordinal, "pod": joined.pod,
-        "old_incarnation": migration.old_incarnation, "new_incarnation": incarnation,
-        "node_from": migration.node_from, "node_to": migration.node_to,
-        "seconds": seconds, "steps_lost": lost, "step": joined.step,
-        "message": f"{joined.pod} migrated: its replacement took part {seconds:.1f} s "
-                   f"after the request, {lost} steps lost"})]

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Connection, bindparam, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, StatementError
+from sqlmodel import Session
 
 from api.errors import DomainError, InvalidSpec, NotFound, QuotaExceeded
 from api.models import Incarnation, Job, JobStatus, Pod, utc_now
@@ -122,11 +123,7 @@ class ReportWriter:
             self._write(group)
 
     def _write(self, group: list[_Pending]) -> None:
-        with self.events.batch() as publish:
-            outcomes = self._store(group)
-            for pending, outcome in zip(group, outcomes, strict=True):
-                if isinstance(outcome, _Staged) and outcome.rows:
-                    publish(pending.job_id, outcome.rows)
+        outcomes = self._store(group)
         for pending, outcome in zip(group, outcomes, strict=True):
             if isinstance(outcome, Exception):
                 pending.done.set_exception(outcome)
@@ -143,13 +140,13 @@ class ReportWriter:
         """Each batch's outcome: the group in one transaction, or else each batch in a
         savepoint of one, so that a batch that fails fails alone."""
         try:
-            return self._transaction(group, isolated=False)
+            return self._append(group, isolated=False)
         except Exception as exc:
             logger.warning("writing %d report batches at once failed (%s): writing each in a "
                            "savepoint", len(group), type(exc).__name__)
             self._forget()
         try:
-            return self._transaction(group, isolated=True)
+            return self._append(group, isolated=True)
         except Exception as exc:
             logger.exception("writing %d report batches failed", len(group))
             self._forget()
@@ -160,24 +157,33 @@ class ReportWriter:
         self._pods.clear()
         self._seqs.clear()
 
-    def _transaction(self, group: list[_Pending], isolated: bool) -> list[Outcome]:
-        with self.engine.begin() as connection:
-            if isolated and connection.dialect.name == "sqlite":
-                # pysqlite begins a transaction only before its first write: a SAVEPOINT
-                # before that would begin one of its own, which its RELEASE commits.
-                connection.exec_driver_sql("BEGIN IMMEDIATE")
-            jobs = self._jobs(connection, {pending.job_id for pending in group})
-            seqs: dict[SeqKey, int] = {}
-            outcomes: list[Outcome] = []
-            for pending in group:
-                outcome = self._batch(connection, jobs, seqs, pending, isolated)
-                if isinstance(outcome, _Staged) and outcome.last_seq is not None:
-                    seqs[outcome.key] = outcome.last_seq  # the group's next batches see it
-                outcomes.append(outcome)
-            staged = [outcome for outcome in outcomes if isinstance(outcome, _Staged)]
-            if not isolated:
-                self._insert_events(connection, staged)
-            self._update(connection, jobs, {done.pod.id: done.pod for done in staged}, seqs)
+    def _append(self, group: list[_Pending], isolated: bool) -> list[Outcome]:
+        """The group in one transaction, its events appended (committed, then published)."""
+        with Session(self.engine) as session, self.events.append(session) as appending:
+            outcomes = self._transaction(session.connection(), group, isolated)
+            for pending, outcome in zip(group, outcomes, strict=True):
+                if isinstance(outcome, _Staged) and outcome.rows:
+                    appending.add_inserted(pending.job_id, outcome.rows)
+        return outcomes
+
+    def _transaction(self, connection: Connection, group: list[_Pending],
+                     isolated: bool) -> list[Outcome]:
+        if isolated and connection.dialect.name == "sqlite":
+            # pysqlite begins a transaction only before its first write: a SAVEPOINT
+            # before that would begin one of its own, which its RELEASE commits.
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+        jobs = self._jobs(connection, {pending.job_id for pending in group})
+        seqs: dict[SeqKey, int] = {}
+        outcomes: list[Outcome] = []
+        for pending in group:
+            outcome = self._batch(connection, jobs, seqs, pending, isolated)
+            if isinstance(outcome, _Staged) and outcome.last_seq is not None:
+                seqs[outcome.key] = outcome.last_seq  # the group's next batches see it
+            outcomes.append(outcome)
+        staged = [outcome for outcome in outcomes if isinstance(outcome, _Staged)]
+        if not isolated:
+            self._insert_events(connection, staged)
+        self._update(connection, jobs, {done.pod.id: done.pod for done in staged}, seqs)
         return outcomes
 
     def _batch(self, connection: Connection, jobs: dict[str, JobView], seqs: dict[SeqKey, int],

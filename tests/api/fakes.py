@@ -33,6 +33,8 @@ class FakeBackend:
     scales: list[tuple[str, int]] = field(default_factory=list)
     migrations: list[tuple[str, int, str | None]] = field(default_factory=list)
     nodes: tuple[str, ...] = ()
+    reconciled: list[str] = field(default_factory=list)
+    """The jobs `reconcile` was called for, in order (the controller's acts are the tests')."""
 
     def launch(self, launch: Launch) -> None:
         if self.fail_launch:
@@ -45,6 +47,9 @@ class FakeBackend:
     def _pod(job_id: str, ordinal: int) -> PodStatus:
         return PodStatus(ordinal=ordinal, name=f"{job_id}-{ordinal}", phase="Running",
                          restarts=0, incarnation="0")
+
+    def reconcile(self, job_id: str) -> None:
+        self.reconciled.append(job_id)
 
     def status(self, job_id: str) -> WorkloadStatus:
         return self.workloads.get(job_id, WorkloadStatus(present=False))

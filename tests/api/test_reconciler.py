@@ -115,6 +115,38 @@ def test_vanished_workload_fails_the_job(client: TestClient, backend: FakeBacken
     assert "vanished" in job_state(client, job["id"])["reason"]
 
 
+def test_each_pass_reconciles_a_job_before_it_observes_it(client: TestClient,
+                                                          backend: FakeBackend) -> None:
+    job = create_job(client)
+
+    class Acting(FakeBackend):
+        """Its controller recreates pod 1 in the reconcile step, as a backend's does."""
+
+        def reconcile(self, job_id: str) -> None:
+            super().reconcile(job_id)
+            self.set_pod(job_id, 1, restarts=1)
+
+    acting = Acting(workloads=backend.workloads)
+    reconcile(client, acting)
+    assert acting.reconciled == [job["id"]]
+    assert job_state(client, job["id"])["pods"][1]["restarts"] == 1  # seen in the same pass
+
+
+def test_a_job_whose_reconcile_fails_is_left_for_the_next_pass(client: TestClient,
+                                                               backend: FakeBackend) -> None:
+    job = create_job(client)
+
+    class Unreachable(FakeBackend):
+        def reconcile(self, job_id: str) -> None:
+            raise BackendError("the supervisor could not be replaced yet")
+
+    # What it observes (no workload) is not acted on: the reconcile broke off half way.
+    assert reconcile(client, Unreachable()) == []
+    assert job_state(client, job["id"])["status"] == "starting"
+    reconcile(client, backend)
+    assert [p["phase"] for p in job_state(client, job["id"])["pods"]] == ["Running"] * 2
+
+
 def test_completion_registers_the_model_and_deletes_the_workload(
         client: TestClient, backend: FakeBackend, tiny_model_dir: Path) -> None:
     job = create_job(client, name="my model")

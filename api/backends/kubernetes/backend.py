@@ -1,9 +1,10 @@
 """The Kubernetes backend: each job an anchor ConfigMap that owns its trainer pods, Secret,
 NetworkPolicy, Services and coordinator.
 
-The control plane is the trainer pods' controller (controller.py): each status pass keeps the
-job's `replicas` pods, one per ordinal. Crashed containers restart in place (restartPolicy
-Always); while no control plane runs, a deleted pod waits for the next one to replace it.
+The control plane is the trainer pods' controller (controller.py): each `reconcile` pass keeps
+the job's `replicas` pods, one per ordinal; `status` only reads. Crashed containers restart in
+place (restartPolicy Always); while no control plane runs, a deleted pod waits for the next one
+to replace it.
 
 Objects come from the pure functions of anchor.py and the modules it draws on; pods and
 anchors are observed through watch caches (informer.py; the pods' is watch.py, the anchors' is
@@ -166,9 +167,30 @@ class KubernetesBackend:
 
     # --- observe and control ------------------------------------------------------------
 
+    def reconcile(self, job_id: str) -> None:
+        """One pass of the job's controller: count its restarts (kept on its anchor), then,
+        unless the job is being deleted or its restart budget is spent, keep its `replicas`
+        pods, as a StatefulSet would (PodController)."""
+        self._ensure_watch()
+        try:
+            owner = self.anchors.get(job_id)
+        except WorkloadNotFound:
+            return
+        replicas = int(owner["data"][REPLICAS_KEY])
+        views = self._views(job_id)
+        restarts = self.restarts.count(owner, job_id, replicas, views)
+        if owner["metadata"].get("deletionTimestamp") or self._give_up_reason(
+                replicas, views, restarts) is not None:
+            return
+        with self._lock:  # one pass at a time: two would both create a missing pod
+            try:
+                self.controller.reconcile(owner, replicas, views)
+            except BackendError as exc:  # the next pass starts from what is there then
+                logger.warning("job %s: pass of its pod controller broke off: %s", job_id, exc)
+
     def status(self, job_id: str) -> WorkloadStatus:
-        """The job's pods as the protocol sees them, after one pass of its controller: the
-        control plane keeps `replicas` pods, as a StatefulSet would (PodController)."""
+        """The job's pods as the protocol sees them, with the restarts its last `reconcile`
+        counted; creates, patches and deletes nothing."""
         self._ensure_watch()
         try:
             owner = self.anchors.get(job_id)
@@ -176,24 +198,20 @@ class KubernetesBackend:
             return WorkloadStatus(present=False)
         replicas = int(owner["data"][REPLICAS_KEY])
         views = self._views(job_id)
-        restarts = self.restarts.count(owner, job_id, replicas, views)
+        restarts = self.restarts.totals(owner, job_id, replicas)
+        pods = pod_statuses(job_id, replicas, views, restarts)
         if owner["metadata"].get("deletionTimestamp"):
             # Being deleted (by a cancel or a completion that decided already): it is still
             # there, and calling it gone now would race that decision. Gone once deleted.
-            return WorkloadStatus(present=True, pods=pod_statuses(job_id, replicas, views,
-                                                                  restarts))
-        reason = give_up_reason([v for v in views if v.ordinal < replicas and not v.deleting],
-                                restarts, self.restart_budget)
-        if reason is None:
-            with self._lock:  # one pass at a time: two would both create a missing pod
-                try:
-                    self.controller.reconcile(owner, replicas, views)
-                except BackendError as exc:  # the next pass starts from what is there then
-                    logger.warning("job %s: pass of its pod controller broke off: %s", job_id,
-                                   exc)
+            return WorkloadStatus(present=True, pods=pods)
+        reason = self._give_up_reason(replicas, views, restarts)
         return WorkloadStatus(present=reason is None, finished=reason is not None,
-                              reason=reason,
-                              pods=pod_statuses(job_id, replicas, views, restarts))
+                              reason=reason, pods=pods)
+
+    def _give_up_reason(self, replicas: int, views: list[PodView],
+                        restarts: dict[int, int]) -> str | None:
+        return give_up_reason([v for v in views if v.ordinal < replicas and not v.deleting],
+                              restarts, self.restart_budget)
 
     def _pods(self, job_id: str) -> list[dict[str, Any]]:
         if self.watcher.wait_synced():

@@ -59,6 +59,17 @@ class RestartTally:
                 logger.warning("job %s: restart tally not saved: %s", job_id, exc)
         return totals
 
+    def totals(self, owner: Manifest, job_id: str, replicas: int) -> dict[int, int]:
+        """Restarts per ordinal as last counted, without counting anything new: the tally in
+        memory, else the one on the anchor (a control plane that has not counted yet)."""
+        annotation = (owner["metadata"].get("annotations") or {}).get(INCARNATIONS_ANNOTATION)
+        with self._lock:
+            tally = self._incarnations.get(job_id)
+            if tally is None:
+                tally = load_incarnations(annotation)
+            return {ordinal: tally[ordinal].total if ordinal in tally else 0
+                    for ordinal in range(replicas)}
+
     def forget(self, job_id: str) -> None:
         """Drop the job's tally (with the lock held)."""
         self._incarnations.pop(job_id, None)

@@ -2,8 +2,8 @@
 
 Everything lives in `jobs_dir/<job_id>/` (see api/backends/local/jobdir.py). The supervisor runs
 in its own session, so it outlives the API process; a new LocalBackend on the same jobs_dir
-re-adopts it from these files alone. The watchdog (watchdog.py) starts the supervisors and
-replaces one that dies while its job runs.
+re-adopts it from these files alone. The watchdog (watchdog.py) starts the supervisors and,
+in `reconcile`, replaces one that died while its job runs; `status` only reads.
 """
 
 from __future__ import annotations
@@ -79,11 +79,19 @@ class LocalBackend:
         child = self._watchdog.launch(job_dir)
         logger.info("job %s: supervisor started (pid %d)", launch.job_id, child.pid)
 
+    def reconcile(self, job_id: str) -> None:
+        """Replace the job's supervisor if it died with the job unfinished (or finish the job
+        where it cannot be replaced)."""
+        job_dir = self._job_dir(job_id)
+        if job_dir.path.is_dir():
+            self._watchdog.tend(job_id, job_dir)
+
     def status(self, job_id: str) -> WorkloadStatus:
         job_dir = self._job_dir(job_id)
         if not job_dir.path.is_dir():
             return WorkloadStatus(present=False)
-        state, alive = self._watchdog.observe(job_id, job_dir)
+        state = read_state(job_dir)
+        alive = self._watchdog.alive(job_id, job_dir, state)
         if state is None:
             return WorkloadStatus(present=alive, pods=[
                 PodStatus(i, f"{job_id}-{i}", "Pending", 0)

@@ -74,27 +74,23 @@ class Watchdog:
                 job_dir.launch.unlink(missing_ok=True)
                 raise
 
-    def observe(self, job_id: str, job_dir: JobDir) -> tuple[StateDocument | None, bool]:
-        """The job's state, after replacing its supervisor if that died with the job unfinished;
-        and whether a supervisor runs it."""
+    def tend(self, job_id: str, job_dir: JobDir) -> None:
+        """Replace the job's supervisor if it died with the job unfinished; where that cannot
+        be done (or its state turned unreadable), kill the pods it listed and finish the job."""
         try:
             state = read_state(job_dir)
         except UnreadableDocument as exc:
-            final = None if self._supervised(job_id) else self._give_up(
-                job_id, job_dir, self._seen.get(job_id),
-                f"the job's supervisor died and its state is unreadable ({exc}); every pod it "
-                "last listed was stopped")
-            if final is None:
-                raise
-            return final, False
+            if not self._supervised(job_id):
+                self._give_up(job_id, job_dir, self._seen.get(job_id),
+                              f"the job's supervisor died and its state is unreadable ({exc}); "
+                              "every pod it last listed was stopped")
+            return
         if state is None or state.finished:
             self._seen.pop(job_id, None)
-            return state, self.alive(job_id, job_dir, state)
+            return
         self._seen[job_id] = state
-        if self.alive(job_id, job_dir, state):
-            return state, True
-        state = self._revive(job_id, job_dir, state)
-        return state, self.alive(job_id, job_dir, state)
+        if not self.alive(job_id, job_dir, state):
+            self._revive(job_id, job_dir, state)
 
     def alive(self, job_id: str, job_dir: JobDir, state: StateDocument | None) -> bool:
         """Whether the job's supervisor process runs (it may have finished and not exited yet)."""
@@ -170,12 +166,12 @@ class Watchdog:
         self._children[job_dir.job_id] = child
         return child
 
-    def _revive(self, job_id: str, job_dir: JobDir, state: StateDocument) -> StateDocument:
+    def _revive(self, job_id: str, job_dir: JobDir, state: StateDocument) -> None:
         """Start a supervisor that adopts the pods of the dead one; where none can be, kill them
         and finish the job."""
         with self._lock:
             if job_id in self._deleting:
-                return state
+                return
             tries = max(state.adoptions, self._revivals.get(job_id, 0))
             self._revivals[job_id] = tries + 1
             if tries >= self.restarts:
@@ -193,8 +189,8 @@ class Watchdog:
                 else:
                     logger.warning("job %s: supervisor pid %s died; pid %d adopts its pods",
                                    job_id, state.supervisor_pid, child.pid)
-                    return state
-        return self._give_up(job_id, job_dir, state, reason) or state
+                    return
+        self._give_up(job_id, job_dir, state, reason)
 
     def _give_up(self, job_id: str, job_dir: JobDir, state: StateDocument | None,
                  reason: str) -> StateDocument | None:

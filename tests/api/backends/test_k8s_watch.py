@@ -18,7 +18,7 @@ from api.backends.kubernetes.calls import MERGE_PATCH
 from api.settings import Settings
 from tests.api.backends.k8s_fake import FakeApiServer
 from tests.api.backends.test_kubernetes import NS, make_launch, running
-from tests.support import wait_for
+from tests.support import observed, wait_for
 
 
 def test_close_stops_a_long_watch_at_once(tmp_path: Path, kubeconfig: Path,
@@ -27,7 +27,7 @@ def test_close_stops_a_long_watch_at_once(tmp_path: Path, kubeconfig: Path,
                         k8s_kubeconfig=kubeconfig, k8s_watch_timeout=600)
     backend = KubernetesBackend.from_settings(settings)
     try:
-        assert backend.status("job-00000000").present is False  # starts the watch
+        assert observed(backend, "job-00000000").present is False  # starts the watch
         wait_for(lambda: any(r.query.get("watch") == "true" for r in fake_k8s.cluster.requests),
                  what="the watch request", timeout=10)
         assert backend.watcher.synced.is_set()
@@ -69,11 +69,11 @@ def test_passes_over_quiet_jobs_ask_the_server_nothing(
         backend.launch(make_launch(settings, job_id=job_id))
     for job_id in jobs:
         running(backend, job_id)
-        backend.status(job_id)  # the tally of the pods seen is on the anchor now
+        observed(backend, job_id)  # the tally of the pods seen is on the anchor now
     before = len(fake_k8s.cluster.requests)
     for _ in range(5):
         for job_id in jobs:
-            assert backend.status(job_id).present
+            assert observed(backend, job_id).present
         assert backend.active_jobs() == jobs
         assert not backend.gone(jobs[0])
     assert asked(fake_k8s, before) == Counter()
@@ -84,7 +84,7 @@ def test_passes_over_quiet_jobs_ask_the_server_nothing(
         jobs[1], NS, {"data": {REPLICAS_KEY: "3"}}, _content_type=MERGE_PATCH)
     wait_for(lambda: replicas_cached(backend, jobs[1]) == "3", what="the watch to show it",
              timeout=10)
-    assert len(backend.status(jobs[1]).pods) == 3
+    assert len(observed(backend, jobs[1]).pods) == 3
     # Theirs, then the pass's: the new pod's incarnation recorded on the anchor, and the pod.
     assert asked(fake_k8s, before) == Counter({("patch", "configmaps"): 2,
                                                ("create", "pods"): 1})
@@ -126,13 +126,13 @@ def test_a_pass_sees_our_own_writes_while_the_anchors_watch_lags(
                         == "k8s-configmap-watch" else keep(obj))
     for replicas in (3, 4):
         backend.scale(launch.job_id, replicas)
-        assert len(backend.status(launch.job_id).pods) == replicas
+        assert len(observed(backend, launch.job_id).pods) == replicas
     # Each new pod's incarnation was recorded from the anchor as we last wrote it: no conflict.
     issued = fake_k8s.cluster.get("configmaps", NS, launch.job_id)["metadata"]["annotations"]
     assert issued[ISSUED_ANNOTATION] == "2"
     assert fake_k8s.cluster.trainer(launch.job_id, 3)["metadata"]["name"] == f"{launch.job_id}-3-2"
     fake_k8s.cluster.collect_garbage = False  # look at it while it is being deleted
     backend.delete(launch.job_id)
-    deleting = backend.status(launch.job_id)  # no pass acts on a job being deleted
+    deleting = observed(backend, launch.job_id)  # no pass acts on a job being deleted
     assert (deleting.present, deleting.finished) == (True, False)
     assert backend.active_jobs() == []

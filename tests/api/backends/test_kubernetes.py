@@ -41,7 +41,7 @@ from api.backends.kubernetes.template import TERMINATION_GRACE
 from api.settings import Settings
 from tests.api.backends.k8s_fake import FakeApiServer
 from tests.conftest import ROOT
-from tests.support import wait_for
+from tests.support import observed, wait_for
 from trainer.contract.spec import JobSpec
 
 NS = "live-migrator"
@@ -89,7 +89,7 @@ def make_launch(settings: Settings, job_id: str = "job-0a1b2c3d", mode: str = "l
 def running(backend: KubernetesBackend, job_id: str) -> WorkloadStatus:
     """Wait until every pod of the job runs; its status then."""
     result: WorkloadStatus = wait_for(
-        lambda: (s := backend.status(job_id)).pods and all(p.phase == "Running" for p in s.pods)
+        lambda: (s := observed(backend, job_id)).pods and all(p.phase == "Running" for p in s.pods)
         and s, what=f"the pods of {job_id} to run", timeout=20)
     return result
 
@@ -97,7 +97,7 @@ def running(backend: KubernetesBackend, job_id: str) -> WorkloadStatus:
 def pod_status(backend: KubernetesBackend, job_id: str, ordinal: int,
                check: Callable[[Any], bool], what: str) -> WorkloadStatus:
     result: WorkloadStatus = wait_for(
-        lambda: (s := backend.status(job_id)).pods and check(s.pods[ordinal]) and s, what=what,
+        lambda: (s := observed(backend, job_id)).pods and check(s.pods[ordinal]) and s, what=what,
         timeout=20)
     return result
 
@@ -187,7 +187,7 @@ def test_a_pass_never_creates_a_pod_twice_while_the_watch_lags(
     # The watch lags: it shows none of what the passes below do.
     monkeypatch.setattr(backend.watcher, "pods", lambda label, value: stale)
     for _ in range(3):
-        backend.status(launch.job_id)
+        observed(backend, launch.job_id)
     ordinal_1 = [p for p in fake_k8s.cluster.store.items("pods", NS)
                  if p["metadata"]["labels"].get(ORDINAL_LABEL) == "1"]
     assert [p["metadata"]["name"] for p in ordinal_1] == [f"{launch.job_id}-1-1"]
@@ -213,9 +213,9 @@ def test_a_pod_newer_than_a_passs_view_is_not_counted_as_gone(
         timeout=10)
     # A pass whose view of the pods was taken just before the replacement showed up.
     monkeypatch.setattr(backend.watcher, "pods", lambda label, value: before)
-    assert backend.status(launch.job_id).pods[0].restarts == 0
+    assert observed(backend, launch.job_id).pods[0].restarts == 0
     monkeypatch.undo()
-    assert backend.status(launch.job_id).pods[0].restarts == 0
+    assert observed(backend, launch.job_id).pods[0].restarts == 0
 
 
 def test_scale_patches_the_anchor_and_the_control_plane_follows(
@@ -232,13 +232,20 @@ def test_scale_patches_the_anchor_and_the_control_plane_follows(
 
     backend.scale(launch.job_id, 1)
     leaving = [pod_of(fake_k8s, launch.job_id, o)["metadata"]["name"] for o in (1, 2)]
-    backend.status(launch.job_id)  # the pass that deletes them
+    # Observing acts on nothing: no pod is deleted (or anything written) until a reconcile.
+    sent = len(fake_k8s.cluster.requests)
+    assert [p.ordinal for p in backend.status(launch.job_id).pods] == [0]
+    assert [r.method for r in fake_k8s.cluster.requests[sent:]
+            if r.method not in ("GET", "WATCH")] == []
+    assert not any(fake_k8s.cluster.pod(n)["metadata"].get("deletionTimestamp")
+                   for n in leaving)
+    backend.reconcile(launch.job_id)  # the pass that deletes them
     # The pods scaled away get their grace period (SIGTERM: they leave gracefully).
     deleting = fake_k8s.cluster.pod(leaving[1])["metadata"]
     assert deleting["deletionGracePeriodSeconds"] == TERMINATION_GRACE
     wait_for(lambda: not any(fake_k8s.cluster.store.find("pods", NS, n) for n in leaving),
              timeout=10, what="pods 1 and 2 to be gone")
-    status = backend.status(launch.job_id)
+    status = observed(backend, launch.job_id)
     assert [(p.ordinal, p.restarts) for p in status.pods] == [(0, 0)] and status.present
     with pytest.raises(WorkloadNotFound, match="job-ffffffff"):
         backend.scale("job-ffffffff", 2)
@@ -264,7 +271,7 @@ def test_a_live_migration_makes_the_replacement_before_it_breaks_the_pod(
              what="the replacement to run", timeout=10)
     for _ in range(3):  # not ready: both run on
         assert fake_k8s.cluster.store.find("pods", NS, old["metadata"]["name"]) is not None
-        assert backend.status(launch.job_id).pods[1].migrating
+        assert observed(backend, launch.job_id).pods[1].migrating
 
     fake_k8s.cluster.set_ready(surge["metadata"]["name"])
     status = pod_status(backend, launch.job_id, 1,
@@ -319,7 +326,7 @@ def test_a_restart_mode_migration_starts_the_replacement_once_the_pod_is_gone(
     held = pod_of(fake_k8s, launch.job_id, 0)
     assert held["spec"]["schedulingGates"] == [{"name": PLACEMENT_GATE}]
     assert fake_k8s.cluster.pod(old["metadata"]["name"])["metadata"]["deletionTimestamp"]
-    assert backend.status(launch.job_id).pods[0].phase != "Failed"
+    assert observed(backend, launch.job_id).pods[0].phase != "Failed"
     assert not held["spec"].get("nodeName")  # no two pods of one ordinal at once
     status = pod_status(backend, launch.job_id, 0,
                         lambda p: p.incarnation == "1" and p.phase == "Running",
@@ -376,7 +383,7 @@ def test_errors_keep_their_meaning(backend: KubernetesBackend, settings: Setting
     with pytest.raises(BackendError, match="422") as invalid:
         backend.launch(make_launch(settings, job_id="job-BAD"))
     assert not isinstance(invalid.value, WorkloadConflict | WorkloadNotFound)
-    assert backend.status("job-nothing").present is False
+    assert observed(backend, "job-nothing").present is False
 
 
 def test_a_failed_launch_leaves_nothing_behind(backend: KubernetesBackend, settings: Settings,
@@ -404,13 +411,13 @@ def test_delete_is_foreground_keeps_volumes_and_is_idempotent(
     with pytest.raises(WorkloadNotFound, match="being deleted"):
         backend.kill_pod(launch.job_id, 0, 0)
     # Still there while being deleted (the control plane decided already: no verdict).
-    deleting = backend.status(launch.job_id)
+    deleting = observed(backend, launch.job_id)
     assert (deleting.present, deleting.finished, len(deleting.pods)) == (True, False, 2)
     assert not backend.gone(launch.job_id)  # its pods may still write
     fake_k8s.cluster.collect_garbage = True
     wait_for(lambda: sorted({k[0] for k in fake_k8s.cluster.store.objects}) == [
         "persistentvolumeclaims"], what="every object but the PVCs to be gone", timeout=10)
-    assert backend.status(launch.job_id).present is False
+    assert observed(backend, launch.job_id).present is False
     assert backend.gone(launch.job_id)
     backend.delete(launch.job_id)  # again: nothing to do, no error
     assert backend.active_jobs() == []
@@ -428,7 +435,7 @@ def test_oom_and_the_restart_budget(backend: KubernetesBackend, settings: Settin
     assert (status.pods[0].exit_code, status.pods[0].reason) == (137, "OOMKilled")
     for _ in range(BUDGET):
         fake_k8s.cluster.crash(name, exit_code=1)
-    status = wait_for(lambda: (s := backend.status(launch.job_id)).finished and s,
+    status = wait_for(lambda: (s := observed(backend, launch.job_id)).finished and s,
                       what="the budget to run out", timeout=20)
     assert status.reason == ("restart budget spent: pod job-0a1b2c3d-0 restarted 4 times, last "
                              "exit code 1 (Error)")
@@ -443,7 +450,7 @@ def test_bad_input_ends_the_job_instead_of_crash_looping(
     fake_k8s.cluster.crash_loop(name_of(fake_k8s, launch.job_id, 0), 2, message=(
         "2026-11-23 10:00:01,456 ERROR job=job-0a1b2c3d pod=job-0a1b2c3d-0 trainer: "
         "dataset 'missing.csv': not found under the inputs dir\n"))
-    status = wait_for(lambda: (s := backend.status(launch.job_id)).finished and s,
+    status = wait_for(lambda: (s := observed(backend, launch.job_id)).finished and s,
                       what="the bad input to end the job", timeout=20)
     assert status.reason == ("pod job-0a1b2c3d-0 failed: bad input: dataset 'missing.csv': "
                              "not found under the inputs dir")
@@ -476,6 +483,11 @@ def test_a_restarted_control_plane_re_adopts_and_goes_on_counting(
     first.kill_pod(launch.job_id, 0, 0)
     pod_status(first, launch.job_id, 0, lambda p: p.restarts == 1 and p.phase == "Running",
                "pod 0 to rerun")
+    # The passes that follow count the new pod on the anchor (status shows it a pass earlier).
+    rerun = pod_of(fake_k8s, launch.job_id, 0)["metadata"]["uid"]
+    wait_for(lambda: first.reconcile(launch.job_id) or rerun in (fake_k8s.cluster.get(
+        "configmaps", NS, launch.job_id)["metadata"].get("annotations") or {}).get(
+        INCARNATIONS_ANNOTATION, ""), what="the tally to name pod 0's new pod", timeout=20)
     first.close()
     # While no control plane runs, pod 0 is deleted again and pod 1 restarts its container;
     # the next control plane replaces pod 0.

@@ -19,7 +19,7 @@ import pytest
 from api.backends.base import Launch, WorkloadStatus
 from api.backends.kubernetes.backend import KubernetesBackend
 from api.settings import Settings
-from tests.support import wait_for
+from tests.support import observed, wait_for
 from trainer.contract.spec import JobSpec
 
 pytestmark = [
@@ -47,7 +47,7 @@ def backend(settings: Settings) -> Iterator[KubernetesBackend]:
 
 def all_running(backend: KubernetesBackend, job_id: str) -> WorkloadStatus:
     status: WorkloadStatus = wait_for(
-        lambda: (s := backend.status(job_id)).pods and all(p.phase == "Running" for p in s.pods)
+        lambda: (s := observed(backend, job_id)).pods and all(p.phase == "Running" for p in s.pods)
         and s, what="the pods to run", timeout=STARTUP)
     return status
 
@@ -67,35 +67,35 @@ def test_lifecycle_on_a_real_cluster(backend: KubernetesBackend, settings: Setti
         all_running(backend, job_id)
         assert job_id in backend.active_jobs()
         backend.kill_pod(job_id, 1, grace_seconds=0)
-        wait_for(lambda: (s := backend.status(job_id)).pods[1].restarts >= 1
+        wait_for(lambda: (s := observed(backend, job_id)).pods[1].restarts >= 1
                  and s.pods[1].phase == "Running", what="pod 1 to be recreated", timeout=STARTUP)
         assert backend.tail_logs(job_id, 1, 50)
         second = KubernetesBackend.from_settings(settings)  # a restarted control plane
         try:
             assert job_id in second.active_jobs()
-            assert second.status(job_id).pods[1].restarts >= 1
+            assert observed(second, job_id).pods[1].restarts >= 1
         finally:
             second.close()
         # Scale up, then down: the pod scaled away leaves on its SIGTERM, so no pod's restart
         # count moves and the ordinal is gone.
-        restarts = [p.restarts for p in backend.status(job_id).pods]
+        restarts = [p.restarts for p in observed(backend, job_id).pods]
         backend.scale(job_id, 3)
         all_running(backend, job_id)
         backend.scale(job_id, 2)
         scaled: WorkloadStatus = wait_for(
-            lambda: len((s := backend.status(job_id)).pods) == 2 and s, what="the scale-down",
+            lambda: len((s := observed(backend, job_id)).pods) == 2 and s, what="the scale-down",
             timeout=STARTUP)
         assert [p.restarts for p in scaled.pods] == restarts
         # Migrate pod 0 off its node (restart mode: it checkpoints and its replacement starts
         # elsewhere once it is gone); a one-node cluster has nowhere to send it.
-        before = backend.status(job_id).pods[0]
+        before = observed(backend, job_id).pods[0]
         backend.migrate_pod(job_id, 0, None)
         moved: WorkloadStatus = wait_for(
-            lambda: (s := backend.status(job_id)).pods[0].incarnation != before.incarnation
+            lambda: (s := observed(backend, job_id)).pods[0].incarnation != before.incarnation
             and s.pods[0].phase == "Running" and s, what="pod 0 to migrate", timeout=STARTUP)
         assert moved.pods[0].restarts == before.restarts
     finally:
         backend.delete(job_id)
     wait_for(lambda: job_id not in backend.active_jobs(),
              what="the workload to be deleted", timeout=120)
-    assert not backend.status(job_id).present
+    assert not observed(backend, job_id).present

@@ -25,7 +25,7 @@ from api.backends.local.jobdir import JobDir, same_process
 from tests.api.backends.test_supervisor import SPEC, kill_everything, recorded_processes
 from tests.conftest import ROOT
 from tests.factories import make_reviews_csv
-from tests.support import PEER_SECRET, ReportServer, wait_for
+from tests.support import PEER_SECRET, ReportServer, observed, wait_for
 from trainer.checkpoint import MARKER
 from trainer.contract.spec import JobSpec
 
@@ -59,7 +59,7 @@ def make_launch(jobs_dir: Path, inputs_dir: Path, sink: ReportServer,
 
 def wait_finished(backend: LocalBackend, job_id: str, timeout: float = 60.0) -> WorkloadStatus:
     status: WorkloadStatus = wait_for(
-        lambda: (s := backend.status(job_id)).finished and not s.present and s,
+        lambda: (s := observed(backend, job_id)).finished and not s.present and s,
         what=f"{job_id} to finish", timeout=timeout)
     return status
 
@@ -79,7 +79,7 @@ def test_two_pods_run_to_completion(backend: LocalBackend, make_launch: Callable
     launch_file = jobs_dir / "job-ok" / "launch.json"
     assert stat.S_IMODE(launch_file.stat().st_mode) == 0o600
     assert json.loads(launch_file.read_text())["report_token"] == "secret-token"
-    assert backend.status("job-ok").present
+    assert observed(backend, "job-ok").present
     assert backend.active_jobs() == ["job-ok"]
 
     status = wait_finished(backend, "job-ok")
@@ -115,7 +115,7 @@ def test_sigkilled_pod_is_recreated_alone_and_the_survivor_restarts_its_worker(
     survivor = recorded_processes(jobs_dir / "job-kill")[1][0]
     backend.kill_pod("job-kill", 1, grace_seconds=0)
 
-    restarted = wait_for(lambda: (s := backend.status("job-kill")).pods[1].restarts == 1 and s,
+    restarted = wait_for(lambda: (s := observed(backend, "job-kill")).pods[1].restarts == 1 and s,
                          what="pod 1 to be recreated", timeout=30)
     assert restarted.present and not restarted.finished
     # The new round steps on both pods: pod 1's second incarnation reports steps.
@@ -244,7 +244,7 @@ def test_delete_mid_training_stops_everything_and_keeps_checkpoints(
     assert workers[0]["MASTER_PORT"] == workers[1]["MASTER_PORT"]
 
     backend.delete("job-del")
-    status = backend.status("job-del")
+    status = observed(backend, "job-del")
     assert (status.present, status.finished, status.reason) == (False, True, "deleted")
     assert_no_processes(jobs_dir / "job-del")
     assert list(checkpoints.glob(f"step-*/{MARKER}"))
@@ -262,7 +262,8 @@ def test_delete_kills_the_pods_of_a_dead_or_hung_supervisor(
         caplog: pytest.LogCaptureFixture) -> None:
     backend = LocalBackend(jobs_dir, delete_timeout=0.5)
     backend.launch(make_launch("job-orphans", replicas=1, epochs=20))
-    wait_for(lambda: backend.status("job-orphans").pods[0].phase == "Running", what="pod 0 to run")
+    wait_for(lambda: observed(backend, "job-orphans").pods[0].phase == "Running",
+             what="pod 0 to run")
     supervisor_pid, started, _ = recorded_processes(jobs_dir / "job-orphans")[0]
     os.kill(supervisor_pid, signal.SIGKILL if fate == "dead" else signal.SIGSTOP)
     if fate == "dead":  # and not replaced: nothing observed the job in between
@@ -291,11 +292,15 @@ def test_a_killed_supervisor_is_replaced_by_one_that_adopts_the_pods(
         backend: LocalBackend, make_launch: Callable[..., Launch], jobs_dir: Path) -> None:
     backend.launch(make_launch("job-heal", epochs=50, checkpoint_every_steps=1000))
     job_dir = jobs_dir / "job-heal"
-    wait_for(lambda: [p.phase for p in backend.status("job-heal").pods] == ["Running"] * 2,
+    wait_for(lambda: [p.phase for p in observed(backend, "job-heal").pods] == ["Running"] * 2,
              what="both pods to run")
     left = kill_supervisor(job_dir)
 
-    assert backend.status("job-heal").present  # observing it starts the new supervisor
+    # Observing it acts on nothing: the supervisor is dead and stays so until a reconcile.
+    assert not backend.status("job-heal").present
+    assert backend.active_jobs() == []
+    assert json.loads((job_dir / "state.json").read_text()) == left
+    assert observed(backend, "job-heal").present  # the reconcile starts the new supervisor
     adopted = wait_for(lambda: (s := json.loads((job_dir / "state.json").read_text()))
                        ["adoptions"] == 1 and s, what="a supervisor to adopt the pods")
     assert adopted["supervisor_pid"] != left["supervisor_pid"]
@@ -306,12 +311,12 @@ def test_a_killed_supervisor_is_replaced_by_one_that_adopts_the_pods(
 
     # An adopted pod is killed and recreated like any other, and a delete stops everything.
     backend.kill_pod("job-heal", 1, grace_seconds=0)
-    recreated = wait_for(lambda: (s := backend.status("job-heal")).pods[1].restarts == 1 and s,
+    recreated = wait_for(lambda: (s := observed(backend, "job-heal")).pods[1].restarts == 1 and s,
                          what="pod 1 to be recreated", timeout=30)
     assert (recreated.present, recreated.pods[0].restarts) == (True, 0)
     assert recorded_processes(job_dir)[1][0] == left["pods"][0]["pid"]
     backend.delete("job-heal")
-    assert backend.status("job-heal").reason == "deleted"
+    assert observed(backend, "job-heal").reason == "deleted"
     assert_no_processes(job_dir)
     assert all(same_process(p["pid"], p["pid_started"]) is None for p in left["pods"])
 
@@ -323,7 +328,7 @@ def test_pods_are_killed_before_a_dead_supervisor_that_cannot_be_replaced_fails_
     backend = LocalBackend(jobs_dir, supervisor_restarts=0 if why == "budget" else 3)
     backend.launch(make_launch("job-lost", epochs=50))
     job_dir = jobs_dir / "job-lost"
-    wait_for(lambda: [p.phase for p in backend.status("job-lost").pods] == ["Running"] * 2,
+    wait_for(lambda: [p.phase for p in observed(backend, "job-lost").pods] == ["Running"] * 2,
              what="both pods to run")
     left = kill_supervisor(job_dir)
     listed = [(p["pid"], p["pid_started"]) for p in [*left["pods"], left["coordinator"]]]
@@ -332,7 +337,7 @@ def test_pods_are_killed_before_a_dead_supervisor_that_cannot_be_replaced_fails_
     elif why == "launch":
         (job_dir / "launch.json").write_text("{")
 
-    status = backend.status("job-lost")
+    status = observed(backend, "job-lost")
     assert all(same_process(pid, started) is None for pid, started in listed)
     assert (status.present, status.finished) == (False, True)
     assert status.reason is not None
@@ -343,7 +348,7 @@ def test_pods_are_killed_before_a_dead_supervisor_that_cannot_be_replaced_fails_
             "budget": "is not replaced again: replaced 0 times already"}[why] in status.reason
     assert [p.phase for p in status.pods] == ["Failed", "Failed"]
     backend.delete("job-lost")  # nothing is left to stop, and the reason stays
-    assert backend.status("job-lost").reason == status.reason
+    assert observed(backend, "job-lost").reason == status.reason
 
 
 LAUNCH_FROM_CHILD = """
@@ -372,7 +377,7 @@ def test_supervisor_outlives_its_launcher_and_is_re_adopted(
 
     adopter = LocalBackend(jobs_dir)
     assert adopter.active_jobs() == ["job-adopt"]
-    running = wait_for(lambda: (s := adopter.status("job-adopt")).pods[0].phase == "Running"
+    running = wait_for(lambda: (s := observed(adopter, "job-adopt")).pods[0].phase == "Running"
                        and s, what="pod 0 to run")
     assert running.present
     supervisor_pid = recorded_processes(jobs_dir / "job-adopt")[0][0]
@@ -382,14 +387,14 @@ def test_supervisor_outlives_its_launcher_and_is_re_adopted(
     # A graceful kill: the worker checkpoints on SIGTERM and the agent exits 0 (it was asked to
     # leave); the pod is recreated as a new incarnation, with no failure and no restart counted.
     adopter.kill_pod("job-adopt", 0, grace_seconds=5)
-    restarted = wait_for(lambda: (s := adopter.status("job-adopt")).pods[0].incarnation == "1"
+    restarted = wait_for(lambda: (s := observed(adopter, "job-adopt")).pods[0].incarnation == "1"
                          and s.pods[0].phase == "Running" and s, what="pod 0 to be recreated",
                          timeout=30)
     assert (restarted.pods[0].exit_code, restarted.pods[0].restarts) == (0, 0)
     assert [r["data"]["type"] for r in sink.records("job-adopt-0", "event")
             if r["data"]["type"] == "sigterm"] == ["sigterm"]
     LocalBackend(jobs_dir).delete("job-adopt")
-    assert adopter.status("job-adopt").reason == "deleted"
+    assert observed(adopter, "job-adopt").reason == "deleted"
     assert_no_processes(jobs_dir / "job-adopt")
 
 
@@ -417,7 +422,7 @@ def fake_jobs(tmp_path: Path) -> Path:
 
 def test_unknown_jobs_and_ordinals_are_not_found(fake_jobs: Path) -> None:
     backend, jobs_dir = LocalBackend(fake_jobs), fake_jobs
-    assert backend.status("nope") == WorkloadStatus(present=False)
+    assert observed(backend, "nope") == WorkloadStatus(present=False)
     assert backend.tail_logs("nope", 0, 10) == []
     backend.delete("nope")
     with pytest.raises(WorkloadNotFound):
@@ -438,8 +443,14 @@ def test_unknown_jobs_and_ordinals_are_not_found(fake_jobs: Path) -> None:
 
 def test_a_reused_pid_is_not_a_live_supervisor(fake_jobs: Path) -> None:
     backend, jobs_dir = LocalBackend(fake_jobs), fake_jobs
-    fake_live_job(jobs_dir, "job-stale", started=psutil.Process().create_time() - 3600)
-    status = backend.status("job-stale")
+    job_dir = fake_live_job(jobs_dir, "job-stale",
+                            started=psutil.Process().create_time() - 3600)
+    # Observing acts on nothing: the dead supervisor is neither replaced nor given up on.
+    left = (job_dir / "state.json").read_text()
+    seen = backend.status("job-stale")
+    assert (seen.present, seen.finished, seen.reason) == (False, False, None)
+    assert (job_dir / "state.json").read_text() == left
+    status = observed(backend, "job-stale")
     # Dead, then: the job is finished, as this fake job's supervisor cannot be replaced.
     assert (status.present, status.finished) == (False, True)
     assert status.reason is not None
@@ -455,7 +466,7 @@ def test_a_reused_pid_is_not_a_live_supervisor(fake_jobs: Path) -> None:
 @pytest.mark.parametrize("job_id", ["../jobs", "a/b", "/etc", "Job-1", "", ".", "..", "a b",
                                     "job\n"])
 def test_path_like_job_ids_are_rejected(backend: LocalBackend, job_id: str) -> None:
-    for call in (lambda: backend.status(job_id), lambda: backend.kill_pod(job_id, 0, 0),
+    for call in (lambda: observed(backend, job_id), lambda: backend.kill_pod(job_id, 0, 0),
                  lambda: backend.delete(job_id), lambda: backend.tail_logs(job_id, 0, 5),
                  lambda: backend.gone(job_id)):
         with pytest.raises(WorkloadNotFound):
