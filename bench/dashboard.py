@@ -130,7 +130,7 @@ def first_render(browser: Any, url: str, points: int) -> float:
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     errors: list[str] = []
-    page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+    page.on("console", lambda m: errors.extend([m.text] if m.type == "error" else []))
     page.add_init_script(f"{LOGGED_IN}\nwindow.__target = {points};\n{WATCH}")
     page.goto(url)
     deadline = time.monotonic() + 60

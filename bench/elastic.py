@@ -45,8 +45,9 @@ SETTLE_STEPS = 15
 AFTER_STEPS = 3
 """Steps pod 0 commits with the new membership after an operation ended that still count as
 its window."""
-SPEC = {"model": "minilm", "dataset": "rotten_tomatoes", "replicas": 3, "max_replicas": 3,
-        "epochs": 3, "batch_size": 8, "checkpoint_every_steps": 25, "max_eval_samples": 200}
+SPEC: dict[str, Any] = {
+    "model": "minilm", "dataset": "rotten_tomatoes", "replicas": 3, "max_replicas": 3,
+    "epochs": 3, "batch_size": 8, "checkpoint_every_steps": 25, "max_eval_samples": 200}
 CLEAR_STEPS = 12
 """Steps from an operation's start to pod 0's next periodic checkpoint, at least."""
 

@@ -28,6 +28,7 @@ from api.backends.kubernetes.backend import KubernetesBackend, cluster_config
 from api.backends.kubernetes.pods import trainer_pod
 from api.settings import Settings
 from tests.api.backends.k8s_fake import FakeApiServer, FakeCluster
+from trainer.contract.spec import JobSpec
 
 NS = "live-migrator"
 PODS_PER_JOB = 2
@@ -57,8 +58,8 @@ def add_jobs(cluster: FakeCluster, settings: Settings, count: int) -> list[str]:
         for n in range(count):
             job_id = f"job-{n:08x}"
             directory = settings.jobs_dir / job_id
-            launch = Launch(job_id=job_id, replicas=PODS_PER_JOB, fault_tolerance="live",
-                            spec={"replicas": PODS_PER_JOB, "fault_tolerance": "live"},
+            launch = Launch(job_id=job_id, pods=PODS_PER_JOB, fault_tolerance="live",
+                            spec=JobSpec(replicas=PODS_PER_JOB, fault_tolerance="live"),
                             report_url=f"http://api:8000/api/v1/jobs/{job_id}/reports",
                             report_token="token", peer_secret="secret",
                             checkpoint_dir=directory / "checkpoints",

@@ -21,6 +21,7 @@ Per store:
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import tempfile
@@ -77,8 +78,8 @@ def loop(directory: Path | UPath | None, model: Any, optimizer: Any, step: Calla
             before = time.perf_counter()
             state = cpu_copy(model.state_dict())
             trainer_state = cpu_copy({"optimizer": optimizer.state_dict()})
-            writer.submit(lambda n=number, s=state, t=trainer_state: save_checkpoint(
-                directory, n, s, t, {}, keep=1), lambda _: None)
+            writer.submit(functools.partial(save_checkpoint, directory, number, state,
+                                            trainer_state, {}, keep=1), lambda _: None)
             blocked += time.perf_counter() - before
             saved += 1
     writer.wait()  # the last write counts too: training would go on meanwhile
@@ -96,11 +97,11 @@ def main() -> None:
 
     servers: list[StoreServer] = []
     try:
-        for server in SERVERS.values():
-            binary = server.installed()
+        for kind in SERVERS.values():
+            binary = kind.installed()
             if binary is None:
-                raise SystemExit(f"{server.missing}: the bench uses the tests' servers")
-            servers.append(server(binary).start())
+                raise SystemExit(f"{kind.missing}: the bench uses the tests' servers")
+            servers.append(kind(binary).start())
         kinds = {server.kind: server.store() for server in servers}
         for store in kinds.values():
             os.environ.update(store.env)
