@@ -28,7 +28,7 @@ from api.routes.web import mount_web
 from api.services.events import EventLog
 from api.services.links import link_signer
 from api.services.login import LoginCodes
-from api.services.models import Predictor
+from api.services.registry import Predictor
 from api.services.reports import ReportWriter
 from api.settings import Settings
 from trainer.contract.records import ReportBatch

@@ -22,7 +22,7 @@ from api.broker import Broker
 from api.db import session_scope
 from api.services.events import EventLog
 from api.services.login import LoginCodes
-from api.services.models import Predictor
+from api.services.registry import Predictor
 from api.settings import Settings
 
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from trainer.contract.store import UnlistableKey
+from trainer.contract.artifact_store import UnlistableKey
 
 logger = logging.getLogger(__name__)
 

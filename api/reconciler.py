@@ -39,9 +39,9 @@ from api.services.artifacts import checkpoints_dir, model_dir
 from api.services.events import EventLog, completions, new_event
 from api.services.job_credentials import Renewals
 from api.services.jobs import REMOVED, still_active
-from api.services.models import clear_export_staging, register_model
+from api.services.registry import clear_export_staging, register_model
 from api.settings import Settings
-from trainer.contract import store
+from trainer.contract import artifact_store
 from trainer.contract.checkpoints import EXPORTED
 
 logger = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class Reconciler:
             self._pruned.add(job.id)
             try:
                 removed = checkpoints.prune(checkpoints_dir(self.settings, job.id))
-            except store.UnlistableKey as exc:
+            except artifact_store.UnlistableKey as exc:
                 logger.warning("job %s: checkpoints not pruned: %s", job.id, exc)
                 continue
             if removed:
@@ -292,7 +292,7 @@ class Reconciler:
             if not (everyone or time.time() - first > COMPLETION_GRACE):
                 return None
         expected = model_dir(self.settings, job.id)
-        return expected if store.has_file(expected, EXPORTED) else None
+        return expected if artifact_store.has_file(expected, EXPORTED) else None
 
     def _delete_workload(self, job_id: str) -> None:
         try:

@@ -12,8 +12,8 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from upath import UPath
 
+from trainer.contract.artifact_store import location
 from trainer.contract.runtime import host_port
-from trainer.contract.store import location
 
 CONTAINER = re.compile(r"[a-z0-9](?:-?[a-z0-9]){2,49}")
 """An Azure container name short enough for `-<job id>` after it (63 characters at most)."""
@@ -34,7 +34,7 @@ class Settings(BaseSettings):
     database_url: str | None = None
     """SQLAlchemy URL (e.g. postgresql+psycopg://...); SQLite in the data dir when unset."""
     artifacts_url: str | None = None
-    """Where checkpoints and models go (trainer.contract.store): `file://...`,
+    """Where checkpoints and models go (trainer.contract.artifact_store): `file://...`,
     `az://container/prefix` (Azure Blob) or `s3://bucket/prefix` (S3, MinIO); the data dir's
     `jobs/` when unset.
     The store's credentials come from its client's standard environment variables

@@ -35,7 +35,7 @@ from upath import UPath
 
 from tests.stores import SERVERS, StoreServer
 from trainer.checkpoint import CheckpointWriter, cpu_copy, save_checkpoint
-from trainer.contract.store import location, size
+from trainer.contract.artifact_store import location, size
 from trainer.model import load_model, offline_model_dir
 
 

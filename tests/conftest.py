@@ -16,7 +16,7 @@ from tests.postgres import PostgresServer, server_bin
 from tests.stores import SERVERS, Store
 from tests.support import ReportServer
 from trainer.config import JobSpec, Runtime, TrainConfig
-from trainer.contract.store import location
+from trainer.contract.artifact_store import location
 
 ROOT = Path(__file__).resolve().parent.parent
 # No test may reach the Hugging Face hub (there is no network here); fail fast instead.

@@ -13,8 +13,8 @@ from upath import UPath
 
 from tests.conftest import unavailable
 from tests.stores import SERVERS, Store
-from trainer.contract.store import files as store_files
-from trainer.contract.store import location
+from trainer.contract.artifact_store import files as store_files
+from trainer.contract.artifact_store import location
 
 
 def names(url: str) -> list[str]:

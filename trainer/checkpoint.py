@@ -14,7 +14,7 @@ epoch end done that it left pending), as the next revision `step-N.rR/`, written
 the superseded one is deleted after the new marker (trainer.contract.checkpoints). So a resume
 never redoes an epoch end that a restart already did.
 
-The directory may be an object store's prefix (trainer.contract.store): there the files are
+The directory may be an object store's prefix (trainer.contract.artifact_store): there the files are
 uploaded under the staging prefix, moved file by file, and the marker still comes last.
 """
 
@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from upath import UPath
 
+from trainer.contract.artifact_store import entries, move, remove, sync_dir, write_durable
 from trainer.contract.checkpoints import (
     MARKER,
     META_FILE,
@@ -51,7 +52,6 @@ from trainer.contract.checkpoints import (
     shard_files,
     staging_name,
 )
-from trainer.contract.store import entries, move, remove, sync_dir, write_durable
 
 logger = logging.getLogger(__name__)
 

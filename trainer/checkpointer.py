@@ -14,7 +14,7 @@ from upath import UPath
 
 from trainer.checkpoint import CheckpointInfo, CheckpointWriter
 from trainer.config import TrainConfig
-from trainer.contract import records, store
+from trainer.contract import artifact_store, records
 from trainer.distributed import Group
 from trainer.part import ModelPart
 from trainer.recovery import Recovery
@@ -84,7 +84,7 @@ class Checkpointer:
                 "metrics": {"val_accuracy": metrics.get("validation", {}).get("accuracy")}}
 
         def reported(info: CheckpointInfo) -> None:
-            size = store.size(info.path)
+            size = artifact_store.size(info.path)
             self.reporter.emit(records.CheckpointSaved(step=step, epoch=epoch, path=info.path.name,
                                                        size_bytes=size, epoch_end=epoch_end,
                                                        val_accuracy=info.val_accuracy,

@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer.contract import credentials
-from trainer.engine.store import MemberStore, StoreServer
+from trainer.fault_tolerance.kv_store import MemberStore, StoreServer
 from trainer.listen import gloo_backend, url_host
 from trainer.model import DeviceChoice
 from trainer.recovery import Recovery

@@ -12,6 +12,7 @@ from typing import Any
 from torch import nn
 from upath import UPath
 
+from trainer.contract.artifact_store import move, remove, upload
 from trainer.contract.checkpoints import (
     ADAPTER_DIR,
     EXPORTED,
@@ -20,7 +21,6 @@ from trainer.contract.checkpoints import (
     remove_export_staging,
 )
 from trainer.contract.spec import JobSpec
-from trainer.contract.store import move, remove, upload
 from trainer.model import unwrap
 
 logger = logging.getLogger(__name__)
@@ -92,8 +92,8 @@ def export_model(model: nn.Module, tokenizer: Any, target: Path | UPath, spec: J
                  adapter: nn.Module | None = None) -> Path | UPath:
     """Write the export next to `target`, then swap it in, so readers never see half of it.
 
-    `target` may be in an object store (trainer.contract.store): the export is saved locally,
-    uploaded next to it, and moved in with `config.json`, what readers wait for, last.
+    `target` may be in an object store (trainer.contract.artifact_store): the export is saved
+    locally, uploaded next to it, and moved in with `config.json`, what readers wait for, last.
     `shared`: other replicas holding the same weights may export at the same time; the first
     one in place stays and the others are discarded. `adapter`: a LoRA model, whose adapters
     are saved alone in `adapter/` beside the merged `model`.

@@ -3,7 +3,7 @@
 Peers reach a pod at its address (POD_ADDRESS: the pod IP on Kubernetes, 127.0.0.1 on the local
 backend), so nothing else needs to be open. The libraries default wider: gloo binds whatever the
 host name resolves to (and a TCPStore server every interface: the job's stores are its own,
-trainer.engine.store).
+trainer.fault_tolerance.kv_store).
 """
 
 from __future__ import annotations

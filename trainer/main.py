@@ -61,7 +61,7 @@ def make_group(config: TrainConfig, pod: str, environ: Mapping[str, str]) -> Gro
     if config.spec.parallelism == "pipeline":
         ordinal = pod.rsplit("-", 1)[-1]
         if config.spec.fault_tolerance == "live" and runtime.lighthouse:
-            from trainer.engine.live_pipeline import LivePipelineGroup
+            from trainer.fault_tolerance.live_pipeline import LivePipelineGroup
             from trainer.pipeline import PipelineError
 
             if not ordinal.isdigit() or not runtime.replica_store:
@@ -80,7 +80,7 @@ def make_group(config: TrainConfig, pod: str, environ: Mapping[str, str]) -> Gro
                              address=runtime.pod_address, peer_secret=runtime.peer_secret,
                              ordinal=int(ordinal) if ordinal.isdigit() else None)
     if config.spec.fault_tolerance == "live" and runtime.lighthouse:
-        from trainer.engine.live import LiveGroup
+        from trainer.fault_tolerance.live import LiveGroup
 
         return LiveGroup(device, pod=pod, lighthouse=runtime.lighthouse,
                          address=runtime.pod_address, peer_secret=runtime.peer_secret,

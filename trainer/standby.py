@@ -1,11 +1,12 @@
 """A warm standby: a trainer process that has done everything a pod does before it needs to
 know which pod it is (imports, tokenizer, tokenized data, the model), and waits to become one.
 
-A live job's local supervisor keeps one ready beside its pods (api/backends/local/standby.py). A pod
-that (re)starts after a failure or a graceful leave, a new ordinal of a scale-up or a
-migration's replacement becomes the standby instead of a fresh process, so it takes part after a
-heal rather than after seconds of Python start-up and model loading. A restart-mode pod's agent
-keeps one for its next round's worker (trainer.engine.warm_worker).
+A live job's local supervisor keeps one ready beside its pods
+(api/backends/local/standby_process.py). A pod that (re)starts after a failure or a graceful leave,
+a new ordinal of a scale-up or a migration's replacement becomes the standby instead of a fresh
+process, so it takes part after a heal rather than after seconds of Python start-up and model
+loading. A restart-mode pod's agent keeps one for its next round's worker
+(trainer.fault_tolerance.warm_worker).
 
     python -m trainer.standby --ready-file PATH [--die-with-parent]
 
@@ -81,7 +82,7 @@ def run(ready_file: Path, die_with_parent: bool = False) -> int:
         return ExitCode.BAD_INPUT
     configure_logging(config.runtime.job_id, NAME)
     from trainer.data import DataError
-    from trainer.engine import live  # noqa: F401  (imported now, not when the pod starts)
+    from trainer.fault_tolerance import live  # noqa: F401  (imported now, not when the pod starts)
     from trainer.prepare import prepare
 
     try:

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
+from trainer.contract.artifact_store import Location
 from trainer.contract.spec import JobSpec
-from trainer.contract.store import Location
 
 PodPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
 
@@ -67,7 +67,7 @@ class Launch:
     report_token: str
     """The per-job report token (the API keeps only its hash)."""
     checkpoint_dir: Location
-    """A directory, or a prefix in an object store (trainer.contract.store)."""
+    """A directory, or a prefix in an object store (trainer.contract.artifact_store)."""
     model_dir: Location
     inputs_dir: Path
     cache_dir: Path

@@ -5,8 +5,8 @@ and environment, so a job behaves alike on one machine and on a cluster:
 - live mode: a torchft lighthouse per job, and pods that run `python -m trainer` as one replica
   group each;
 - restart mode: a standalone rendezvous store per job (never hosted by an agent, so no pod's
-  death takes it down), and pods that run torchrun's elastic agent (`trainer.engine.elastic`)
-  around `python -m trainer`.
+  death takes it down), and pods that run torchrun's elastic agent
+  (`trainer.fault_tolerance.elastic`) around `python -m trainer`.
 Every process listens on its pod's address only (127.0.0.1 locally, the pod IP on Kubernetes);
 the job's processes accept only each other (each holds the job's peer secret).
 """
@@ -61,9 +61,10 @@ def coordinator_env(launch: Launch) -> dict[str, str]:
 
 
 def lighthouse_argv(host: str, port: int, python: str = "python") -> list[str]:
-    """The lighthouse of a live job (trainer.engine.lighthouse), listening on `host:port`.
+    """The lighthouse of a live job (trainer.fault_tolerance.lighthouse), listening on `host:port`.
     Apart, as the store's: a Kubernetes pod's `$(POD_IP)` may be an IPv6 address."""
-    return [python, "-m", "trainer.engine.lighthouse", "--min_replicas", "1", "--host", host,
+    return [python, "-m", "trainer.fault_tolerance.lighthouse", "--min_replicas", "1",
+            "--host", host,
             "--port", str(port),
             "--quorum_tick_ms", "100",
             "--join_timeout_ms", str(JOIN_TIMEOUT_MS),
@@ -72,7 +73,7 @@ def lighthouse_argv(host: str, port: int, python: str = "python") -> list[str]:
 
 def store_argv(port: int, python: str = "python", host: str = LOOPBACK) -> list[str]:
     """The rendezvous store of a restart job, listening on `host:port` (its pod's address)."""
-    return [python, "-m", "trainer.engine.store", "--host", host, "--port", str(port)]
+    return [python, "-m", "trainer.fault_tolerance.kv_store", "--host", host, "--port", str(port)]
 
 
 def pod_argv(launch: Launch, coordinator: Endpoint, local_addr: str,
@@ -85,7 +86,7 @@ def pod_argv(launch: Launch, coordinator: Endpoint, local_addr: str,
     max_nodes = max(launch.spec.max_replicas, launch.pods)
     nodes = (f"{launch.pods}:{launch.pods}" if launch.spec.stages > 1
              else f"1:{max_nodes}")
-    return [python, "-m", "trainer.engine.elastic", f"--nnodes={nodes}",
+    return [python, "-m", "trainer.fault_tolerance.elastic", f"--nnodes={nodes}",
             "--nproc-per-node=1", f"--rdzv-backend={RENDEZVOUS_BACKEND}",
             f"--rdzv-endpoint={coordinator}",
             f"--rdzv-id={launch.job_id}", f"--rdzv-conf={RENDEZVOUS_CONF}",

@@ -14,8 +14,7 @@ from api.auth import Expires, LinkRoute, Signature
 from api.deps import SessionDep, SettingsDep
 from api.errors import error_responses
 from api.routes import API_PREFIX
-from api.services import checkpoints
-from api.services import models as model_service
+from api.services import checkpoints, registry
 from api.services.archive import iter_tar_gz
 from api.services.artifacts import checkpoints_dir
 from api.services.jobs import get_job
@@ -38,10 +37,10 @@ def download_model(model_id: str, session: SessionDep, settings: SettingsDep,
                    format: Format = "model") -> StreamingResponse:
     """The model as a .tar.gz that `from_pretrained` loads once unpacked; `format=adapter`: a
     LoRA job's adapters alone, for `peft.PeftModel.from_pretrained(base, directory)`."""
-    model = model_service.get_model(session, model_id)
-    path = model_service.model_path(settings, model)
+    model = registry.get_model(session, model_id)
+    path = registry.model_path(settings, model)
     if format == "adapter":
-        path = model_service.adapter_path(path, model)
+        path = registry.adapter_path(path, model)
         return _archive(path, f"{model.id}-adapter", f"{model.id}-adapter.tar.gz")
     return _archive(path, model.id, f"{model.id}.tar.gz")
 

@@ -10,7 +10,7 @@ from api.errors import error_responses
 from api.models import DownloadLink, ModelPublic, ModelsPublic, PredictRequest, PredictResponse
 from api.routes import API_PREFIX
 from api.routes.downloads import Format
-from api.services import models as service
+from api.services import registry
 from api.services.links import signed_link
 
 router = APIRouter(prefix=API_PREFIX + "/models", tags=["models"],
@@ -19,12 +19,12 @@ router = APIRouter(prefix=API_PREFIX + "/models", tags=["models"],
 
 @router.get("", response_model=ModelsPublic)
 def list_models(session: SessionDep) -> ModelsPublic:
-    return service.list_models(session)
+    return registry.list_models(session)
 
 
 @router.get("/{model_id}", response_model=ModelPublic, responses=error_responses(404))
 def get_model(model_id: str, session: SessionDep) -> ModelPublic:
-    return service.to_public(service.get_model(session, model_id))
+    return registry.to_public(registry.get_model(session, model_id))
 
 
 @router.delete("/{model_id}", status_code=status.HTTP_204_NO_CONTENT,
@@ -32,7 +32,7 @@ def get_model(model_id: str, session: SessionDep) -> ModelPublic:
 def delete_model(model_id: str, session: SessionDep, settings: SettingsDep,
                  predictor: PredictorDep) -> Response:
     """Unregister the model and delete its files; its job's record stays."""
-    service.delete_model(session, settings, model_id)
+    registry.delete_model(session, settings, model_id)
     predictor.forget(model_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
@@ -43,10 +43,10 @@ def model_link(model_id: str, request: Request, session: SessionDep, settings: S
                signer: LinkSignerDep, format: Format = "model") -> DownloadLink:
     """A URL that downloads the model (or a LoRA job's adapter) without a token, for a few
     minutes."""
-    model = service.get_model(session, model_id)
-    path = service.model_path(settings, model)
+    model = registry.get_model(session, model_id)
+    path = registry.model_path(settings, model)
     if format == "adapter":
-        service.adapter_path(path, model)
+        registry.adapter_path(path, model)
     link = signed_link(signer, request.app.url_path_for("download_model", model_id=model.id))
     return link if format == "model" else link.model_copy(
         update={"url": f"{link.url}&format={format}"})
@@ -56,6 +56,6 @@ def model_link(model_id: str, request: Request, session: SessionDep, settings: S
              responses=error_responses(404, 409, 413, 422))
 def predict(model_id: str, body: PredictRequest, session: SessionDep, settings: SettingsDep,
             predictor: PredictorDep) -> PredictResponse:
-    model = service.get_model(session, model_id)
-    predictions = predictor.predict(model.id, service.model_path(settings, model), body.texts)
+    model = registry.get_model(session, model_id)
+    predictions = predictor.predict(model.id, registry.model_path(settings, model), body.texts)
     return PredictResponse(model_id=model.id, predictions=predictions)

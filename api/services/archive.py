@@ -12,7 +12,7 @@ from pathlib import Path
 from upath import UPath
 
 from api.errors import Conflict
-from trainer.contract import store
+from trainer.contract import artifact_store
 
 _DONE = b""
 
@@ -45,7 +45,7 @@ class _QueueWriter:
 def refuse_links(directory: Path | UPath, what: str) -> None:
     """409 for a directory holding what the store layer follows nowhere (links, unsafe keys):
     an archive or a model loaded from it would lack them, or follow them."""
-    refused = store.links(directory)
+    refused = artifact_store.links(directory)
     if refused:
         shown = ", ".join(refused[:5]) + (f" and {len(refused) - 5} more" if len(refused) > 5
                                            else "")
@@ -54,7 +54,7 @@ def refuse_links(directory: Path | UPath, what: str) -> None:
 
 def _add(tar: tarfile.TarFile, path: Path | UPath, name: str) -> None:
     # Opened without following a link (one may have replaced the file since it was listed).
-    with store.open_file(path) as source:  # from an object store: streamed block by block
+    with artifact_store.open_file(path) as source:  # from an object store: streamed block by block
         if isinstance(path, Path):
             info = tar.gettarinfo(arcname=name, fileobj=source)
         else:
@@ -75,7 +75,7 @@ def iter_tar_gz(directory: Path | UPath, arcname: str) -> Iterator[bytes]:
         try:
             writer = _QueueWriter(chunks, stop)
             with tarfile.open(fileobj=writer, mode="w|gz") as tar:  # type: ignore[call-overload]
-                for relative, path in store.files(directory):
+                for relative, path in artifact_store.files(directory):
                     _add(tar, path, f"{arcname}/{relative}")
             chunks.put(_DONE)
         except _Cancelled:

@@ -3,8 +3,8 @@ backend's launch, state and logs), its checkpoints and model (in that directory,
 Kubernetes volumes it links to, or under its prefix in an object store).
 
 A job's pods write its checkpoints and model, and may plant links there. The store layer
-(trainer.contract.store) follows no link at or below the paths it is given; the paths here are
-real up to where the pods' part begins: the data dir resolved once, and the Kubernetes backend's
+(trainer.contract.artifact_store) follows no link at or below the paths it is given; the paths here
+are real up to where the pods' part begins: the data dir resolved once, and the Kubernetes backend's
 own links (from the job's directory to its sub-directories of the volumes) followed one hop,
 never a link that leads anywhere else.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 from upath import UPath
 
 from api.settings import Settings
-from trainer.contract.store import location, remove
+from trainer.contract.artifact_store import location, remove
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Checkpoints of a job, read from its checkpoint directory or store prefix
-(trainer.contract.checkpoints, trainer.contract.store)."""
+(trainer.contract.checkpoints, trainer.contract.artifact_store)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from upath import UPath
 from api.errors import Conflict, NotFound
 from api.models import CheckpointPublic, Job
 from api.services.archive import refuse_links
-from trainer.contract import store
+from trainer.contract import artifact_store
 from trainer.contract.checkpoints import (
     NAME,
     CheckpointInfo,
@@ -25,7 +25,7 @@ def _public(job_id: str, info: CheckpointInfo) -> CheckpointPublic:
     return CheckpointPublic(
         id=name, step=info.step, epoch=info.meta.get("epoch"),
         epoch_end=bool(info.meta.get("epoch_end")), val_accuracy=info.val_accuracy,
-        size_bytes=store.size(info.path), saved_at=info.meta.get("saved_at"),
+        size_bytes=artifact_store.size(info.path), saved_at=info.meta.get("saved_at"),
         links={"download": f"/api/v1/jobs/{job_id}/checkpoints/{name}/download",
                "download_link": f"/api/v1/jobs/{job_id}/checkpoints/{name}/download-link"})
 

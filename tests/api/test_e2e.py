@@ -24,9 +24,9 @@ from tests.postgres import PostgresServer
 from tests.stores import Store
 from tests.support import not_private, wait_for
 from trainer.checkpoint import latest_checkpoint, list_checkpoints
+from trainer.contract.artifact_store import location
 from trainer.contract.checkpoints import NAME
 from trainer.contract.spec import JobSpec
-from trainer.contract.store import location
 
 pytestmark = pytest.mark.slow
 

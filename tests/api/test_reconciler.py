@@ -20,7 +20,7 @@ from tests.api.conftest import AUTH, create_job, metric, report
 from tests.api.fakes import FakeBackend
 from tests.factories import completed, record
 from tests.stores import Store
-from trainer.contract import store
+from trainer.contract import artifact_store
 from trainer.contract.records import Quorum
 
 
@@ -177,7 +177,7 @@ def ended_jobs_with_killed_exports(client: TestClient, backend: FakeBackend,
         staging = model_dir.with_name("model.tmp-0123456789ab")
         for directory in (model_dir, staging):
             if isinstance(directory, UPath):
-                store.upload(tiny_model_dir, directory)
+                artifact_store.upload(tiny_model_dir, directory)
             else:
                 shutil.copytree(tiny_model_dir, directory)
         if outcome == "succeeded":
@@ -237,7 +237,7 @@ def test_an_ended_jobs_export_staging_goes_with_its_workload_from_a_store(
     reconcile(in_a_store, backend)
     for staging in stagings:
         assert isinstance(staging, UPath) and not staging.exists()
-        assert [p.name for p in store.entries(staging.parent)] == ["model"]
+        assert [p.name for p in artifact_store.entries(staging.parent)] == ["model"]
 
 
 def test_completion_waits_for_every_pod_to_report(client: TestClient, backend: FakeBackend,

@@ -23,8 +23,8 @@ from api.settings import Settings
 from tests.api.backends.k8s_fake import SCHEMA_VERSION
 from tests.api.backends.k8s_fake.store import matches, parse_selector
 from tests.conftest import ROOT
+from trainer.contract.artifact_store import is_local, location
 from trainer.contract.spec import JobSpec
-from trainer.contract.store import is_local, location
 
 K8S = ROOT / "k8s"
 NAMESPACED = {"ConfigMap", "Deployment", "Service", "ServiceAccount", "Role", "RoleBinding",

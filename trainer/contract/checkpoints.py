@@ -24,7 +24,7 @@ from typing import Any
 
 from upath import UPath
 
-from trainer.contract.store import entries, has_file, read_file, remove
+from trainer.contract.artifact_store import entries, has_file, read_file, remove
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def read_info(path: Path | UPath) -> CheckpointInfo:
 
 def _complete(paths: list[Path | UPath]) -> list[CheckpointInfo]:
     """The complete checkpoints among `paths`, by step and revision; a link is none
-    (trainer.contract.store)."""
+    (trainer.contract.artifact_store)."""
     found = []
     for path in paths:
         if NAME.match(path.name) and has_file(path, MARKER):

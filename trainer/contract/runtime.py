@@ -12,13 +12,14 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from upath import UPath
 
+from trainer.contract.artifact_store import Location
 from trainer.contract.credentials import SECRET_ENV
-from trainer.contract.store import Location
 
 SPEC_ENV = "TRAINER_CONFIG"
 """The environment variable that holds the job spec (trainer.contract.spec), as JSON."""
 RENDEZVOUS_BACKEND = "livemigrator"
-"""The torchrun rendezvous backend of restart-mode pods (trainer.engine.elastic registers it)."""
+"""The torchrun rendezvous backend of restart-mode pods (trainer.fault_tolerance.elastic
+registers it)."""
 LOOPBACK = "127.0.0.1"
 """The address of every process of a local job, and of what only its own process uses."""
 
@@ -68,7 +69,7 @@ class Runtime(BaseModel):
 
     checkpoint_dir: Location = Field(default=Path("runs/checkpoints"), alias="CHECKPOINT_DIR")
     """The job's shared checkpoint directory (`step-N/`): a path, or an object store's URL
-    (trainer.contract.store)."""
+    (trainer.contract.artifact_store)."""
 
     model_dir: Location = Field(default=Path("runs/model"), alias="MODEL_DIR")
     """Where the trained model is exported with `save_pretrained`: a path or a store's URL."""
@@ -112,7 +113,7 @@ class Runtime(BaseModel):
     @classmethod
     def _resolved(cls, value: Path | UPath) -> Path | UPath:
         """A directory's links are resolved once, here: the store layer follows none at or
-        below it (trainer.contract.store)."""
+        below it (trainer.contract.artifact_store)."""
         return value.resolve() if isinstance(value, Path) else value
 
     @model_validator(mode="after")

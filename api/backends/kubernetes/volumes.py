@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 
 from api.backends.base import Launch
-from trainer.contract.store import is_local
+from trainer.contract.artifact_store import is_local
 
 INPUTS_MOUNT = Path("/inputs")
 CHECKPOINTS_MOUNT = Path("/checkpoints")

@@ -19,7 +19,7 @@ import pytest
 from api.backends import programs
 from api.backends.base import Launch
 from api.backends.local.jobdir import JobDir, LaunchDocument
-from api.backends.local.standby import SETTLE_SECONDS
+from api.backends.local.standby_process import SETTLE_SECONDS
 from api.backends.local.supervisor import Supervisor
 from tests.support import PEER_SECRET, wait_for
 from trainer.contract.spec import JobSpec

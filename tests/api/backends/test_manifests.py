@@ -57,8 +57,8 @@ from api.backends.kubernetes.volumes import exported_model_dir, pod_launch, volu
 from tests.api.backends.k8s_fake import SCHEMA_VERSION
 from tests.conftest import Processes
 from tests.support import accepts, free_port, has_ipv6_loopback, wait_for
+from trainer.contract.artifact_store import location
 from trainer.contract.spec import JobSpec
-from trainer.contract.store import location
 
 CLUSTER = ClusterConfig(namespace="live-migrator", image="registry.example/trainer:1.2.3")
 
@@ -309,11 +309,12 @@ def test_coordinators_run_the_shared_commands_behind_a_service() -> None:
     # Each listens on its pod IP only, which the kubelet expands from the downward API: an IPv4
     # or an IPv6 address, so it is an argument of its own, joined to the port by the program.
     assert lighthouse["spec"]["template"]["spec"]["containers"][0]["command"] == [
-        "python", "-m", "trainer.engine.lighthouse", "--min_replicas", "1",
+        "python", "-m", "trainer.fault_tolerance.lighthouse", "--min_replicas", "1",
         "--host", "$(POD_IP)", "--port", "29510", "--quorum_tick_ms", "100",
         "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "500"]
     assert store["spec"]["template"]["spec"]["containers"][0]["command"] == [
-        "python", "-m", "trainer.engine.store", "--host", "$(POD_IP)", "--port", "29400"]
+        "python", "-m", "trainer.fault_tolerance.kv_store", "--host", "$(POD_IP)",
+        "--port", "29400"]
     for launch, deployment in ((live, lighthouse), (restart, store)):
         container = deployment["spec"]["template"]["spec"]["containers"][0]
         assert container["env"][0] == {"name": "POD_IP", "valueFrom": {
@@ -338,8 +339,8 @@ def test_a_coordinator_listens_on_an_ipv6_pod_ip(mode: str, processes: Processes
     """The coordinator's command as the kubelet runs it in a pod of an IPv6-only cluster: its
     $(POD_IP) expanded to an IPv6 address (here ::1), and a member of the job reaches it there."""
     from trainer.contract import credentials
-    from trainer.engine import lighthouse
-    from trainer.engine.store import MemberStore
+    from trainer.fault_tolerance import lighthouse
+    from trainer.fault_tolerance.kv_store import MemberStore
 
     launch = make_launch(mode)
     command = coordinator_deployment(launch, CLUSTER)["spec"]["template"]["spec"][

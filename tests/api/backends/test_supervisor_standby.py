@@ -22,7 +22,7 @@ from api.backends.local.jobdir import (
     same_process,
     send_command,
 )
-from api.backends.local.standby import MAX_FAILURES, Standby
+from api.backends.local.standby_process import MAX_FAILURES, Standby
 from api.backends.local.supervisor import Supervisor
 from tests.api.backends.stand_ins import start_supervisor, ticks_until, took_part, up
 

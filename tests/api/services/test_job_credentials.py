@@ -28,8 +28,8 @@ from tests.api.fakes import FakeBackend
 from tests.stores import Store
 from tests.support import wait_for
 from trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
-from trainer.contract import store
-from trainer.contract.store import location
+from trainer.contract import artifact_store
+from trainer.contract.artifact_store import location
 
 VARIABLE = job_credentials.VARIABLE
 
@@ -100,7 +100,8 @@ def test_a_jobs_pods_reach_their_container_alone(azure: Store, settings: Setting
         with refused():
             (as_pod(mine, url) / "planted").write_bytes(b"x")
     with refused():
-        store.remove(as_pod(mine, f"{base}-job-0000bbbb/checkpoints/step-1"), first="COMPLETE")
+        artifact_store.remove(as_pod(mine, f"{base}-job-0000bbbb/checkpoints/step-1"),
+                              first="COMPLETE")
     assert [i.step for i in list_checkpoints(location(f"{base}-job-0000bbbb/checkpoints"))] == [1]
 
     # Revoked when the job ends; a job that runs gets its expiry moved on.

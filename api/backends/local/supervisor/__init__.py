@@ -8,8 +8,8 @@ and delete commands dropped into `commands/`, and records everything in `state.j
 atomically) so that any API process can observe and re-adopt the job. Recovery inside the group
 is the pods' business: live pods heal from a peer, restart pods are restarted by their torchrun
 agents from the newest checkpoint. A live job's supervisor also keeps a warm standby
-(api/backends/local/standby.py) that the next pod to start becomes, and tells the lighthouse at
-once when a pod dies.
+(api/backends/local/standby_process.py) that the next pod to start becomes, and tells the lighthouse
+at once when a pod dies.
 
 With `--adopt` it takes over from a supervisor that died, as a restarted kubelet re-adopts its
 containers: the pods and coordinator listed in `state.json` that still run go on untouched.

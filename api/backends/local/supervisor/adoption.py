@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from api.backends.local.jobdir import StateDocument
 from api.backends.local.processes import STOP_GRACE_SECONDS, Pod
-from api.backends.local.standby import Standby
+from api.backends.local.standby_process import Standby
 
 if TYPE_CHECKING:
     from api.backends.local.supervisor.loop import Supervisor

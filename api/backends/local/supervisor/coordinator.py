@@ -14,7 +14,7 @@ from api.backends.base import Launch
 from api.backends.local.jobdir import CoordinatorRecord, JobDir, signal_group
 from api.backends.local.processes import STOP_GRACE_SECONDS, Adopted, Watched, spawn
 from api.backends.local.supervisor.environment import free_port, inherited_env
-from trainer.engine import lighthouse
+from trainer.fault_tolerance import lighthouse
 
 logger = logging.getLogger(__name__)
 

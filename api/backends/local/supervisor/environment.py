@@ -6,7 +6,7 @@ import os
 import socket
 
 from api.backends import programs
-from trainer.contract.store import STORE_VARIABLES
+from trainer.contract.artifact_store import STORE_VARIABLES
 
 SETTINGS_PREFIX = "MIGRATOR_"  # api.settings.Settings' env prefix
 

@@ -23,7 +23,7 @@ from api.backends.local.jobdir import (
     write_state,
 )
 from api.backends.local.processes import POLL_SECONDS, STOP_GRACE_SECONDS, Pod, Watched, spawn
-from api.backends.local.standby import SETTLE_SECONDS, Standby
+from api.backends.local.standby_process import SETTLE_SECONDS, Standby
 from api.backends.local.supervisor import failures, migration
 from api.backends.local.supervisor.adoption import adopt
 from api.backends.local.supervisor.commands import run_commands

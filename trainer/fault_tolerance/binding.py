@@ -4,8 +4,8 @@ A live pod listens on four things of torchft's besides its heal server (heal.py)
 server (quorum, commit and kill RPCs), the replica group's store, the store on which each new
 quorum's process group meets, and gloo's connections. torchft opens the first three on the
 wildcard address and gloo takes the host name's address; here each is bound to the pod's
-address, and both stores are the job's own (trainer.engine.store), which answer only the job's
-members, where torchft's TCPStores answer anyone: a replica group of one pod keeps its keys in
+address, and both stores are the job's own (trainer.fault_tolerance.kv_store), which answer only the
+job's members, where torchft's TCPStores answer anyone: a replica group of one pod keeps its keys in
 memory and listens for none.
 """
 
@@ -30,7 +30,7 @@ from torchft.process_group import (
     _rendezvous,
 )
 
-from trainer.engine.store import MemberStore, StoreServer
+from trainer.fault_tolerance.kv_store import MemberStore, StoreServer
 from trainer.listen import gloo_backend, url_host
 
 

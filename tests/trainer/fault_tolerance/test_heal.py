@@ -20,7 +20,7 @@ import torch
 from torch.distributed._serialization import _streaming_save
 
 from trainer.contract import credentials
-from trainer.engine.heal import (
+from trainer.fault_tolerance.heal import (
     NONCE,
     REPLY_PROOF,
     REQUEST_PROOF,

@@ -3,14 +3,14 @@
 torch's TCPStore answers anyone who connects: any process that reaches its port can list, read,
 write and delete every key (a rendezvous round, the address of a replica group's manager and
 its member id, where gloo's ranks meet). Every store a job runs is this one instead: a server
-that answers only calls carrying the job's store credential (trainer.engine.credentials), and a
+that answers only calls carrying the job's store credential (trainer.contract.credentials), and a
 client that is a `torch.distributed.Store`, so torchrun's rendezvous, torchft's manager and
 gloo's rendezvous use it as they would a TCPStore (same semantics, blocking `get` and `wait`
 included).
 
-Run as `python -m trainer.engine.store --host 127.0.0.1 --port 29400`: a restart-mode job's
-rendezvous store, apart from every pod, so no pod's death takes the rendezvous down with it. It
-listens on `--host` only (its pod's address), takes the job's secret from PEER_SECRET, and
+Run as `python -m trainer.fault_tolerance.kv_store --host 127.0.0.1 --port 29400`: a restart-mode
+job's rendezvous store, apart from every pod, so no pod's death takes the rendezvous down with it.
+It listens on `--host` only (its pod's address), takes the job's secret from PEER_SECRET, and
 serves until SIGTERM or SIGINT.
 """
 
@@ -270,7 +270,7 @@ def _as_bytes(value: str | bytes) -> bytes:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.engine.store",
+    parser = argparse.ArgumentParser(prog="python -m trainer.fault_tolerance.kv_store",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--host", required=True, help="address to listen on (the pod's)")
     parser.add_argument("--port", type=int, required=True, help="TCP port to listen on")

@@ -1,4 +1,5 @@
-"""The restart-mode pod agent's choices made from its environment (trainer.engine.elastic)."""
+"""The restart-mode pod agent's choices made from its environment
+(trainer.fault_tolerance.elastic)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from trainer.contract.runtime import SPEC_ENV
 from trainer.contract.spec import JobSpec
-from trainer.engine.elastic import warm_worker_wanted
+from trainer.fault_tolerance.elastic import warm_worker_wanted
 
 PIPELINE = JobSpec(parallelism="pipeline", pipeline_stages=3, fault_tolerance="restart")
 

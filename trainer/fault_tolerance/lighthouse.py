@@ -9,7 +9,7 @@ step says so, and the next quorum goes on without it at once. Both protocols are
 beside this module (torchft.proto is torchft's own), compiled by grpcio-tools when it loads.
 
 Only the job's own pods are heard: a Quorum, Heartbeat or Leave is answered only under a member
-id whose tag proves the job's peer secret (trainer.engine.credentials), so a stranger that can
+id whose tag proves the job's peer secret (trainer.contract.credentials), so a stranger that can
 reach the port can neither join the quorum (and serve its state to healing pods) nor evict a
 replica, and it learns nothing about the job's members.
 

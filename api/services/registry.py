@@ -21,7 +21,7 @@ from api.services import artifacts
 from api.services.archive import refuse_links
 from api.services.artifacts import artifacts_dir, in_data_dir
 from api.settings import Settings
-from trainer.contract import store
+from trainer.contract import artifact_store
 from trainer.contract.checkpoints import ADAPTER_DIR, EXPORTED, METRICS_FILE, remove_export_staging
 
 logger = logging.getLogger(__name__)
@@ -36,8 +36,8 @@ def register_model(session: Session, settings: Settings, job: Job,
     if existing is not None:
         return existing
     metrics: dict[str, Any] = {}
-    if store.has_file(model_dir, METRICS_FILE):
-        metrics = json.loads(store.read_file(model_dir, METRICS_FILE)).get("metrics", {})
+    if artifact_store.has_file(model_dir, METRICS_FILE):
+        metrics = json.loads(artifact_store.read_file(model_dir, METRICS_FILE)).get("metrics", {})
     # `model_dir` is real up to the pods' part (api.services.artifacts): never resolved, so
     # that a link the pods put there is not registered as this job's model.
     model = Model(id=model_id, job_id=job.id, name=job.name or job.id,
@@ -53,8 +53,8 @@ def register_model(session: Session, settings: Settings, job: Job,
 
 def _size(model_dir: Path | UPath) -> int:
     try:
-        return store.size(model_dir)
-    except store.UnlistableKey as exc:  # registered all the same: downloads will say why not
+        return artifact_store.size(model_dir)
+    except artifact_store.UnlistableKey as exc:  # registered all the same: downloads say why not
         logger.warning("%s", exc)
         return 0
 
@@ -101,7 +101,7 @@ def delete_model(session: Session, settings: Settings, model_id: str) -> None:
     session.commit()
     if isinstance(path, UPath) or (path is not None and path.is_relative_to(settings.jobs_dir)
                                    and path != settings.jobs_dir):
-        store.remove(path, first=EXPORTED)
+        artifact_store.remove(path, first=EXPORTED)
     logger.info("model %s deleted", model_id)
 
 
@@ -109,11 +109,11 @@ def _files(settings: Settings, model: Model) -> Path | UPath | None:
     """Where the model's files are: in the data dir (a Kubernetes job's model is on a volume
     there), or under the artifacts store's root; None for a path that leads elsewhere (never
     followed)."""
-    if urlsplit(model.path).scheme in store.PROTOCOLS:
+    if urlsplit(model.path).scheme in artifact_store.PROTOCOLS:
         # The model's job's own prefix (a container's root reads with a "/" already).
         prefix = f"{str(artifacts_dir(settings, model.job_id)).rstrip('/')}/"
         inside = settings.artifacts_url and model.path.startswith(prefix)
-        return store.location(model.path) if inside and ".." not in model.path else None
+        return artifact_store.location(model.path) if inside and ".." not in model.path else None
     return in_data_dir(settings, model.path)
 
 
@@ -121,7 +121,7 @@ def model_path(settings: Settings, model: Model) -> Path | UPath:
     """The model's files, for a download or predictions: 404 where they are gone, 409 where
     they hold a link (the store layer follows none, but a model loader would)."""
     path = _files(settings, model)
-    if path is None or not store.has_file(path, EXPORTED):
+    if path is None or not artifact_store.has_file(path, EXPORTED):
         raise NotFound(f"the files of model {model.id} are gone")
     refuse_links(path, f"model {model.id}")
     return path
@@ -130,7 +130,7 @@ def model_path(settings: Settings, model: Model) -> Path | UPath:
 def adapter_path(path: Path | UPath, model: Model) -> Path | UPath:
     """The adapters a LoRA job exported beside its merged model (`path`)."""
     adapter = path / ADAPTER_DIR
-    if not store.has_file(adapter, "adapter_config.json"):
+    if not artifact_store.has_file(adapter, "adapter_config.json"):
         raise NotFound(f"model {model.id} has no adapter: only a LoRA job's model has one")
     return adapter
 
@@ -169,7 +169,7 @@ class Predictor:
         if not copy.is_dir():
             partial = self.cache_dir / f"{model_id}.tmp-{uuid.uuid4().hex[:8]}"
             logger.info("model %s: fetching %s for predictions", model_id, path)
-            store.download(path, partial)
+            artifact_store.download(path, partial)
             partial.rename(copy)
         return copy
 

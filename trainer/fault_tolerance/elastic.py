@@ -1,16 +1,16 @@
 """Restart mode's pod entry point: torchrun's elastic agent, except that bad input is final.
 
-Takes torchrun's own flags (`python -m trainer.engine.elastic --nnodes 1:3 ... -m trainer`).
-When a peer dies the survivors' workers fail their collective, write an emergency checkpoint,
-and the agents restart them in a new rendezvous round from the newest complete checkpoint; a
-recreated pod joining makes them restart once more. A worker exiting with the trainer's
-bad-input code ends the pod at once with that code: no retry fixes a missing dataset. A round's
-worker is a warm one where it can be (trainer.engine.warm_worker): a restart then costs the
-rendezvous and the checkpoint load, not a Python start-up and a model load.
+Takes torchrun's own flags (`python -m trainer.fault_tolerance.elastic --nnodes 1:3 ... -m
+trainer`). When a peer dies the survivors' workers fail their collective, write an emergency
+checkpoint, and the agents restart them in a new rendezvous round from the newest complete
+checkpoint; a recreated pod joining makes them restart once more. A worker exiting with the
+trainer's bad-input code ends the pod at once with that code: no retry fixes a missing dataset. A
+round's worker is a warm one where it can be (trainer.fault_tolerance.warm_worker): a restart then
+costs the rendezvous and the checkpoint load, not a Python start-up and a model load.
 
-The agents meet in the job's own store (trainer.engine.store), which answers only holders of the
-job's peer secret: torchrun's `c10d` rendezvous, over a MemberStore instead of a TCPStore
-(`--rdzv-backend=livemigrator`).
+The agents meet in the job's own store (trainer.fault_tolerance.kv_store), which answers only
+holders of the job's peer secret: torchrun's `c10d` rendezvous, over a MemberStore instead of a
+TCPStore (`--rdzv-backend=livemigrator`).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from trainer.contract import credentials
 from trainer.contract.process import ExitCode
 from trainer.contract.runtime import RENDEZVOUS_BACKEND, SPEC_ENV, Runtime
 from trainer.contract.spec import JobSpec
-from trainer.engine import warm_worker
-from trainer.engine.store import MemberStore
-from trainer.engine.warm_worker import WarmWorker
+from trainer.fault_tolerance import warm_worker
+from trainer.fault_tolerance.kv_store import MemberStore
+from trainer.fault_tolerance.warm_worker import WarmWorker
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def member_rendezvous(params: RendezvousParameters) -> RendezvousHandler:
 
 class PodAgent(LocalElasticAgent):
     """Torchrun's agent; a worker failure with the bad-input exit code leaves no restarts, and
-    a round's worker is the warm one (trainer.engine.warm_worker) where one is ready."""
+    a round's worker is the warm one (trainer.fault_tolerance.warm_worker) where one is ready."""
 
     warm: WarmWorker | None = None
 

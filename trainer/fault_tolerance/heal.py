@@ -2,7 +2,7 @@
 
 torchft's HTTP checkpoint transport, made to trust nobody outside the job:
 - its server listens on the pod's address only (torchft's listens on every interface);
-- both ends prove they hold the job's peer secret (trainer.engine.credentials): the request
+- both ends prove they hold the job's peer secret (trainer.contract.credentials): the request
   carries a fresh nonce and its signature, and the reply the signature of the same nonce; the
   server serves no one else, and the healing pod reads no reply it cannot verify, so neither a
   stranger that reached the quorum nor any other server can hand it a state, and the secret

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torchft._torchft import LighthouseServer
 
-from trainer.engine.live import LiveGroup
+from trainer.fault_tolerance.live import LiveGroup
 from trainer.model import DeviceChoice
 
 # Any loopback address but 127.0.0.1: neither the host name's address nor a wildcard's.

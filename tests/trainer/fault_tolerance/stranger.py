@@ -2,7 +2,7 @@
 with a step far ahead of the job's, and serves, to whoever would heal from it, a state whose
 unpickling runs code (it creates `--marker`). It also tries to evict `--victim` with Leave.
 
-Run as `python -m tests.trainer.engine.stranger --lighthouse http://... --marker PATH
+Run as `python -m tests.trainer.fault_tolerance.stranger --lighthouse http://... --marker PATH
 --victim POD --result PATH`: it writes what happened to each attempt to `--result` (JSON).
 """
 
@@ -20,7 +20,7 @@ from torchft.checkpointing.http_transport import HTTPTransport
 from torchft.manager import Manager
 from torchft.process_group import ProcessGroupGloo
 
-from trainer.engine.lighthouse import leave
+from trainer.fault_tolerance.lighthouse import leave
 
 
 class Payload:

@@ -1,9 +1,9 @@
 """Live fault tolerance for pipelines: each pipeline replica is one torchft replica group.
 
 A replica's `stages` pods are the ranks of one replica group (`group_rank` = stage). Its stage 0
-hosts the group's store (REPLICA_STORE, one of the job's own: trainer.engine.store), on which
-the group's torchft manager meets and its stages form their pipeline (a torch.distributed world
-of `stages` ranks). Across replicas, stage s of every replica averages its gradients through
+hosts the group's store (REPLICA_STORE, one of the job's own: trainer.fault_tolerance.kv_store), on
+which the group's torchft manager meets and its stages form their pipeline (a torch.distributed
+world of `stages` ranks). Across replicas, stage s of every replica averages its gradients through
 torchft (the manager's group for rank s), so the lighthouse's quorum decides which replicas take
 part in a step, exactly as it does for data-parallel pods; a healing replica fetches each
 stage's state from the same stage of a live replica.
@@ -25,8 +25,8 @@ import torch.distributed as dist
 
 from trainer.contract import credentials
 from trainer.distributed import COLLECTIVE_TIMEOUT, register_pod_gloo
-from trainer.engine.live import LiveGroup
-from trainer.engine.store import MemberStore, StoreServer
+from trainer.fault_tolerance.kv_store import MemberStore, StoreServer
+from trainer.fault_tolerance.live import LiveGroup
 from trainer.model import DeviceChoice
 from trainer.pipeline import Pipelined, PipelineError
 from trainer.recovery import LiveRecovery

@@ -14,7 +14,7 @@ from torchft._torchft import LighthouseClient
 from tests.conftest import Processes
 from tests.support import PEER_SECRET, accepts, start_lighthouse
 from trainer.contract.credentials import member_id
-from trainer.engine.lighthouse import (
+from trainer.fault_tolerance.lighthouse import (
     Joined,
     LeaveRequest,
     Membership,

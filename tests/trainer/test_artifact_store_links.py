@@ -1,5 +1,5 @@
-"""Links a pod plants in its job's directory lead nowhere (trainer.contract.store): not into
-another job's checkpoints, not to a file elsewhere. Nothing lists, reads, sizes or copies
+"""Links a pod plants in its job's directory lead nowhere (trainer.contract.artifact_store): not
+into another job's checkpoints, not to a file elsewhere. Nothing lists, reads, sizes or copies
 through them, and deleting deletes the link, never what it points to."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trainer.checkpoint import save_checkpoint
-from trainer.contract import store
+from trainer.contract import artifact_store
 from trainer.contract.checkpoints import (
     MARKER,
     META_FILE,
@@ -54,10 +54,10 @@ def test_a_linked_checkpoint_is_not_one(tmp_path: Path, victim: Path, secret: Pa
     (mine / "step-9" / META_FILE).symlink_to(victim / "step-5" / META_FILE)
 
     assert [info.step for info in list_checkpoints(mine)] == [1]
-    assert store.entries(mine / "step-7") == []
-    assert not store.has_file(mine / "step-7", MARKER)
+    assert artifact_store.entries(mine / "step-7") == []
+    assert not artifact_store.has_file(mine / "step-7", MARKER)
     with pytest.raises(OSError):
-        store.read_file(mine / "step-9", META_FILE)
+        artifact_store.read_file(mine / "step-9", META_FILE)
 
     # Retention and deletion take the links, never the other job's checkpoint.
     remove_checkpoint(mine / "step-7")
@@ -72,18 +72,18 @@ def test_links_inside_a_checkpoint_are_not_followed(tmp_path: Path, victim: Path
                                                     secret: Path) -> None:
     mine = tmp_path / "jobs" / "job-mine" / "checkpoints"
     info = save_checkpoint(mine, 3, {"w": torch.zeros(2)}, {"step": 3}, {"epoch": 1})
-    own = store.size(info.path)
+    own = artifact_store.size(info.path)
     (info.path / "extra.pt").symlink_to(secret)
     (info.path / "theirs").symlink_to(victim, target_is_directory=True)
     (info.path / "nested").mkdir()
     (info.path / "nested" / "deeper").symlink_to(secret)
 
-    assert store.links(info.path) == ["extra.pt", "nested/deeper", "theirs"]
-    assert [relative for relative, _ in store.files(info.path)] == [
+    assert artifact_store.links(info.path) == ["extra.pt", "nested/deeper", "theirs"]
+    assert [relative for relative, _ in artifact_store.files(info.path)] == [
         MARKER, META_FILE, "model.pt", "trainer.pt"]
-    assert store.size(info.path) == own
+    assert artifact_store.size(info.path) == own
     with pytest.raises(OSError):
-        store.open_file(info.path / "extra.pt")
+        artifact_store.open_file(info.path / "extra.pt")
 
     save_checkpoint(mine, 4, {"w": torch.zeros(2)}, {"step": 4}, {"epoch": 1})
     assert apply_retention(mine, keep=1) == [info.path]
@@ -98,8 +98,9 @@ def test_a_linked_directory_lists_nothing_and_is_removed_as_a_link(tmp_path: Pat
     link = tmp_path / "jobs" / "job-mine" / "checkpoints"
     link.parent.mkdir(parents=True)
     link.symlink_to(victim, target_is_directory=True)
-    assert store.entries(link) == [] and list_checkpoints(link) == []
-    assert store.links(link) == ["."] and list(store.files(link)) == [] and store.size(link) == 0
-    store.remove(link, first=MARKER)
+    assert artifact_store.entries(link) == [] and list_checkpoints(link) == []
+    assert artifact_store.links(link) == ["."] and list(artifact_store.files(link)) == []
+    assert artifact_store.size(link) == 0
+    artifact_store.remove(link, first=MARKER)
     assert not link.is_symlink()
     assert [i.step for i in list_checkpoints(victim)] == [5]

@@ -21,9 +21,9 @@ from torch import nn
 
 from trainer.contract import credentials
 from trainer.distributed import Group
-from trainer.engine.binding import PodGloo, PodNccl, manager_server_on, manager_store
-from trainer.engine.heal import Transport
-from trainer.engine.lighthouse import leave
+from trainer.fault_tolerance.binding import PodGloo, PodNccl, manager_server_on, manager_store
+from trainer.fault_tolerance.heal import Transport
+from trainer.fault_tolerance.lighthouse import leave
 from trainer.listen import url_host
 from trainer.model import DeviceChoice
 from trainer.recovery import LiveRecovery

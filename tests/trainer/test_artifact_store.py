@@ -1,5 +1,6 @@
-"""Checkpoints and exports in an object store (trainer.contract.store), on each store: Azure Blob
-(a real Azurite server, the real adlfs client) and S3 (moto's real S3 server, obstore's client)."""
+"""Checkpoints and exports in an object store (trainer.contract.artifact_store), on each store:
+Azure Blob (a real Azurite server, the real adlfs client) and S3 (moto's real S3 server, obstore's
+client)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ from trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from trainer.contract import store
-from trainer.contract.store import StoreError, location
+from trainer.contract import artifact_store
+from trainer.contract.artifact_store import StoreError, location
 from trainer.export import export_model
 from trainer.recovery import LiveRecovery
 
@@ -94,7 +95,7 @@ def test_an_epoch_end_supersedes_an_emergency_checkpoint_beside_it(
 WRITER = """
 import sys, torch
 from trainer.checkpoint import save_checkpoint
-from trainer.contract.store import location
+from trainer.contract.artifact_store import location
 directory = location(sys.argv[1])
 # The small model file is uploaded first: once it shows, the 256 MiB trainer file is still
 # on its way (seconds), and the kill lands before the move that follows it.
@@ -148,15 +149,15 @@ def test_the_export_is_uploaded_whole_and_loads(blob: UPath, tiny_model_dir: Pat
     export_model(model, tokenizer, target, spec, {}, {}, shared=True)
     assert names(blob) == ["model", "model.tmp-peer00000000"]
     assert "0.75" in (target / "metrics.json").read_text()
-    store.remove(blob / "model.tmp-peer00000000")
+    artifact_store.remove(blob / "model.tmp-peer00000000")
 
-    store.download(target, tmp_path / "copy")
+    artifact_store.download(target, tmp_path / "copy")
     loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "copy")
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),
                                                  model.state_dict().values(), strict=True))
-    assert store.size(target) == sum(p.stat().st_size for p in (tmp_path / "copy").rglob("*")
-                                     if p.is_file())
-    store.remove(target, first="config.json")
+    copied = (p for p in (tmp_path / "copy").rglob("*") if p.is_file())
+    assert artifact_store.size(target) == sum(p.stat().st_size for p in copied)
+    artifact_store.remove(target, first="config.json")
     assert names(blob) == []
 
 
@@ -179,11 +180,11 @@ def test_entries_are_the_direct_children_and_none_where_nothing_was_written(blob
                                                                            tmp_path: Path,
                                                                            ) -> None:
     for root in (blob, tmp_path / "local"):
-        assert store.entries(root / "missing") == []
+        assert artifact_store.entries(root / "missing") == []
         (root / "a" / "b").mkdir(parents=True, exist_ok=True)  # a no-op in an object store
         (root / "a" / "b" / "file").write_bytes(b"1")
         (root / "a" / "top").write_bytes(b"2")
-        assert sorted(path.name for path in store.entries(root / "a")) == ["b", "top"]
-        assert [path.name for path in store.entries(root)] == ["a"]
-        inner = next(path for path in store.entries(root / "a") if path.name == "b")
+        assert sorted(path.name for path in artifact_store.entries(root / "a")) == ["b", "top"]
+        assert [path.name for path in artifact_store.entries(root)] == ["a"]
+        inner = next(path for path in artifact_store.entries(root / "a") if path.name == "b")
         assert (inner / "file").read_bytes() == b"1"  # the entries are paths to go on with

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from tests.conftest import Processes
 from tests.support import PEER_SECRET, accepts, free_port, wait_for
 from trainer.contract.credentials import SECRET_ENV, store_credential
-from trainer.engine.store import MemberStore, StoreServer
+from trainer.fault_tolerance.kv_store import MemberStore, StoreServer
 
 CREDENTIAL = store_credential(PEER_SECRET)
 SHORT = timedelta(seconds=2)

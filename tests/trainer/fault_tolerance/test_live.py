@@ -328,7 +328,7 @@ def test_a_stranger_can_neither_join_nor_evict_nor_be_healed_from(
              what="the pod to train", timeout=120, process=pod)
     marker, result = tmp_path / "stranger-code-ran", tmp_path / "stranger.json"
     stranger = processes.start(
-        [sys.executable, "-m", "tests.trainer.engine.stranger", "--lighthouse", lighthouse,
+        [sys.executable, "-m", "tests.trainer.fault_tolerance.stranger", "--lighthouse", lighthouse,
          "--marker", str(marker), "--victim", "live-0", "--result", str(result)], {},
         tmp_path / "stranger.log")
     assert stranger.wait(timeout=120) == 0, (tmp_path / "stranger.log").read_text()
