@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Every run ends with its slowest tests, so the suite's time (kept under 18 minutes) is watched.
+PYTEST_ARGS ?= --durations=30
 # The dashboard's uPlot, installed from web/package-lock.json and served by the API.
 WEB_STAMP := web/node_modules/.installed
 # The tests' Azure Blob emulator (Azurite), installed from tests/stores/package-lock.json, and
