@@ -17,8 +17,8 @@ MODES = ["live", "restart"]
 
 
 def spec(mode: str, **overrides: Any) -> dict[str, Any]:
-    return tiny_spec(replicas=3, epochs=12, max_eval_samples=100, checkpoint_every_steps=5,
-                     fault_tolerance=mode, **overrides)
+    return tiny_spec(**{"replicas": 3, "epochs": 12, "max_eval_samples": 100,
+                        "checkpoint_every_steps": 5, "fault_tolerance": mode, **overrides})
 
 
 class Job:

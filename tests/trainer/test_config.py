@@ -97,7 +97,7 @@ def test_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         load_config(["--help"], {})
     assert exited.value.code == 0
-    shown = capsys.readouterr().out
+    shown = " ".join(capsys.readouterr().out.split())  # as wrapped at any terminal width
     assert "--dataset" in shown and "25% sample" in shown and "--finetune" in shown
     assert "--batch-size" in shown and "(default: 16)" in shown
     assert "[env: CHECKPOINT_DIR]" in shown and "--config" in shown

@@ -77,7 +77,7 @@ def test_ctrl_c_cancels_the_demos_job_and_stops_its_control_plane(
         assert all(pids) and all(alive(pid) for pid in pids)
 
         os.kill(process.pid, signal.SIGINT)  # what Ctrl-C sends it (its server has a session)
-        assert process.wait(timeout=120) == 130
+        assert process.wait(timeout=120) == 130, log.read_text()[-4000:]
         output = log.read_text()
         assert f"Submitted {job_id}: interrupted demo, 2 pods" in output
         assert f"Cancelled {job_id}: " in output and "Stopping the control plane." in output
