@@ -116,6 +116,12 @@ def make_config(tmp_path: Path, inputs_dir: Path):
     return build
 
 
+def interruptible() -> None:
+    """In a started process, before it runs: SIGINT does what it does at a terminal, even where
+    the suite itself ignores it (a shell's background job does, and exec keeps that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Processes:
     """Processes a test started; each is killed (by pid, with its group) at teardown."""
 
@@ -125,7 +131,8 @@ class Processes:
     def start(self, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
         handle = log.open("wb")
         process = subprocess.Popen(args, env={**os.environ, **env}, stdout=handle,
-                                   stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+                                   stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                                   preexec_fn=interruptible)
         handle.close()
         self.started.append(process)
         return process
