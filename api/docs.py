@@ -1,9 +1,10 @@
-"""The reference pages generated from the code: the job spec's fields and the settings.
+"""The files generated from the code: the reference pages and the dashboard's contract names.
 
 `python -m api.docs` rewrites docs/reference/job-spec.md (from trainer.contract.spec.JobSpec and
 the models nested in it) and docs/reference/settings.md (from api.settings.Settings), each field
-with its type, default, bounds and docstring. tests/api/test_docs.py fails while a checked-in
-page differs from what this renders, so a new or changed field reaches the docs with its code.
+with its type, default, bounds and docstring, and web/static/contract.js (api/web_contract.py).
+tests/api/test_docs.py fails while a checked-in file differs from what this renders, so a new
+or changed field or name reaches the docs and the dashboard with its code.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from api import web_contract
 from api.settings import Settings
 from trainer.contract.spec import JobSpec
 
@@ -161,14 +163,16 @@ def settings_page() -> str:
 
 
 def pages() -> dict[Path, str]:
-    """Every generated page, by its path relative to the repository root."""
+    """Every generated file, by its path relative to the repository root."""
     return {Path("docs/reference/job-spec.md"): job_spec_page(),
-            Path("docs/reference/settings.md"): settings_page()}
+            Path("docs/reference/settings.md"): settings_page(),
+            Path("web/static/contract.js"): web_contract.render(COMMAND)}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=COMMAND, description="Rewrite docs/reference/ from "
-                                     "the job spec's and the settings' field docstrings.")
+                                     "the job spec's and the settings' field docstrings, and "
+                                     "the dashboard's names (web/static/contract.js).")
     parser.add_argument("--root", type=Path, default=ROOT, help="the repository to write into")
     args = parser.parse_args(argv)
     for path, text in pages().items():

@@ -1,17 +1,16 @@
 """The names the dashboard compares, generated from the Python contract into one ES module.
 
-`python -m api.web_contract` rewrites web/static/contract.js: the stream's event types, the
-record kinds, the event records' and the control plane's `data.type`s, the job statuses, the
-pod phases and the spec's choices the page branches on, each group a frozen table whose unknown
-names throw (`KIND.metirc` fails where it is read, not as a silent `undefined`). The page's
-modules import it as they are (no build step). tests/web/test_contract_names.py fails while the
-checked-in module differs from what this renders.
+`python -m api.docs` rewrites web/static/contract.js with what `render` returns, beside the
+reference pages (api/docs.py): the stream's event types, the record kinds, the event records'
+and the control plane's `data.type`s, the job statuses, the pod phases and the spec's choices
+the page branches on, each group a frozen table whose unknown names throw (`KIND.metirc` fails
+where it is read, not as a silent `undefined`). The page's modules import it as they are (no
+build step). tests/api/test_docs.py fails while the checked-in
+module differs from what this renders.
 """
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
 from typing import Any, get_args
 
 from api.backends.base import PodPhase
@@ -19,10 +18,6 @@ from api.models import FINISHED_STATUSES, EventType, JobStatus
 from api.services.jobs import REMOVED
 from trainer.contract.records import CONTROL_EVENT_TYPES, EVENT_TYPES, RECORD_KINDS, EvalSplit
 from trainer.contract.spec import JobSpec
-
-ROOT = Path(__file__).resolve().parent.parent
-TARGET = Path("web/static/contract.js")
-COMMAND = "python -m api.web_contract"
 
 
 def spec_choices(field: str) -> tuple[str, ...]:
@@ -62,9 +57,9 @@ function names(group, values) {{
 """
 
 
-def render(groups: dict[str, tuple[str, tuple[Any, ...]]] = GROUPS) -> str:
-    """web/static/contract.js as the contract stands."""
-    lines = [PREAMBLE.format(command=COMMAND)]
+def render(command: str, groups: dict[str, tuple[str, tuple[Any, ...]]] = GROUPS) -> str:
+    """web/static/contract.js as the contract stands; `command` is what regenerates it."""
+    lines = [PREAMBLE.format(command=command)]
     for name, (doc, values) in groups.items():
         # The page reads them as properties (`EVENT.epoch_end`), so each must be an identifier.
         unfit = [value for value in values if not str(value).isidentifier()]
@@ -76,18 +71,3 @@ def render(groups: dict[str, tuple[str, tuple[Any, ...]]] = GROUPS) -> str:
     lines.append(f"/** The statuses a job ends in. */\nexport const FINISHED = Object.freeze("
                  f"[{finished}]);\n")
     return "\n".join(lines)
-
-
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=COMMAND, description=f"Rewrite {TARGET} from the "
-                                     "contract's record kinds, event types and statuses.")
-    parser.add_argument("--root", type=Path, default=ROOT, help="the repository to write into")
-    args = parser.parse_args(argv)
-    (args.root / TARGET).write_text(render())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,5 @@
-"""The generated reference pages (api/docs.py) match the code's field docstrings."""
+"""The generated files (api/docs.py) match the code: the reference pages its field docstrings,
+web/static/contract.js its contract names."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The dashboard's contract names: generated from the Python contract (api/web_contract.py) into
-web/static/contract.js, and never spelled by the page's modules themselves (no browser needed)."""
+web/static/contract.js, and never spelled by the page's modules themselves (no browser needed).
+That the checked-in module is what the contract generates is tests/api/test_docs.py's."""
 
 from __future__ import annotations
 
@@ -7,23 +8,15 @@ from typing import get_args
 
 import pytest
 
-from api import web_contract
+from api import docs, web_contract
 from api.models import EventType, JobStatus
 from tests.conftest import ROOT
 from trainer.contract.records import CONTROL_EVENT_TYPES, EVENT_TYPES, RECORD_KINDS
 
 STATIC = ROOT / "web" / "static"
-REGENERATE = f"run `.venv/bin/{web_contract.COMMAND}` and commit the result"
 # The spec's choices are left out: the page has words of its own that are theirs too (its
 # stream's `live` state, a pod's `restart` tag).
 SPEC_CHOICES = ("FAULT_TOLERANCE", "PARALLELISM")
-
-
-def test_the_checked_in_module_is_what_the_contract_generates() -> None:
-    target = ROOT / web_contract.TARGET
-    assert target.is_file(), f"{web_contract.TARGET} is missing: {REGENERATE}"
-    assert target.read_text() == web_contract.render(), (
-        f"{web_contract.TARGET} is out of date: {REGENERATE}")
 
 
 def test_the_module_holds_every_name_the_api_and_the_pods_send() -> None:
@@ -33,7 +26,7 @@ def test_the_module_holds_every_name_the_api_and_the_pods_send() -> None:
     assert groups["EVENT"] == {*EVENT_TYPES, *CONTROL_EVENT_TYPES}
     assert groups["JOB_STATUS"] == set(JobStatus)
     assert {"Running", "Failed", "Removed"} <= groups["POD_PHASE"]
-    module = web_contract.render()
+    module = web_contract.render(docs.COMMAND)
     assert "export const EVENT = names('EVENT', ['started', " in module
     assert ("export const FINISHED = Object.freeze([JOB_STATUS.succeeded, JOB_STATUS.failed, "
             "JOB_STATUS.cancelled]);") in module
@@ -41,7 +34,8 @@ def test_the_module_holds_every_name_the_api_and_the_pods_send() -> None:
 
 def test_a_name_the_page_could_not_read_as_a_property_is_refused() -> None:
     with pytest.raises(ValueError, match="migration-failed"):
-        web_contract.render({"EVENT": ("A job event's type.", ("migrated", "migration-failed"))})
+        web_contract.render(docs.COMMAND, {"EVENT": ("A job event's type.",
+                                                     ("migrated", "migration-failed"))})
 
 
 def test_the_page_spells_no_contract_name_as_a_string_of_its_own() -> None:
