@@ -171,13 +171,10 @@ class KubernetesBackend:
         """One pass of the job's controller: count its restarts (kept on its anchor), then,
         unless the job is being deleted or its restart budget is spent, keep its `replicas`
         pods, as a StatefulSet would (PodController)."""
-        self._ensure_watch()
-        try:
-            owner = self.anchors.get(job_id)
-        except WorkloadNotFound:
+        observed = self._observe(job_id)
+        if observed is None:
             return
-        replicas = int(owner["data"][REPLICAS_KEY])
-        views = self._views(job_id)
+        owner, replicas, views = observed
         restarts = self.restarts.count(owner, job_id, replicas, views)
         if owner["metadata"].get("deletionTimestamp") or self._give_up_reason(
                 replicas, views, restarts) is not None:
@@ -191,13 +188,10 @@ class KubernetesBackend:
     def status(self, job_id: str) -> WorkloadStatus:
         """The job's pods as the protocol sees them, with the restarts its last `reconcile`
         counted; creates, patches and deletes nothing."""
-        self._ensure_watch()
-        try:
-            owner = self.anchors.get(job_id)
-        except WorkloadNotFound:
+        observed = self._observe(job_id)
+        if observed is None:
             return WorkloadStatus(present=False)
-        replicas = int(owner["data"][REPLICAS_KEY])
-        views = self._views(job_id)
+        owner, replicas, views = observed
         restarts = self.restarts.totals(owner, job_id, replicas)
         pods = pod_statuses(job_id, replicas, views, restarts)
         if owner["metadata"].get("deletionTimestamp"):
@@ -207,6 +201,16 @@ class KubernetesBackend:
         reason = self._give_up_reason(replicas, views, restarts)
         return WorkloadStatus(present=reason is None, finished=reason is not None,
                               reason=reason, pods=pods)
+
+    def _observe(self, job_id: str) -> tuple[Manifest, int, list[PodView]] | None:
+        """The job's anchor, its pods asked for and their views, from the watch caches; None
+        where it has no anchor."""
+        self._ensure_watch()
+        try:
+            owner = self.anchors.get(job_id)
+        except WorkloadNotFound:
+            return None
+        return owner, int(owner["data"][REPLICAS_KEY]), self._views(job_id)
 
     def _give_up_reason(self, replicas: int, views: list[PodView],
                         restarts: dict[int, int]) -> str | None:
