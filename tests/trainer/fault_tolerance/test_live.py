@@ -23,6 +23,7 @@ from tests.support import PEER_SECRET, has_ipv6_loopback, start_lighthouse, wait
 
 pytestmark = pytest.mark.slow
 
+
 def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
