@@ -24,7 +24,7 @@ def test_a_killed_stage_pod_restarts_the_pipelines_from_a_checkpoint(plane: Cont
     from transformers import pipeline
 
     job = Job(plane, spec("restart", replicas=2, parallelism="pipeline", pipeline_stages=2,
-                          microbatches=4, schedule="gpipe", epochs=6))
+                          microbatches=4, schedule="gpipe", epochs=3))
     pods = plane.job(job.id)["pods"]
     assert [(p["replica"], p["stage"]) for p in pods] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     wait_for(lambda: len({s["step"] for s in job.steps()}) >= 8, timeout=180,
