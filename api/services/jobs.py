@@ -182,14 +182,22 @@ def pods_of(session: Session, job_id: str) -> list[Pod]:
     return list(session.exec(select(Pod).where(Pod.job_id == job_id).order_by(col(Pod.ordinal))))
 
 
-def current_pods(session: Session, job: Job) -> list[Pod]:
-    """The job's pods: its ordinals, and those scaled away that have not ended yet."""
-    pods = job.spec.pods
-    return [pod for pod in pods_of(session, job.id)
-            if pod.ordinal < pods or pod.phase != REMOVED]
+def pods_by_job(session: Session, job_ids: list[str]) -> dict[str, list[Pod]]:
+    """The pods of several jobs, in one query (a page of jobs), each job's by ordinal."""
+    found: dict[str, list[Pod]] = {job_id: [] for job_id in job_ids}
+    query = select(Pod).where(col(Pod.job_id).in_(job_ids)).order_by(col(Pod.ordinal))
+    for pod in session.exec(query):
+        found[pod.job_id].append(pod)
+    return found
 
 
-def to_public(session: Session, job: Job) -> JobPublic:
+def current_pods(job: Job, pods: list[Pod]) -> list[Pod]:
+    """Of the job's pods, its ordinals and those scaled away that have not ended yet."""
+    return [pod for pod in pods if pod.ordinal < job.spec.pods or pod.phase != REMOVED]
+
+
+def to_public(session: Session, job: Job, pods: list[Pod] | None = None) -> JobPublic:
+    """The job as the API shows it; `pods`, when given, are all of its pods (else read)."""
     epochs = job.spec.epochs
     remaining = (job.total_samples - job.samples_seen) if job.total_samples else None
     throughput = job.metrics.get("samples_per_second")
@@ -208,7 +216,7 @@ def to_public(session: Session, job: Job) -> JobPublic:
         spec=job.spec.model_dump(mode="json"),
         pods=[PodPublic.model_validate(p).model_copy(update={
                   "replica": p.ordinal // stages, "stage": p.ordinal % stages})
-              for p in current_pods(session, job)],
+              for p in current_pods(job, pods_of(session, job.id) if pods is None else pods)],
         progress=Progress(epoch=job.epoch, epochs=epochs, step=job.step,
                           samples_seen=job.samples_seen, total_samples=job.total_samples,
                           eta_seconds=eta),
@@ -223,8 +231,10 @@ def list_jobs(session: Session, offset: int, limit: int,
     if status is not None:
         query = query.where(Job.status == status)
         count_query = count_query.where(Job.status == status)
-    jobs = session.exec(query.order_by(col(Job.created_at).desc()).offset(offset).limit(limit))
-    return JobsPublic(data=[to_public(session, job) for job in jobs],
+    jobs = list(session.exec(query.order_by(col(Job.created_at).desc()).offset(offset)
+                             .limit(limit)))
+    pods = pods_by_job(session, [job.id for job in jobs])
+    return JobsPublic(data=[to_public(session, job, pods[job.id]) for job in jobs],
                       count=session.exec(count_query).one(), offset=offset, limit=limit)
 
 

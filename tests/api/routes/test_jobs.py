@@ -169,6 +169,15 @@ def test_list_is_paged_and_filterable(client: TestClient) -> None:
     assert client.get("/api/v1/jobs?status=succeeded", headers=AUTH).json()["count"] == 0
 
 
+def test_the_list_shows_each_job_with_its_own_pods(client: TestClient) -> None:
+    ids = [create_job(client, replicas=replicas)["id"] for replicas in (1, 3, 2)]
+    listed = {j["id"]: j["pods"] for j in client.get("/api/v1/jobs", headers=AUTH).json()["data"]}
+    ordinals = [[pod["ordinal"] for pod in listed[job_id]] for job_id in ids]
+    assert ordinals == [[0], [0, 1, 2], [0, 1]]
+    for job_id in ids:  # as the job's own page shows them
+        assert listed[job_id] == client.get(f"/api/v1/jobs/{job_id}", headers=AUTH).json()["pods"]
+
+
 def launch_spec(backend: FakeBackend) -> dict:
     """The spec the pods get, as JSON."""
     return backend.launches[-1].spec.model_dump(mode="json")
