@@ -5,8 +5,8 @@ reference pages (api/docs.py): the stream's event types, the record kinds, the e
 and the control plane's `data.type`s, the job statuses, the pod phases and the spec's choices
 the page branches on, each group a frozen table whose unknown names throw (`KIND.metirc` fails
 where it is read, not as a silent `undefined`). The page's modules import it as they are (no
-build step). tests/api/test_docs.py fails while the checked-in
-module differs from what this renders.
+build step). tests/api/test_docs.py fails while the checked-in module differs from what this
+renders.
 """
 
 from __future__ import annotations

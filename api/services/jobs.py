@@ -179,11 +179,11 @@ def get_job(session: Session, job_id: str) -> Job:
 
 
 def pods_of(session: Session, job_id: str) -> list[Pod]:
-    return list(session.exec(select(Pod).where(Pod.job_id == job_id).order_by(col(Pod.ordinal))))
+    return pods_by_job(session, [job_id])[job_id]
 
 
 def pods_by_job(session: Session, job_ids: list[str]) -> dict[str, list[Pod]]:
-    """The pods of several jobs, in one query (a page of jobs), each job's by ordinal."""
+    """The pods of several jobs (a page of jobs) in one query, each job's by ordinal."""
     found: dict[str, list[Pod]] = {job_id: [] for job_id in job_ids}
     query = select(Pod).where(col(Pod.job_id).in_(job_ids)).order_by(col(Pod.ordinal))
     for pod in session.exec(query):
