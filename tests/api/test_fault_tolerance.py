@@ -104,8 +104,14 @@ def test_coordinator_killed_then_every_pod_during_a_checkpoint_write(
         return next((entry for entry in os.scandir(checkpoints) if ".tmp" in entry.name), None)
 
     staging = wait_for(writing, timeout=120, what="a checkpoint write", interval=0.002)
-    for pod in plane.state(job.id)["pods"]:
-        os.killpg(pod["pid"], signal.SIGKILL)
+    # All at once, as a power cut: each pod is stopped before any is killed. Killed one after
+    # another, a pod that sees a peer die before its own turn may save the committed step in an
+    # emergency (rightly), and the restart resumes from that instead.
+    pgids = [pod["pid"] for pod in plane.state(job.id)["pods"]]
+    for pgid in pgids:
+        os.killpg(pgid, signal.SIGSTOP)
+    for pgid in pgids:
+        os.killpg(pgid, signal.SIGKILL)
     killed_at = time.time()
     half_written = int(staging.name.split(".")[0].removeprefix("step-"))
     assert not (checkpoints / f"step-{half_written}" / MARKER).exists()  # killed mid-write

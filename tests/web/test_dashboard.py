@@ -631,10 +631,12 @@ def test_the_migrate_button_moves_a_pod(control_plane: ControlPlane, page: Any) 
             return answered.value
 
         assert click_migrate().status == 202
+        # The confirmation goes after 10 s: look for it before what the next polls bring.
+        wait_for(lambda: notice_says(page, "Pod 1 is migrating"), timeout=5,
+                 what="the migration's confirmation")
         page.locator(".timeline li[data-tag=migrate]").wait_for()
         note = page.locator("tr[data-ordinal='1'] .note")
         wait_for(lambda: note.inner_text() == "migrating", timeout=10, what="pod 1 migrating")
-        assert notice_says(page, "Pod 1 is migrating")
 
         assert click_migrate().status == 409  # the API's detail is shown
         wait_for(lambda: notice_says(page, f"{job_id}-1 is already migrating"), timeout=10,
