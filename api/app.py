@@ -64,7 +64,8 @@ def make_backend(settings: Settings) -> Backend:
         from api.backends.local.backend import LocalBackend
 
         return LocalBackend(settings.jobs_dir, max_restarts=settings.restart_budget,
-                            restart_backoff=settings.restart_backoff, standby=settings.standby)
+                            restart_backoff=settings.restart_backoff, standby=settings.standby,
+                            fork_pods=settings.fork_pods)
     from api.backends.kubernetes.backend import KubernetesBackend
 
     return KubernetesBackend.from_settings(settings)

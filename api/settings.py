@@ -84,6 +84,10 @@ class Settings(BaseSettings):
     """Local backend, live jobs: keep a warm standby process per job (model and data loaded)
     that the next pod to start becomes, so a recreated, added or migrated pod takes part in
     about the time of a heal. Costs one idle process's memory per job."""
+    fork_pods: bool = True
+    """Local backend: start a job's pods as forks of one process per job that has imported
+    torch, transformers and the trainer, instead of each importing them again (seconds of CPU
+    per pod start). Costs one idle process's memory per job."""
     predict_cache_size: int = 2
     """Models kept in memory for predictions."""
     log_format: Literal["text", "json"] = "text"

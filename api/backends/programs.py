@@ -94,6 +94,13 @@ def pod_argv(launch: Launch, coordinator: Endpoint, local_addr: str,
             f"--local-addr={local_addr}", "-m", "trainer"]
 
 
+def preloads(launch: Launch) -> tuple[str, ...]:
+    """What a job's fork server (trainer.forkserver) imports beyond what every pod does."""
+    spec = launch.spec
+    extra = ("peft", "trainer.lora") if spec.finetune == "lora" else ()
+    return (*extra, *(("trainer.pipeline",) if spec.stages > 1 else ()))
+
+
 def standby_argv(ready_file: Path, python: str = "python") -> list[str]:
     """A live job's warm standby (trainer.standby): a pod's environment without its identity;
     it creates `ready_file` once loaded and becomes the pod named on its stdin."""
@@ -103,7 +110,7 @@ def standby_argv(ready_file: Path, python: str = "python") -> list[str]:
 def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: str,
             threads: int, incarnation: str = "", ready_file: Path | None = None,
             replica_file: Path | None = None, replica_store: str | None = None,
-            warm_worker: bool = True) -> dict[str, str]:
+            warm_worker: bool = True, fork_workers: bool = True) -> dict[str, str]:
     """A trainer pod's environment, the job's secrets included (REPORT_TOKEN, PEER_SECRET, its
     store credential).
 
@@ -112,7 +119,8 @@ def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: s
     `ready_file` is created once the pod participates in a step (it holds the live state);
     a live pod writes its lighthouse replica id to `replica_file`; a live pipeline pod meets
     its replica's other stages at `replica_store` (host:port); a restart-mode pod keeps a warm
-    worker for its next round unless `warm_worker` is false.
+    worker for its next round unless `warm_worker` is false, and forks its workers unless
+    `fork_workers` is false.
     """
     live = launch.fault_tolerance == "live"
     runtime = Runtime(job_id=launch.job_id, pod_name=pod_name, incarnation=incarnation,
@@ -124,7 +132,8 @@ def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: s
                       replica_store=replica_store if live else None,
                       peer_secret=launch.peer_secret,
                       lighthouse=f"http://{coordinator}" if live else None,
-                      **({} if live or warm_worker else {"warm_worker": False}))
+                      **({} if live or warm_worker else {"warm_worker": False}),
+                      **({} if live or fork_workers else {"fork_workers": False}))
     # Here the spec leaves the process: as JSON, in the pods' environment.
     env = {SPEC_ENV: json.dumps(launch.spec.model_dump(mode="json")), **runtime.to_env(),
            **launch.store_env, "OMP_NUM_THREADS": str(max(1, threads))}

@@ -105,6 +105,10 @@ class Runtime(BaseModel):
     """Restart mode: the pod's agent keeps a warm worker (imported, data and model loaded) for
     the next round, at the cost of one more process's memory."""
 
+    fork_workers: bool = Field(default=True, alias="FORK_WORKERS")
+    """Restart mode: the pod's agent forks its rounds' workers (and its warm worker) from a
+    fork server of its own (trainer.forkserver) instead of starting fresh interpreters."""
+
     replica_file: Path | None = Field(default=None, alias="REPLICA_FILE")
     """Where a live pod writes its replica id once it joined the lighthouse: should the process
     die, its supervisor tells the lighthouse at once instead of letting heartbeats expire."""

@@ -45,6 +45,7 @@ from trainer.contract.spec import JobSpec
 from trainer.fault_tolerance import warm_worker
 from trainer.fault_tolerance.kv_store import MemberStore
 from trainer.fault_tolerance.warm_worker import WarmWorker
+from trainer.forkserver import ForkClient
 
 logger = logging.getLogger(__name__)
 
@@ -92,9 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = torchrun.parse_args(list(argv) if argv is not None else None)
     rendezvous_handler_registry.register(RENDEZVOUS_BACKEND, member_rendezvous)
     launcher_api.LocalElasticAgent = PodAgent  # type: ignore[misc]  # torchrun's agent class
+    # Forked now, before torchrun starts a thread: a child of a threaded process is unsafe.
+    forks = ForkClient.fork_here() if fork_workers_wanted(os.environ) else None
     if warm_worker_wanted(os.environ):
-        PodAgent.warm = WarmWorker()
-        warm_worker.use(PodAgent.warm)
+        PodAgent.warm = WarmWorker(forks=forks)
+    warm_worker.use(PodAgent.warm, forks)
     try:
         torchrun.run(args)
     except ChildFailedError as exc:
@@ -110,7 +113,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if PodAgent.warm is not None:
             PodAgent.warm.close()
+        if forks is not None:
+            forks.close()
     return 0
+
+
+def fork_workers_wanted(environ: Mapping[str, str]) -> bool:
+    """Whether this pod's agent forks its workers, unless its backend says not to
+    (FORK_WORKERS)."""
+    try:
+        return Runtime(**Runtime.fields_from_env(environ)).fork_workers
+    except (ValidationError, ValueError, AttributeError):
+        return False  # the worker says what is wrong
 
 
 def warm_worker_wanted(environ: Mapping[str, str]) -> bool:

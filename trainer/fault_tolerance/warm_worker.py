@@ -10,6 +10,10 @@ process, handed its environment on its stdin, so the round starts at the checkpo
 The standby is a torchrun worker in every way torchrun sees: it runs in a session of its own
 (torchrun signals a worker's process group), dies with the agent, and its exit code is the
 worker's.
+
+Where the agent runs a fork server (trainer.forkserver, forked from the agent before torchrun
+starts), workers without a ready standby, and the standby itself, are forks of it: a round
+then never waits for Python's imports.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -24,8 +29,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 from torch.distributed.elastic.multiprocessing import api as processes
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+
+from trainer.forkserver import ForkClient
 
 logger = logging.getLogger(__name__)
 
@@ -34,22 +42,60 @@ SETTLE_SECONDS = 5.0
 round's start would miss."""
 
 
-class WarmHandler(SubprocessHandler):
-    """Torchrun's handle of a worker process that was started before the round (a standby)."""
+class ForkedProcess:
+    """A fork server's child, as torchrun and the warm worker use a `subprocess.Popen`."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], local_rank_id: int) -> None:
+    def __init__(self, forks: ForkClient, pid: int) -> None:
+        self.forks, self.pid = forks, pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            code = self.forks.exit_code(self.pid)
+            if code is None and self.forks.broken and not _alive(self.pid):
+                code = -signal.SIGKILL  # it died with its server (see die_with_parent)
+            self.returncode = code
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            time.sleep(0.01)
+        return code
+
+    def hand(self, line: str) -> bool:
+        """Write `line` to its stdin (a pipe its server holds) and close that."""
+        return self.forks.feed(self.pid, line)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+Process = subprocess.Popen[bytes] | ForkedProcess
+
+
+class WarmHandler(SubprocessHandler):
+    """Torchrun's handle of a worker process it did not spawn: a standby, or a fork."""
+
+    def __init__(self, proc: Process, local_rank_id: int) -> None:
         # SubprocessHandler's own constructor starts a process: only its state is set here.
         self._stdout = self._stderr = None
         self.local_rank_id = local_rank_id
-        self.proc = proc
+        self.proc = proc  # type: ignore[assignment]  # what torchrun uses of a Popen
 
 
 class WarmWorker:
     """At most one standby, started once a round has settled, taken by the next round."""
 
-    def __init__(self, settle: float = SETTLE_SECONDS) -> None:
-        self.settle = settle
-        self.process: subprocess.Popen[bytes] | None = None
+    def __init__(self, settle: float = SETTLE_SECONDS, forks: ForkClient | None = None) -> None:
+        self.settle, self.forks = settle, forks
+        self.process: Process | None = None
         self._directory = Path(tempfile.mkdtemp(prefix="warm-worker-"))
         self._ready = self._directory / "ready"
         self._round_started: float | None = None
@@ -65,43 +111,60 @@ class WarmWorker:
         if (self.process is None and self._round_started is not None
                 and time.monotonic() - self._round_started >= self.settle):
             self._ready.unlink(missing_ok=True)
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "trainer.standby", "--ready-file", str(self._ready),
-                 "--die-with-parent"],
-                stdin=subprocess.PIPE, start_new_session=True)
+            argv = [sys.executable, "-m", "trainer.standby", "--ready-file", str(self._ready),
+                    "--die-with-parent"]
+            forks = self.forks
+            pid = forks.fork(argv, dict(os.environ), Path.cwd(), None, True) if forks else None
+            self.process = (ForkedProcess(forks, pid) if forks and pid else
+                            subprocess.Popen(argv, stdin=subprocess.PIPE, start_new_session=True))
             logger.info("warm worker started (pid %d)", self.process.pid)
 
-    def take(self, env: dict[str, str]) -> subprocess.Popen[bytes] | None:
+    def take(self, env: dict[str, str]) -> Process | None:
         """The standby, become the worker whose variables `env` holds, if one is loaded."""
         process = self.process
         if process is None or process.poll() is not None or not self._ready.exists():
             return None
-        assert process.stdin is not None
         line = json.dumps({"environ": {**os.environ, **env}, "log": None}) + "\n"
-        try:
-            process.stdin.write(line.encode())
-            process.stdin.close()
-        except OSError as exc:  # it died meanwhile: a fresh process instead
-            logger.warning("the warm worker could not take the round: %s", exc)
+        if not _hand(process, line):  # it died meanwhile: a fresh process instead
+            logger.warning("the warm worker could not take the round")
             return None
         self.process, self._round_started = None, None
         logger.info("warm worker (pid %d) is the round's worker", process.pid)
         return process
 
     def close(self) -> None:
-        if self.process is not None and self.process.stdin is not None:
-            self.process.stdin.close()  # end of input: it exits
-        self.process = None
+        process, self.process = self.process, None
+        if isinstance(process, subprocess.Popen) and process.stdin is not None:
+            process.stdin.close()  # end of input: it exits
+        # A fork's pipe closes with its server, which ends with the agent.
 
 
-def use(warm: WarmWorker) -> None:
-    """Torchrun's worker starts take the warm worker where one is ready."""
+def _hand(process: Process, line: str) -> bool:
+    if isinstance(process, ForkedProcess):
+        return process.hand(line)
+    assert process.stdin is not None
+    try:
+        process.stdin.write(line.encode())
+        process.stdin.close()
+    except OSError:
+        return False
+    return True
+
+
+def use(warm: WarmWorker | None, forks: ForkClient | None) -> None:
+    """Torchrun's worker starts take the warm worker where one is ready, else fork from
+    `forks` where it serves; else torchrun spawns them as usual."""
     start = processes.get_subprocess_handler
 
     def handler(entrypoint: str, args: tuple[Any, ...], env: dict[str, str], stdout: str,
                 stderr: str, local_rank_id: int, numa_options: Any = None) -> SubprocessHandler:
-        if not stdout and not stderr and (process := warm.take(env)) is not None:
-            return WarmHandler(process, local_rank_id)
+        if not stdout and not stderr and numa_options is None:
+            if warm is not None and (process := warm.take(env)) is not None:
+                return WarmHandler(process, local_rank_id)
+            if forks is not None and (pid := forks.fork(
+                    [entrypoint, *map(str, args)], {**os.environ, **env}, Path.cwd(),
+                    None)) is not None:
+                return WarmHandler(ForkedProcess(forks, pid), local_rank_id)
         return start(entrypoint=entrypoint, args=args, env=env, stdout=stdout, stderr=stderr,
                      local_rank_id=local_rank_id, numa_options=numa_options)
 

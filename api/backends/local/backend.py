@@ -57,10 +57,10 @@ class LocalBackend:
     def __init__(self, jobs_dir: Path, max_restarts: int = DEFAULT_MAX_RESTARTS,
                  restart_backoff: float = DEFAULT_BACKOFF_SECONDS,
                  supervisor_restarts: int = SUPERVISOR_RESTARTS, standby: bool = True,
-                 delete_timeout: float = DELETE_TIMEOUT) -> None:
+                 delete_timeout: float = DELETE_TIMEOUT, fork_pods: bool = True) -> None:
         self.jobs_dir = jobs_dir
         self.max_restarts, self.restart_backoff = max_restarts, restart_backoff
-        self.standby = standby
+        self.standby, self.fork_pods = standby, fork_pods
         self._watchdog = Watchdog(supervisor_restarts, delete_timeout)
 
     def launch(self, launch: Launch) -> None:
@@ -75,7 +75,7 @@ class LocalBackend:
         for stale in job_dir.commands.iterdir():
             stale.unlink(missing_ok=True)
         write_launch(job_dir, LaunchDocument(launch, self.max_restarts, self.restart_backoff,
-                                             self.standby))
+                                             self.standby, self.fork_pods))
         child = self._watchdog.launch(job_dir)
         logger.info("job %s: supervisor started (pid %d)", launch.job_id, child.pid)
 

@@ -100,6 +100,8 @@ class LaunchDocument:
     restart_backoff: float = DEFAULT_BACKOFF_SECONDS
     standby: bool = True
     """A live job keeps a warm standby process that the next pod to start becomes."""
+    fork_pods: bool = True
+    """Pods start as forks of the job's fork server (api/backends/local/forking.py)."""
 
 
 class ProcessRecord(BaseModel):
@@ -243,7 +245,8 @@ def _nest_launch(data: Any) -> Any:
     """launch.json is flat: the Launch's fields next to the policy's (which older files lack)."""
     if not isinstance(data, dict):
         return data
-    policy = {k: data[k] for k in ("max_restarts", "restart_backoff", "standby") if k in data}
+    policy = {k: data[k] for k in ("max_restarts", "restart_backoff", "standby", "fork_pods")
+              if k in data}
     if "heal_secret" in data:  # a live job's secret, as the previous version named it
         data = {"peer_secret": data["heal_secret"], **data}
     if "replicas" in data:  # the pods, as earlier versions named them
@@ -288,7 +291,7 @@ def write_launch(job_dir: JobDir, document: LaunchDocument) -> None:
         if isinstance(value := getattr(document.launch, field.name), Path):
             data[field.name] = str(value.absolute())
     data |= {"max_restarts": document.max_restarts, "restart_backoff": document.restart_backoff,
-             "standby": document.standby}
+             "standby": document.standby, "fork_pods": document.fork_pods}
     write_json_atomic(job_dir.launch, data)
 
 

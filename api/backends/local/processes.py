@@ -54,6 +54,11 @@ class Watched(ABC):
     def poll(self) -> bool:
         """Whether it has ended (looked at again only until it has)."""
 
+    def hand(self, line: str) -> bool:
+        """Write `line` to its stdin, a pipe its starter holds, and close that; whether it was
+        written (not for a process it is gone or that has no such pipe)."""
+        return False
+
     def wait(self, timeout: float) -> None:
         """Wait up to `timeout` seconds for it to end."""
         deadline = time.monotonic() + timeout
@@ -75,6 +80,17 @@ class Child(Watched):
         if not self.ended and (code := self.process.poll()) is not None:
             self.ended, self.exit_code = True, code
         return self.ended
+
+    def hand(self, line: str) -> bool:
+        stdin = self.process.stdin
+        if stdin is None or self.poll():
+            return False
+        try:
+            stdin.write(line.encode())
+            stdin.close()
+        except OSError:  # it died just now
+            return False
+        return True
 
     def wait(self, timeout: float) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -13,13 +13,16 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from api.backends import programs
 from api.backends.local.jobdir import JobDir, StandbyRecord, same_process, signal_group
-from api.backends.local.processes import Child, spawn
+from api.backends.local.processes import Watched
+
+Start = Callable[[list[str], Path, dict[str, str], bool], Watched]
+"""How the supervisor starts a process: argv, log, environment, whether it gets a stdin pipe."""
 
 logger = logging.getLogger(__name__)
 
@@ -33,11 +36,12 @@ NAME = "standby"
 class Standby:
     """At most one warm process, and what it takes to start, hand over and stop one."""
 
-    def __init__(self, job_dir: JobDir, settle_seconds: float = SETTLE_SECONDS) -> None:
-        self.job_dir = job_dir
+    def __init__(self, job_dir: JobDir, start: Start,
+                 settle_seconds: float = SETTLE_SECONDS) -> None:
+        self.job_dir, self._start = job_dir, start
         self.settle_seconds = settle_seconds
         """How long after the last pod started a new standby may start loading."""
-        self.process: Child | None = None
+        self.process: Watched | None = None
         self.failures = 0
         self._starts = 0
 
@@ -81,22 +85,17 @@ class Standby:
         for stale in self.ready_file.parent.glob(f"{NAME}.*"):  # one taken while loading
             stale.unlink(missing_ok=True)
         argv = programs.standby_argv(self.ready_file, python=sys.executable)
-        self.process = spawn(argv, self.job_dir.path, self.job_dir.log(NAME), env,
-                             stdin=subprocess.PIPE)
+        self.process = self._start(argv, self.job_dir.log(NAME), env, True)
         logger.info("standby started (pid %d)", self.process.pid)
 
-    def take(self, env: dict[str, str], log: Path) -> Child | None:
+    def take(self, env: dict[str, str], log: Path) -> Watched | None:
         """The standby, told to become the pod of `env` logging to `log`; None if there is no
-        live one (the caller spawns the pod)."""
+        live one (the caller starts the pod)."""
         process, self.process = self.process, None
-        if process is None or process.poll() or process.process.stdin is None:
+        if process is None or process.poll():
             return None
-        line = json.dumps({"environ": env, "log": str(log)}) + "\n"
-        try:
-            process.process.stdin.write(line.encode())
-            process.process.stdin.close()
-        except OSError:  # it died just now
-            signal_group(process.pid, signal.SIGKILL)
+        if not process.hand(json.dumps({"environ": env, "log": str(log)}) + "\n"):
+            signal_group(process.pid, signal.SIGKILL)  # it died just now
             return None
         logger.info("standby (pid %d, %s) becomes the next pod", process.pid,
                     "loaded" if self.ready_file.exists() else "still loading")

@@ -50,12 +50,13 @@ def test_the_local_backend_and_its_supervisor_share_only_the_job_directory() -> 
     local = BACKENDS / "local"
     api_side = [local / "backend.py", local / "watchdog.py"]
     supervisor_side = [local / "processes.py", local / "standby_process.py",
-                       *sorted((local / "supervisor").glob("*.py"))]
+                       local / "forking.py", *sorted((local / "supervisor").glob("*.py"))]
     assert len(supervisor_side) > 3, "api/backends/local/supervisor/ holds no modules: moved?"
     for path in api_side:
         borrowed = {m for m in imported(path) if m.startswith(("api.backends.local.supervisor",
                                                                "api.backends.local.processes",
-                                                               "api.backends.local.standby_process"))}
+                                                               "api.backends.local.standby_process",
+                                                               "api.backends.local.forking"))}
         assert not borrowed, f"{path.name} imports {borrowed}"
         assert "api.backends.local.jobdir" in imported(path)
     for path in supervisor_side:

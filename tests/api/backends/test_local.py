@@ -222,8 +222,11 @@ def test_bad_input_finishes_without_restarts(backend: LocalBackend,
 
 @pytest.mark.slow
 def test_delete_mid_training_stops_everything_and_keeps_checkpoints(
-        backend: LocalBackend, make_launch: Callable[..., Launch], jobs_dir: Path,
-        inputs_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        make_launch: Callable[..., Launch], jobs_dir: Path, inputs_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Spawned pods: /proc/<pid>/environ shows what a process started with, which for a fork
+    # is its fork server's (tests/api/backends/test_forking.py checks what a fork is given).
+    backend = LocalBackend(jobs_dir, fork_pods=False)
     make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
     monkeypatch.setenv("MIGRATOR_ADMIN_TOKEN", "the-admin-token")
     backend.launch(make_launch("job-del", epochs=5))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,6 +15,8 @@ from types import FrameType
 import psutil
 
 from api.backends import programs
+from api.backends.local.forking import NAME as FORK_SERVER
+from api.backends.local.forking import ForkServer
 from api.backends.local.jobdir import (
     JobDir,
     LaunchDocument,
@@ -66,11 +69,14 @@ class Supervisor:
                               if self.stages > 1 else [])
         """Where each replica of a live pipeline meets (its stage 0 hosts the store)."""
         # A standby is any pod's; a pipeline pod holds one stage and meets its replica first.
-        self.standby = (Standby(job_dir, settle_seconds)
+        self.standby = (Standby(job_dir, self.start_process, settle_seconds)
                         if self.live and document.standby and self.stages == 1 else None)
         """The warm process the next pod to start becomes (live jobs)."""
         self.warm_workers = document.standby
         """Whether restart-mode pods keep a warm worker for their next round."""
+        self.fork_pods = document.fork_pods
+        self.forks: ForkServer | None = None
+        """Where pods and the standby start from, while it serves."""
         self._sigterm = False
         self._written: StateDocument | None = None
 
@@ -80,6 +86,10 @@ class Supervisor:
             adopt(self, self.previous)
         self.write_state()
         try:
+            if self.fork_pods:
+                self.forks = ForkServer.start(self.pod_env("", "", None), self.job_dir.path,
+                                              self.job_dir.log(FORK_SERVER),
+                                              programs.preloads(self.launch))
             self.ensure_coordinator()
             for pod in self.pods:
                 if pod.phase == "Pending" and self.mode == "running":
@@ -164,7 +174,17 @@ class Supervisor:
             return process
         argv = programs.pod_argv(self.launch, self.coordinator.endpoint, programs.LOOPBACK,
                                  python=sys.executable)
-        return spawn(argv, self.job_dir.path, log, env)
+        return self.start_process(argv, log, env)
+
+    def start_process(self, argv: list[str], log: Path, env: dict[str, str],
+                      stdin: bool = False) -> Watched:
+        """Start a pod's or the standby's process group: forked where the fork server serves,
+        else spawned. `stdin`: a pipe its `hand` writes to."""
+        if self.forks is not None and (forked := self.forks.fork(
+                argv, env, self.job_dir.path, log, stdin)) is not None:
+            return forked
+        return spawn(argv, self.job_dir.path, log, env,
+                     stdin=subprocess.PIPE if stdin else subprocess.DEVNULL)
 
     def pod_env(self, name: str, incarnation: str, ready: Path | None,
                 replica: Path | None = None, ordinal: int | None = None) -> dict[str, str]:
@@ -179,7 +199,8 @@ class Supervisor:
                                                 programs.LOOPBACK, threads,
                                                 incarnation=incarnation, ready_file=ready,
                                                 replica_file=replica, replica_store=store,
-                                                warm_worker=self.warm_workers)}
+                                                warm_worker=self.warm_workers,
+                                                fork_workers=self.fork_pods)}
 
     def stop_pod(self, pod: Pod, grace: float) -> None:
         """Stop every process group of the pod: its current one and any migration's."""
@@ -207,6 +228,8 @@ class Supervisor:
         """Never leave an orphan pod, standby or coordinator, whatever ended the loop."""
         if self.standby is not None:
             self.standby.stop()
+        if self.forks is not None:
+            self.forks.close()
         self.coordinator.kill()
         for pod in self.pods:
             for process in pod.processes:
