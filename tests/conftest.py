@@ -17,6 +17,7 @@ from tests.stores import SERVERS, Store
 from tests.support import ReportServer
 from trainer.config import JobSpec, Runtime, TrainConfig
 from trainer.contract.artifact_store import location
+from trainer.forkserver import ForkClient, ForkedProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 # No test may reach the Hugging Face hub (there is no network here); fail fast instead.
@@ -120,13 +121,52 @@ def make_config(tmp_path: Path, inputs_dir: Path):
     return build
 
 
+class Forks:
+    """One fork server for the session's trainer processes (trainer.forkserver, as the local
+    backend starts pods), started when the first is."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.client: ForkClient | None = None
+
+    def get(self) -> ForkClient:
+        if self.client is None:
+            self.client = ForkClient.spawn(dict(os.environ), ROOT, self.log_dir / "forkserver.log",
+                                           ("peft", "trainer.lora", "trainer.pipeline"))
+        return self.client
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+
+@pytest.fixture(scope="session")
+def forks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Forks]:
+    started = Forks(tmp_path_factory.mktemp("forks"))
+    yield started
+    started.close()
+
+
+Process = subprocess.Popen[bytes] | ForkedProcess
+
+
 class Processes:
-    """Processes a test started; each is killed (by pid, with its group) at teardown."""
+    """Processes a test started; each is killed (by pid, with its group) at teardown. Given
+    `forks`, trainer programs (`python -m trainer...`) are forks of the session's fork server."""
 
-    def __init__(self) -> None:
-        self.started: list[subprocess.Popen[bytes]] = []
+    def __init__(self, forks: Forks | None = None) -> None:
+        self.forks = forks
+        self.started: list[Process] = []
 
-    def start(self, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    def start(self, args: list[str], env: dict[str, str], log: Path) -> Process:
+        trainer = args[:2] == [sys.executable, "-m"] and args[2].split(".")[0] == "trainer"
+        if trainer and self.forks is not None:
+            log.write_bytes(b"")
+            client = self.forks.get()
+            if (pid := client.fork(args, {**os.environ, **env}, ROOT, log)) is not None:
+                forked = ForkedProcess(client, pid)
+                self.started.append(forked)
+                return forked
         handle = log.open("wb")
         process = subprocess.Popen(args, env={**os.environ, **env}, stdout=handle,
                                    stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
@@ -135,7 +175,7 @@ class Processes:
         return process
 
     def trainer(self, args: list[str], log: Path, env: dict[str, str] | None = None,
-                ) -> subprocess.Popen[bytes]:
+                ) -> Process:
         return self.start([sys.executable, "-m", "trainer", *args], env or {}, log)
 
     def cleanup(self) -> None:
@@ -155,7 +195,7 @@ def sink() -> Iterator[ReportServer]:
 
 
 @pytest.fixture
-def processes() -> Iterator[Processes]:
-    tracker = Processes()
+def processes(forks: Forks) -> Iterator[Processes]:
+    tracker = Processes(forks)
     yield tracker
     tracker.cleanup()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import gc
 import importlib
 import json
 import logging
@@ -228,8 +229,12 @@ def run_child(argv: list[str], env: dict[str, str], server_env: Mapping[str, str
 
 
 def preload(modules: tuple[str, ...]) -> None:
+    """Import what the children use, then freeze it: the collector never walks (nor writes to,
+    making a child copy its pages) what every child shares."""
     for module in (*PRELOAD, *modules):
         importlib.import_module(module)
+    gc.collect()
+    gc.freeze()
 
 
 # --- the client --------------------------------------------------------------------------
@@ -426,6 +431,52 @@ class ForkClient:
             if remaining <= 0:
                 return None
             select.select([self._replies], [], [], min(remaining, 0.5))
+
+
+class ForkedProcess:
+    """A server's child, as a `subprocess.Popen` is used: `pid`, `poll`, `wait`, `returncode`,
+    signals (to the process, as Popen sends them)."""
+
+    def __init__(self, forks: ForkClient, pid: int) -> None:
+        self.forks, self.pid = forks, pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            code = self.forks.exit_code(self.pid)
+            if code is None and self.forks.broken and not _alive(self.pid):
+                code = -signal.SIGKILL  # it died with its server (see die_with_parent)
+            self.returncode = code
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            time.sleep(0.01)
+        return code
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def hand(self, line: str) -> bool:
+        """Write `line` to its stdin (a pipe its server holds) and close that."""
+        return self.forks.feed(self.pid, line)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (not a zombie): a child of a server that is gone is nobody's to wait
+    for."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:

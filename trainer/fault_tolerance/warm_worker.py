@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,52 +28,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 from torch.distributed.elastic.multiprocessing import api as processes
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
-from trainer.forkserver import ForkClient
+from trainer.forkserver import ForkClient, ForkedProcess
 
 logger = logging.getLogger(__name__)
 
 SETTLE_SECONDS = 5.0
 """How long a round's workers run before a standby may start loading: loading takes CPU the
 round's start would miss."""
-
-
-class ForkedProcess:
-    """A fork server's child, as torchrun and the warm worker use a `subprocess.Popen`."""
-
-    def __init__(self, forks: ForkClient, pid: int) -> None:
-        self.forks, self.pid = forks, pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            code = self.forks.exit_code(self.pid)
-            if code is None and self.forks.broken and not _alive(self.pid):
-                code = -signal.SIGKILL  # it died with its server (see die_with_parent)
-            self.returncode = code
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while (code := self.poll()) is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
-            time.sleep(0.01)
-        return code
-
-    def hand(self, line: str) -> bool:
-        """Write `line` to its stdin (a pipe its server holds) and close that."""
-        return self.forks.feed(self.pid, line)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 Process = subprocess.Popen[bytes] | ForkedProcess
