@@ -54,7 +54,9 @@ def test_scale_two_to_three_to_one(plane: ControlPlane, mode: str) -> None:
     job.wait_steps(3, down_at, 1, (0,), "pod 0 to train alone")
     wait_for(lambda: ordinals(job) == [0], timeout=60, what="the pods to settle to pod 0")
     if live:  # each left after a committed step, for the scale-down, and no one failed
-        left = wait_for(lambda: job.reports("left", down_at), timeout=30, what="left events")
+        # Each pod's report comes on its own: the first one is not the end of them.
+        left = wait_for(lambda: len(reports := job.reports("left", down_at)) >= 2 and reports,
+                        timeout=30, what="both pods' left events")
         assert {(e["pod"], e["reason"]) for e in left} == {
             (job.pod(1), "scale-down"), (job.pod(2), "scale-down")}
 

@@ -28,8 +28,10 @@ def test_close_stops_a_long_watch_at_once(tmp_path: Path, kubeconfig: Path,
     backend = KubernetesBackend.from_settings(settings)
     try:
         assert observed(backend, "job-00000000").present is False  # starts the watch
-        wait_for(lambda: any(r.query.get("watch") == "true" for r in fake_k8s.cluster.requests),
-                 what="the watch request", timeout=10)
+        # The pods' watch: the anchors' may come first, before the pods' list is synced.
+        wait_for(lambda: any(r.query.get("watch") == "true" and r.path.endswith("/pods")
+                             for r in fake_k8s.cluster.requests),
+                 what="the pods' watch request", timeout=10)
         assert backend.watcher.synced.is_set()
     finally:
         started = time.monotonic()
