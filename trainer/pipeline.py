@@ -269,8 +269,10 @@ class PipelineModel:
     def save_checkpoint(self, save: Save, writer: checkpoint.CheckpointWriter) -> None:
         """At once: replica 0's stages each write their shard, then the primary completes the
         checkpoint once all have (every pod passes the barrier). No survivor of a failure can
-        write a lost stage's shard: pipelines save no emergency checkpoints."""
-        if self.group.rank == 0:
+        write a lost stage's shard: pipelines save no emergency checkpoints. A replica that
+        healed in this step counts as rank 0 without being replica 0: it writes nothing (its
+        shards would race replica 0's completion of the same staging directory)."""
+        if self.group.rank == 0 and not self.group.healing:
             checkpoint.save_shard(save.directory, save.step, self.shard, self.model_state(),
                                   save.trainer_state())
         self.group.barrier()

@@ -14,10 +14,12 @@ import torch
 from tests.conftest import Processes
 from tests.support import free_port
 from trainer import pipeline
+from trainer.checkpoint import CheckpointWriter
+from trainer.checkpointer import Save
 from trainer.distributed import Group
 from trainer.evaluation import evaluate
-from trainer.model import choose_device
-from trainer.pipeline import PipelineError, Stage
+from trainer.model import DeviceChoice, choose_device
+from trainer.pipeline import Pipelined, PipelineError, Stage
 
 STEPS, BATCH, WIDTH = 3, 8, 12
 
@@ -270,3 +272,32 @@ def test_microbatches_must_divide_the_batch() -> None:
     pipeline.check_microbatches(16, 4)
     with pytest.raises(PipelineError, match=r"microbatches \(3\) must divide batch_size \(16\)"):
         pipeline.check_microbatches(16, 3)
+
+
+class HealingStage(Group, Pipelined):
+    """Stage 0 of 2 of a replica that healed in this step: rank 0, as torchft's participants
+    count it (it took no part), and no primary."""
+
+    def __init__(self) -> None:
+        self.device = DeviceChoice(torch.device("cpu"), "gloo", None)
+        self.stage, self.stages, self.stage_ranks, self.pipeline_group = 0, 2, [0, 1], None
+        self.barriers = 0
+
+    rank = 0
+    healing = True
+    is_primary = False
+
+    def barrier(self) -> None:
+        self.barriers += 1
+
+
+def test_a_replica_that_healed_in_the_step_writes_no_shard(tmp_path: Path) -> None:
+    group = HealingStage()
+    part = pipeline.PipelineModel(tiny(), group, "1f1b", 2, 4, 32)
+    done: list[object] = []
+    part.save_checkpoint(Save(tmp_path, 10, {}, 3, False, dict, done.append),
+                         CheckpointWriter())
+    # Replica 0 writes step 10's shards and completes them: a second writer of the same staging
+    # directory could find it moved away mid-write (a killed live pipeline's replica did).
+    assert list(tmp_path.iterdir()) == [] and done == []
+    assert group.barriers == 1  # it still meets its replica's other stage

@@ -195,7 +195,7 @@ def test_every_process_of_a_job_listens_on_the_pod_address_only(
         # group's store, which only the pod's process uses, is in memory).
         assert [len(sockets[f"{job}-{o}"]) for o in (0, 1)] == [4, 4], sockets
         heal_url = next(line.split("heal server listening on ")[1].strip()
-                        for line in backend.tail_logs(job, 0, 500)
+                        for line in backend.tail_logs(job, 0, 100_000)
                         if "heal server listening on " in line)
         # Whatever the step, nobody without the job's secret gets past the door.
         assert http_status(f"{heal_url}0/full", {}) == 403
