@@ -17,7 +17,7 @@ from tests.stores import SERVERS, Store
 from tests.support import ReportServer
 from trainer.config import JobSpec, Runtime, TrainConfig
 from trainer.contract.artifact_store import location
-from trainer.forkserver import ForkClient, ForkedProcess
+from trainer.forkclient import ForkClient, ForkedProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 # No test may reach the Hugging Face hub (there is no network here); fail fast instead.

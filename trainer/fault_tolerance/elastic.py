@@ -45,7 +45,7 @@ from trainer.contract.spec import JobSpec
 from trainer.fault_tolerance import warm_worker
 from trainer.fault_tolerance.kv_store import MemberStore
 from trainer.fault_tolerance.warm_worker import WarmWorker
-from trainer.forkserver import ForkClient
+from trainer.forkclient import ForkClient
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from typing import Any
 from torch.distributed.elastic.multiprocessing import api as processes
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
-from trainer.forkserver import ForkClient, ForkedProcess
+from trainer.forkclient import ForkClient, ForkedProcess
 
 logger = logging.getLogger(__name__)
 

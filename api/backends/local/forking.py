@@ -1,6 +1,6 @@
-"""A job's fork server (trainer.forkserver) as its supervisor uses it: pods and the standby
-start as forks of one interpreter that imported torch, transformers and the trainer once,
-instead of each importing them again, and are watched as the processes it spawns are.
+"""Pods forked from their job's fork server (trainer.forkserver): each job's supervisor starts
+one (`ForkClient.spawn`) that imports torch, transformers and the trainer once, and its pods
+and standby are forks of it, watched as the processes it spawns are.
 
 Anything wrong with the server makes the supervisor spawn instead: forking only saves time.
 """
@@ -13,43 +13,30 @@ import psutil
 
 from api.backends.local.jobdir import same_process
 from api.backends.local.processes import Watched
-from trainer.forkserver import ForkClient
+from trainer.forkclient import ForkClient
 
 NAME = "forkserver"
 """Its log's name among the job's logs."""
 
 
-class ForkServer:
-    """One job's fork server, started when its supervisor starts."""
-
-    def __init__(self, client: ForkClient) -> None:
-        self.client = client
-
-    @classmethod
-    def start(cls, env: dict[str, str], cwd: Path, log: Path,
-              preload: tuple[str, ...] = ()) -> ForkServer:
-        return cls(ForkClient.spawn(env, cwd, log, preload))
-
-    def fork(self, argv: list[str], env: dict[str, str], cwd: Path, log: Path,
-             stdin: bool = False) -> Forked | None:
-        """`argv` (`[python, "-m", module, ...]`) forked, its output appended to `log`; None
-        where the server cannot (the caller spawns it)."""
-        pid = self.client.fork(argv, env, cwd, log, stdin)
-        if pid is None:
-            return None
-        try:
-            started: float | None = psutil.Process(pid).create_time()
-        except psutil.Error:  # it ended at once: the server says how
-            started = None
-        return Forked(self.client, pid, started)
-
-    def close(self) -> None:
-        self.client.close()
+def fork(client: ForkClient, argv: list[str], env: dict[str, str], cwd: Path, log: Path,
+         stdin: bool = False) -> Forked | None:
+    """`argv` (`[python, "-m", module, ...]`) forked, its output appended to `log`; None where
+    the server cannot (the caller spawns it)."""
+    pid = client.fork(argv, env, cwd, log, stdin)
+    if pid is None:
+        return None
+    try:
+        started: float | None = psutil.Process(pid).create_time()
+    except psutil.Error:  # it ended at once: the server says how
+        started = None
+    return Forked(client, pid, started)
 
 
 class Forked(Watched):
     """A process its job's fork server started: the server waits for it and says how it
-    ended; once the server is gone, it is seen to end by polling, its status unknown."""
+    ended; once the server is gone, it is seen to end by polling, its status unknown (a pod
+    outlives its server, unlike a worker forked by its agent's)."""
 
     def __init__(self, client: ForkClient, pid: int, started: float | None) -> None:
         super().__init__(pid, started)

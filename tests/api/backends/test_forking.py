@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from api.backends.local.forking import Forked, ForkServer
+from api.backends.local.forking import Forked, fork
 from tests.support import wait_for
-from trainer.forkserver import ForkClient
+from trainer.forkclient import ForkClient
 
 PROBE = """
 import json, os, sys
@@ -39,18 +39,18 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(workdir: Path) -> Iterator[ForkServer]:
+def server(workdir: Path) -> Iterator[ForkClient]:
     """One server for the module: importing torch and transformers takes seconds."""
-    forks = ForkServer.start(dict(os.environ), workdir, workdir / "forkserver.log")
+    forks = ForkClient.spawn(dict(os.environ), workdir, workdir / "forkserver.log")
     yield forks
     forks.close()
-    assert forks.client.popen is not None and forks.client.popen.returncode == 0
+    assert forks.popen is not None and forks.popen.returncode == 0
 
 
-def probe(server: ForkServer, workdir: Path, log: str, *args: str, stdin: bool = False,
+def probe(server: ForkClient, workdir: Path, log: str, *args: str, stdin: bool = False,
           **env: str) -> Forked:
-    forked = server.fork([sys.executable, "-m", "probe", *args], {**os.environ, **env}, workdir,
-                         workdir / log, stdin=stdin)
+    forked = fork(server, [sys.executable, "-m", "probe", *args], {**os.environ, **env}, workdir,
+                  workdir / log, stdin=stdin)
     assert forked is not None, (workdir / "forkserver.log").read_text()
     return forked
 
@@ -66,7 +66,7 @@ def said(log: Path) -> dict[str, Any]:
 
 
 def test_a_fork_runs_the_module_in_its_own_session_with_its_environment(
-        server: ForkServer, workdir: Path) -> None:
+        server: ForkClient, workdir: Path) -> None:
     process = probe(server, workdir, "a.log", "one", "two", PROBE="a", PROBE_EXIT="3",
                     OMP_NUM_THREADS="1", TORCH_NCCL_ASYNC_ERROR_HANDLING="3")  # set in the child
     assert ended(process) == 3
@@ -76,7 +76,7 @@ def test_a_fork_runs_the_module_in_its_own_session_with_its_environment(
 
 
 def test_a_child_whose_libraries_would_read_another_environment_starts_afresh(
-        server: ForkServer, workdir: Path) -> None:
+        server: ForkClient, workdir: Path) -> None:
     process = probe(server, workdir, "b.log", PROBE="b", HF_HOME=str(workdir / "elsewhere"),
                     TORCH_NCCL_ASYNC_ERROR_HANDLING="3")  # read only when NCCL starts
     assert ended(process) == 0
@@ -86,14 +86,14 @@ def test_a_child_whose_libraries_would_read_another_environment_starts_afresh(
     assert "since HF_HOME differ" in (workdir / "b.log").read_text()  # the name, no value
 
 
-def test_a_fork_with_a_pipe_reads_what_it_is_handed(server: ForkServer, workdir: Path) -> None:
+def test_a_fork_with_a_pipe_reads_what_it_is_handed(server: ForkClient, workdir: Path) -> None:
     process = probe(server, workdir, "c.log", "--read", stdin=True)
     assert process.hand("the assignment\n")
     assert ended(process) == 0
     assert said(workdir / "c.log")["line"] == "the assignment\n"
 
 
-def test_a_killed_fork_says_the_signal(server: ForkServer, workdir: Path) -> None:
+def test_a_killed_fork_says_the_signal(server: ForkClient, workdir: Path) -> None:
     process = probe(server, workdir, "d.log", "--sleep")
     wait_for(lambda: (workdir / "d.log").exists() and (workdir / "d.log").read_text(),
              timeout=30, what="the probe to start")
@@ -103,22 +103,22 @@ def test_a_killed_fork_says_the_signal(server: ForkServer, workdir: Path) -> Non
 
 def test_without_a_server_nothing_is_forked_and_its_children_are_still_watched(
         workdir: Path) -> None:
-    forks = ForkServer.start(dict(os.environ), workdir, workdir / "second.log")
+    forks = ForkClient.spawn(dict(os.environ), workdir, workdir / "second.log")
     process = probe(forks, workdir, "e.log", "--sleep")
     wait_for(lambda: (workdir / "e.log").exists() and (workdir / "e.log").read_text(),
              timeout=30, what="the probe to start")
-    os.kill(forks.client.pid, signal.SIGKILL)  # its children run on: only the server is gone
+    os.kill(forks.pid, signal.SIGKILL)  # its children run on: only the server is gone
     assert forks.fork([sys.executable, "-m", "probe"], dict(os.environ), workdir,
                       workdir / "f.log") is None  # the supervisor spawns instead
-    assert forks.client.broken and not process.poll()
+    assert forks.broken and not process.poll()
     os.killpg(process.pid, signal.SIGKILL)
     assert ended(process) is None  # seen to end by polling: its status went with the server
     forks.close()
 
 
 def test_a_server_that_never_serves_forks_nothing(workdir: Path) -> None:
-    dead = ForkServer(ForkClient.over(subprocess.Popen(
-        [sys.executable, "-c", "pass"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)))
+    dead = ForkClient.over(subprocess.Popen(
+        [sys.executable, "-c", "pass"], stdin=subprocess.PIPE, stdout=subprocess.PIPE))
     assert dead.fork([sys.executable, "-m", "probe"], dict(os.environ), workdir,
                      workdir / "g.log") is None
     dead.close()

@@ -15,8 +15,7 @@ from types import FrameType
 import psutil
 
 from api.backends import programs
-from api.backends.local.forking import NAME as FORK_SERVER
-from api.backends.local.forking import ForkServer
+from api.backends.local import forking
 from api.backends.local.jobdir import (
     JobDir,
     LaunchDocument,
@@ -33,6 +32,7 @@ from api.backends.local.supervisor.commands import run_commands
 from api.backends.local.supervisor.coordinator import Coordinator
 from api.backends.local.supervisor.environment import free_port, inherited_env
 from api.backends.local.supervisor.keep_warm import keep_standby
+from trainer.forkclient import ForkClient
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class Supervisor:
         self.warm_workers = document.standby
         """Whether restart-mode pods keep a warm worker for their next round."""
         self.fork_pods = document.fork_pods
-        self.forks: ForkServer | None = None
+        self.forks: ForkClient | None = None
         """Where pods and the standby start from, while it serves."""
         self._sigterm = False
         self._written: StateDocument | None = None
@@ -87,8 +87,8 @@ class Supervisor:
         self.write_state()
         try:
             if self.fork_pods:
-                self.forks = ForkServer.start(self.pod_env("", "", None), self.job_dir.path,
-                                              self.job_dir.log(FORK_SERVER),
+                self.forks = ForkClient.spawn(self.pod_env("", "", None), self.job_dir.path,
+                                              self.job_dir.log(forking.NAME),
                                               programs.preloads(self.launch))
             self.ensure_coordinator()
             for pod in self.pods:
@@ -180,8 +180,8 @@ class Supervisor:
                       stdin: bool = False) -> Watched:
         """Start a pod's or the standby's process group: forked where the fork server serves,
         else spawned. `stdin`: a pipe its `hand` writes to."""
-        if self.forks is not None and (forked := self.forks.fork(
-                argv, env, self.job_dir.path, log, stdin)) is not None:
+        if self.forks is not None and (forked := forking.fork(
+                self.forks, argv, env, self.job_dir.path, log, stdin)) is not None:
             return forked
         return spawn(argv, self.job_dir.path, log, env,
                      stdin=subprocess.PIPE if stdin else subprocess.DEVNULL)
