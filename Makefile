@@ -4,7 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Every run ends with its slowest tests, so the suite's time (kept under 18 minutes) is watched.
-PYTEST_ARGS ?= --durations=30
+# Two workers (pytest-xdist), each taking the next test as it finishes one: the end-to-end tests
+# wait on their processes about half the time, so two at once fill two cores.
+PYTEST_ARGS ?= --durations=30 --numprocesses=2 --dist=worksteal
 # The dashboard's uPlot, installed from web/package-lock.json and served by the API.
 WEB_STAMP := web/node_modules/.installed
 # The tests' Azure Blob emulator (Azurite), installed from tests/stores/package-lock.json, and
