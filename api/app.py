@@ -24,7 +24,9 @@ from api.metrics import LatencyMiddleware, install_collector
 from api.private import private_dir
 from api.reconciler import Reconciler
 from api.routes import checkpoints, downloads, health, jobs, login, models, pods, reports, stream
+from api.routes import datasets as dataset_routes
 from api.routes.web import mount_web
+from api.services import datasets
 from api.services.events import EventLog
 from api.services.links import link_signer
 from api.services.login import LoginCodes
@@ -81,6 +83,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         init_db(engine)
+        datasets.sweep_incoming(settings)
         broker.bind(asyncio.get_running_loop())
         install_collector(engine, lambda: broker.clients)
         writer = ReportWriter(engine, events, settings.max_job_event_bytes)
@@ -126,6 +129,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         app.include_router(module.router)
     app.include_router(login.exchange)
     app.include_router(reports.router, max_body_size=settings.max_report_bytes)
+    app.include_router(dataset_routes.router, max_body_size=settings.max_upload_bytes)
     document_schemas(app, ReportBatch)
     app.include_router(health.router)
     mount_web(app)

@@ -85,6 +85,7 @@ MEANINGS = {
     409: "The resource is in the wrong state for this",
     413: "The body is too large (one declared too large by its Content-Length is refused "
          "unread, by the framework, in plain text)",
+    415: "The body is not of a media type this operation reads",
     422: "A value is invalid; `detail` names the field",
     429: "A quota is used up; `detail` says which",
     501: "The job's backend cannot do this",

@@ -65,6 +65,8 @@ class Settings(BaseSettings):
     """Largest request body accepted, but for reports (413 above, before it is read whole)."""
     max_report_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     """Largest report body accepted (413 above)."""
+    max_upload_bytes: int = Field(default=2 * 1024**3, ge=1024)
+    """Largest dataset upload accepted (413 above, as soon as the body passes it)."""
     max_job_event_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
     """Events a job's reports may store, in bytes of JSON: about 1.5 million metric points (170
     bytes each), ten times what 16 pods report over 10,000 steps. Past it, reports get a 429 and

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 import random
 from pathlib import Path
@@ -69,6 +70,33 @@ def make_reviews_csv(path: Path, rows: int = 200, seed: int = 0) -> Path:
             positive = index % 2 == 0
             writer.writerow([review(rng, positive), "positive" if positive else "negative"])
     return path
+
+
+def make_uploaded_dataset(inputs_dir: Path, dataset_id: str = "ds-0123456789abcdef",
+                          rows: int = 300, seed: int = 0) -> str:
+    """An uploaded dataset as the API leaves it (trainer.contract.datasets): three learnable
+    classes, `negative` (two negative words), `neutral` (none) and `positive` (two positive)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trainer.contract.datasets import DATA_FILE, META_FILE, dataset_dir
+
+    rng = random.Random(seed)
+    labels = ["negative", "neutral", "positive"]
+    texts, codes = [], []
+    for index in range(rows):
+        code = index % 3
+        words = rng.sample(NEUTRAL, 6) if code == 1 else rng.sample(NEUTRAL, 4) + rng.sample(
+            POSITIVE if code == 2 else NEGATIVE, 2)
+        rng.shuffle(words)
+        texts.append(" ".join(words))
+        codes.append(code)
+    directory = dataset_dir(inputs_dir, dataset_id)
+    directory.mkdir(parents=True)
+    pq.write_table(pa.table({"text": texts, "label": pa.array(codes, pa.int64())}),
+                   directory / DATA_FILE)
+    (directory / META_FILE).write_text(json.dumps({"id": dataset_id, "labels": labels}))
+    return dataset_id
 
 
 UNKNOWN_WORD = "zyzzyva"

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from trainer.contract.datasets import DATA_FILE, LABEL, META_FILE, TEXT, dataset_dir, is_dataset_id
 from trainer.contract.spec import (
     DATASET_ALIASES,
     LOCAL_DATA_SUFFIXES,
@@ -39,9 +40,14 @@ class DataError(ValueError):
     """A dataset cannot be found, read or used; the message says which and why."""
 
 
+BINARY_LABELS = ("negative", "positive")
+"""The label names of the built-in datasets and of local files, in label order."""
+
+
 @dataclass
 class Split:
-    """Texts with binary labels (0 negative, 1 positive) and optional group keys (e.g. movie)."""
+    """Texts with labels (0 to classes - 1; 0 negative, 1 positive where there are two) and
+    optional group keys (e.g. movie)."""
 
     texts: list[str]
     labels: np.ndarray
@@ -186,6 +192,31 @@ def load_local(path: Path, spec: JobSpec) -> dict[str, Split]:
     return {"all": Split(texts, _label_ids(raw_labels, path.name))}
 
 
+def load_uploaded(directory: Path) -> dict[str, Split]:
+    """An uploaded dataset's normal form: checked, deduplicated and labelled by the API."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(directory / DATA_FILE, columns=[TEXT, LABEL])
+    except OSError as exc:
+        raise DataError(f"dataset '{directory.name}': cannot read it ({exc}); upload it again"
+                        ) from None
+    return {"all": Split(table.column(TEXT).to_pylist(),
+                         table.column(LABEL).to_numpy().astype(np.int64))}
+
+
+def label_names(spec: JobSpec, inputs_dir: Path) -> tuple[str, ...]:
+    """The dataset's label names in label order: an uploaded one's own, else negative and
+    positive."""
+    if not is_dataset_id(spec.dataset):
+        return BINARY_LABELS
+    meta = dataset_dir(inputs_dir, spec.dataset) / META_FILE
+    try:
+        return tuple(json.loads(meta.read_text())["labels"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise DataError(f"dataset '{spec.dataset}': cannot read its labels ({exc})") from None
+
+
 def resolve_local(name: str, inputs_dir: Path) -> Path | None:
     """A dataset naming an existing file (relative to the inputs dir, or absolute) is local."""
     candidate = Path(name) if Path(name).is_absolute() else inputs_dir / name
@@ -193,6 +224,8 @@ def resolve_local(name: str, inputs_dir: Path) -> Path | None:
 
 
 def load_source(spec: JobSpec, inputs_dir: Path, cache_dir: Path) -> dict[str, Split]:
+    if is_dataset_id(spec.dataset):
+        return load_uploaded(dataset_dir(inputs_dir, spec.dataset))
     local = resolve_local(spec.dataset, inputs_dir)
     if local is not None:
         return load_local(local, spec)

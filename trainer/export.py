@@ -21,7 +21,8 @@ from trainer.contract.checkpoints import (
     remove_export_staging,
 )
 from trainer.contract.spec import JobSpec
-from trainer.model import unwrap
+from trainer.data import BINARY_LABELS
+from trainer.model import model_labels, unwrap
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,8 @@ def _percent(value: Any) -> str:
     return f"{100 * value:.2f}%" if isinstance(value, int | float) else "n/a"
 
 
-def model_card(spec: JobSpec, metrics: dict[str, Any], data: dict[str, int]) -> str:
+def model_card(spec: JobSpec, metrics: dict[str, Any], data: dict[str, int],
+               labels: tuple[str, ...] = BINARY_LABELS) -> str:
     test = metrics.get("test", {})
     validation = metrics.get("validation", {})
     settings = "\n".join(f"| {key} | {value} |" for key, value in (
@@ -57,7 +59,8 @@ metrics: [accuracy, f1]
 
 # {spec.name or "Sentiment classifier"}
 
-Binary sentiment classifier (labels `negative`, `positive`) fine-tuned from `{spec.model}` on
+Text classifier (labels {", ".join(f"`{name}`" for name in labels)}) fine-tuned from
+`{spec.model}` on
 `{spec.dataset}`{f" with the `{spec.preset}` preset" if spec.preset else ""} by Live Migrator.
 {lora}
 ## Results
@@ -148,4 +151,4 @@ def _save(model: nn.Module, tokenizer: Any, directory: Path, spec: JobSpec,
     tokenizer.save_pretrained(directory)
     (directory / METRICS_FILE).write_text(json.dumps(
         {"metrics": metrics, "samples": data, "spec": spec.model_dump(mode="json")}, indent=2))
-    (directory / "README.md").write_text(model_card(spec, metrics, data))
+    (directory / "README.md").write_text(model_card(spec, metrics, data, model_labels(model)))

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from trainer.contract.spec import JobSpec
-from trainer.model import ModelError, load_model
+from trainer.model import ModelError, load_model, model_labels
 
 QUANTIZED_DEVICES = ("cuda",)
 """Device types an 8-bit base model trains on. (bitsandbytes also runs LLM.int8() on the
@@ -111,7 +111,7 @@ def merged(model: nn.Module, spec: JobSpec, name_or_path: str) -> nn.Module:
     is). An 8-bit model's adapters go into the float32 base loaded afresh, never into int8."""
     if spec.quantization == "none":
         return copy.deepcopy(model).merge_and_unload()  # type: ignore[operator]
-    full = apply_lora(load_model(name_or_path, spec.seed), spec)
+    full = apply_lora(load_model(name_or_path, spec.seed, labels=model_labels(model)), spec)
     load_trainable_state(full, {name: value.float().cpu()
                                 for name, value in trainable_state(model).items()})
     return full.merge_and_unload()  # type: ignore[operator]

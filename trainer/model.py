@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from trainer.contract.spec import OFFLINE_MODEL
+from trainer.data import BINARY_LABELS
 
 logger = logging.getLogger(__name__)
 
-LABELS = {0: "negative", 1: "positive"}
 
 
 class ModelError(ValueError):
@@ -56,8 +56,10 @@ def load_tokenizer(name_or_path: str) -> Any:
 
 
 def load_model(name_or_path: str, seed: int, quantization: str = "none",
-               device: torch.device | None = None) -> nn.Module:
-    """A sequence classifier with a freshly initialised (seeded) two-label head.
+               device: torch.device | None = None,
+               labels: tuple[str, ...] = BINARY_LABELS) -> nn.Module:
+    """A sequence classifier with a freshly initialised (seeded) head, one output per label
+    (`labels` in label order become its config's id2label).
 
     `quantization="8bit"`: the encoder's linear layers in int8 (bitsandbytes' LLM.int8()),
     loaded straight onto `device`; the head stays in float32 to train."""
@@ -76,13 +78,22 @@ def load_model(name_or_path: str, seed: int, quantization: str = "none",
     hf_logging.set_verbosity_error()  # the "newly initialized head" warning is expected here
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
-            name_or_path, num_labels=2, id2label=LABELS, label2id={v: k for k, v in LABELS.items()},
+            name_or_path, num_labels=len(labels), id2label=dict(enumerate(labels)),
+            label2id={name: index for index, name in enumerate(labels)},
+            # A head made for other labels (a classifier fine-tuned before) starts afresh.
+            ignore_mismatched_sizes=True,
             dtype=torch.float32, **options)  # fp32 master weights; bf16 only inside autocast
     except (OSError, ValueError) as exc:
         raise ModelError(f"model '{name_or_path}': cannot load it ({exc})") from None
     finally:
         hf_logging.set_verbosity(verbosity)
     return model
+
+
+def model_labels(model: nn.Module) -> tuple[str, ...]:
+    """The label names of a classifier that load_model made, in label order."""
+    config: Any = unwrap(model).config
+    return tuple(str(config.id2label[index]) for index in range(config.num_labels))
 
 
 @dataclass(frozen=True)

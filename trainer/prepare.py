@@ -11,7 +11,7 @@ from torch import nn
 from trainer import lora
 from trainer.config import TrainConfig
 from trainer.contract.spec import JobSpec
-from trainer.data import TokenizedSplit, load_source, make_splits, tokenize
+from trainer.data import TokenizedSplit, label_names, load_source, make_splits, tokenize
 from trainer.model import load_model, load_tokenizer, resolve_model
 
 
@@ -28,6 +28,8 @@ class Prepared:
     test: TokenizedSplit
     model: nn.Module
     """Freshly initialised (seeded), on its device, not wrapped yet."""
+    labels: tuple[str, ...]
+    """The dataset's label names, in label order (the model's outputs)."""
 
     def fits(self, config: TrainConfig, device: torch.device) -> bool:
         return self.key == _prepared_key(config) and next(self.model.parameters()).device == device
@@ -49,10 +51,11 @@ def prepare(config: TrainConfig, device: torch.device) -> Prepared:
     splits = make_splits(load_source(spec, runtime.inputs_dir, runtime.cache_dir), spec)
     train, validation, test = (tokenize(split, tokenizer, spec.max_length, runtime.cache_dir)
                                for split in (splits.train, splits.validation, splits.test))
-    model = adapt(load_model(name_or_path, spec.seed, spec.quantization, device), spec)
+    labels = label_names(spec, runtime.inputs_dir)
+    model = adapt(load_model(name_or_path, spec.seed, spec.quantization, device, labels), spec)
     if spec.quantization == "none":  # a quantized model was loaded onto the device
         model = model.to(device)
-    return Prepared(_prepared_key(config), tokenizer, train, validation, test, model)
+    return Prepared(_prepared_key(config), tokenizer, train, validation, test, model, labels)
 
 
 def adapt(model: nn.Module, spec: JobSpec) -> nn.Module:

@@ -25,7 +25,7 @@ from trainer.distributed import Group
 from trainer.evaluation import evaluate
 from trainer.export import export_model
 from trainer.membership import Membership
-from trainer.model import load_model, resolve_model, unwrap
+from trainer.model import load_model, model_labels, resolve_model, unwrap
 from trainer.part import ModelPart
 from trainer.pipeline import Pipelined, PipelineModel
 from trainer.prepare import Prepared, prepared_for
@@ -62,10 +62,11 @@ def build_part(model: nn.Module, group: Group, config: TrainConfig) -> ModelPart
     is dropped: other pods hold it), else the whole model."""
     if not isinstance(group, Pipelined):
         return WholeModel(model, group, config)
-    spec, inputs_dir = config.spec, config.runtime.inputs_dir
+    spec, inputs_dir, labels = config.spec, config.runtime.inputs_dir, model_labels(model)
     return PipelineModel(model, group, spec.schedule, spec.microbatches, spec.batch_size,
                          spec.max_length,
-                         lambda: load_model(resolve_model(spec.model, inputs_dir), spec.seed))
+                         lambda: load_model(resolve_model(spec.model, inputs_dir), spec.seed,
+                                            labels=labels))
 
 
 class Trainer:
@@ -122,6 +123,7 @@ class Trainer:
             prepared.train, prepared.validation, prepared.test)
         self.data_sizes = {"train": len(self.train_data), "validation": len(self.validation_data),
                            "test": len(self.test_data)}
+        self.labels = prepared.labels
         self.part = build_part(prepared.model, group, config)
         self.model = self.part.module
         self.optimizer = build_optimizer(unwrap(self.model), spec)
@@ -369,7 +371,8 @@ class Trainer:
     def evaluate(self, data: TokenizedSplit, split: records.EvalSplit) -> dict[str, Any]:
         """Evaluate on `split`, log and report it; the result with its epoch and step."""
         result: dict[str, Any] = {**evaluate(unwrap(self.model), data, self.group,
-                                             self.config.spec.eval_batch_size, self.part.logits),
+                                             self.config.spec.eval_batch_size, self.part.logits,
+                                             classes=len(self.labels)),
                                   "epoch": self.sampler.epoch, "step": self.step}
         logger.info("%s: accuracy %.4f f1 %.4f loss %.4f (%d samples)", split,
                     result["accuracy"], result["f1"], result["loss"], result["samples"])

@@ -108,7 +108,8 @@ class Client:
 
     def send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
-            response = self.http.request(method, path, headers=self.headers, **kwargs)
+            headers = {**self.headers, **kwargs.pop("headers", {})}
+            response = self.http.request(method, path, headers=headers, **kwargs)
         except httpx.HTTPError as exc:
             raise CliError(f"cannot reach {self.http.base_url}: {one_line(exc)}") from None
         if response.is_error:

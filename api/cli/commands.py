@@ -9,15 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 import httpx
 
+from api.cli import datasets
 from api.cli.client import BadInput, Client, CliError, resolve_token
 from api.cli.follow import progress_line, watch
-from api.cli.terminal import echo, printable
+from api.cli.terminal import echo, human_size, table
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -43,25 +43,6 @@ def read_spec(text: str) -> dict[str, Any]:
     if not isinstance(spec, dict):
         raise BadInput("the spec must be a JSON object, such as '{\"replicas\": 2}'")
     return spec
-
-
-def human_size(size: float) -> str:
-    for unit in ("B", "kB", "MB"):
-        if size < 1000:
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{size:.1f} GB"
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[str]],
-          right: Sequence[int] = ()) -> list[str]:
-    """Lines of columns padded to their widest cell; the columns in `right` aligned right
-    (numbers). Cells are made printable first, so that escapes do not skew the widths."""
-    cells = [[printable(cell) for cell in row] for row in [header, *rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    return ["  ".join(cell.rjust(width) if i in right else cell.ljust(width)
-                      for i, (cell, width) in enumerate(zip(row, widths, strict=True))).rstrip()
-            for row in cells]
 
 
 def build_parser() -> Parser:
@@ -107,6 +88,7 @@ def build_parser() -> Parser:
     download = commands.add_parser("download", help="download a model as .tar.gz")
     download.add_argument("model_id")
     download.add_argument("--output", type=Path)
+    datasets.add_parser(commands)
     return parser
 
 
@@ -190,6 +172,8 @@ def run(client: Client, args: argparse.Namespace) -> int:
         echo(*table(["LABEL", "SCORE", "TEXT"],
                     [[p["label"], f"{p['score']:.3f}", text]
                      for p, text in zip(predictions, args.texts, strict=True)], right=[1]))
+    elif args.command == "datasets":
+        return datasets.run(client, args)
     elif args.command == "download":
         target = args.output or Path(f"{args.model_id}.tar.gz")
         client.download(f"/api/v1/models/{args.model_id}/download", target)

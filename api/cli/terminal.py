@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Sequence
 from typing import TextIO
 
 UNPRINTABLE = re.compile(
@@ -38,3 +39,22 @@ def echo(*lines: object, file: TextIO | None = None) -> None:
     for line in lines:
         print(printable(line), file=out)
     out.flush()
+
+
+def human_size(size: float) -> str:
+    for unit in ("B", "kB", "MB"):
+        if size < 1000:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} GB"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]],
+          right: Sequence[int] = ()) -> list[str]:
+    """Lines of columns padded to their widest cell; the columns in `right` aligned right
+    (numbers). Cells are made printable first, so that escapes do not skew the widths."""
+    cells = [[printable(cell) for cell in row] for row in [header, *rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return ["  ".join(cell.rjust(width) if i in right else cell.ljust(width)
+                      for i, (cell, width) in enumerate(zip(row, widths, strict=True))).rstrip()
+            for row in cells]

@@ -74,7 +74,8 @@ def upgrade(engine: Engine) -> None:
         if revision is None and not inspect(connection).has_table("job"):
             # An empty database: the models' tables at once, which the migrations reproduce
             # (tests/api/test_migrations.py holds them to that), marked as the newest.
-            import api.models  # noqa: F401  (registers the tables)
+            import api.asset_models  # registers the tables, as the next line does
+            import api.models  # noqa: F401
 
             SQLModel.metadata.create_all(connection)
             command.stamp(config, "head")

@@ -6,7 +6,8 @@ from __future__ import annotations
 from alembic import context
 from sqlmodel import SQLModel
 
-import api.models  # noqa: F401  (registers the tables)
+import api.asset_models  # registers the tables, as the next line does
+import api.models  # noqa: F401
 
 connection = context.config.attributes["connection"]
 context.configure(connection=connection, target_metadata=SQLModel.metadata,

@@ -50,6 +50,7 @@ from api.services.artifacts import checkpoints_dir, delete_files, model_dir
 from api.services.events import EventLog, event_page, new_event
 from api.services.job_credentials import CredentialError, grant
 from api.settings import Settings
+from trainer.contract.datasets import DATA_FILE, dataset_dir, is_dataset_id
 from trainer.contract.spec import (
     DATASET_ALIASES,
     LOCAL_DATA_SUFFIXES,
@@ -84,6 +85,11 @@ def validate_sources(spec: JobCreate, inputs: Path) -> None:
             not HUB_ID.match(spec.model) or ".." in spec.model):
         raise InvalidSpec("model", f"'{spec.model}' is neither a model directory under the "
                                    f"inputs dir, nor '{OFFLINE_MODEL}', nor a Hugging Face hub id")
+    if is_dataset_id(spec.dataset):
+        if not (dataset_dir(inputs, spec.dataset) / DATA_FILE).is_file():
+            raise InvalidSpec("dataset", f"no dataset '{spec.dataset}': upload one with POST "
+                                         "/api/v1/datasets, or list them with GET")
+        return
     dataset = _inside_inputs("dataset", spec.dataset, inputs)
     if dataset is not None:
         if not dataset.is_file() or dataset.suffix.lower() not in LOCAL_DATA_SUFFIXES:

@@ -6,7 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.factories import make_poisoned_csv, make_poisoned_model, poisoned_steps
+from tests.factories import (
+    make_poisoned_csv,
+    make_poisoned_model,
+    make_uploaded_dataset,
+    poisoned_steps,
+)
 from trainer.checkpoint import list_checkpoints
 from trainer.config import TrainConfig
 from trainer.distributed import Group
@@ -200,3 +205,21 @@ def test_skipped_steps_keep_the_weights_and_use_their_samples_once(
         if name != "bert.embeddings.word_embeddings.weight":
             assert torch.isfinite(tensor).all(), name
     assert trainer.metrics["test"]["accuracy"] >= 0.9
+
+
+def test_an_uploaded_dataset_of_three_classes_trains_a_model_that_names_them(
+        make_config, inputs_dir: Path, tmp_path: Path) -> None:
+    from transformers import pipeline
+
+    config = make_config(dataset=make_uploaded_dataset(inputs_dir, rows=300), epochs=4,
+                         checkpoint_every_steps=0)
+    trainer = run(config, tmp_path / "reports.jsonl")
+    test = trainer.metrics["test"]
+    assert test["accuracy"] >= 0.85  # a third by chance
+    assert 0.8 <= test["f1"] <= 1  # macro: the mean of the three classes' F1
+    classify = pipeline("text-classification", model=str(config.runtime.model_dir))
+    assert classify.model.config.id2label == {0: "negative", 1: "neutral", 2: "positive"}
+    assert classify("a brilliant and warm film")[0]["label"] == "positive"
+    assert classify("the film was very dull and tedious")[0]["label"] == "negative"
+    assert "labels `negative`, `neutral`, `positive`" in " ".join(
+        (config.runtime.model_dir / "README.md").read_text().split())

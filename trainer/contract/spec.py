@@ -108,8 +108,8 @@ class JobSpec(BaseModel):
     """`minilm` (offline), a model directory under the inputs dir, or a Hugging Face hub id."""
 
     dataset: Name = OFFLINE_DATASET
-    """`rotten_tomatoes` (offline), `imdb`, `sst2`, `yelp_polarity`, or a CSV/JSONL/Parquet file
-    under the inputs dir."""
+    """`rotten_tomatoes` (offline), `imdb`, `sst2`, `yelp_polarity`, an uploaded dataset's id
+    (`ds-...`, `POST /api/v1/datasets`), or a CSV/JSONL/Parquet file under the inputs dir."""
 
     preset: Literal["seed"] | None = None
     """`seed`: 80/20 train/test split, a 25% sample of each, 20% of train kept for validation."""

@@ -1,0 +1,77 @@
+"""Datasets: upload (the file as the request body), list, read, delete."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response, status
+from starlette.concurrency import run_in_threadpool
+
+from api.asset_models import Dataset, DatasetPublic, DatasetsPublic
+from api.auth import AdminRoute
+from api.db import session_scope
+from api.deps import EngineDep, SessionDep, SettingsDep
+from api.errors import error_responses
+from api.routes import API_PREFIX
+from api.services import datasets as service
+from trainer.contract.spec import MAX_INT
+
+router = APIRouter(prefix=API_PREFIX + "/datasets", tags=["datasets"],
+                   route_class=AdminRoute, responses=error_responses(401, 403, 422))
+
+Column = Annotated[str | None, Query(min_length=1, max_length=200)]
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=DatasetPublic,
+             responses={**error_responses(413, 415), 200: {"model": DatasetPublic,
+                        "description": "The same file was uploaded before: that dataset."}},
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 media: {"schema": {"type": "string", "format": "binary"}}
+                 for media in ("text/csv", "application/x-ndjson",
+                               "application/vnd.apache.parquet")}}})
+async def upload_dataset(request: Request, response: Response, engine: EngineDep,
+                         settings: SettingsDep,
+                         name: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+                         text_column: Column = None, label_column: Column = None) -> Dataset:
+    """Upload a CSV, TSV, JSONL or Parquet file as the request body (`curl --data-binary
+    @reviews.csv '...?name=reviews.csv'`): its format comes from `name`'s suffix, else the
+    Content-Type, else its first bytes. The text and label columns are `text_column` and
+    `label_column`, else the first of text/review/sentence/... and label/sentiment/... found.
+    Duplicate texts and rows without text or label are dropped; any number of classes from 2.
+    201 with what was found; 200 with the dataset kept before for the same file and columns;
+    422 saying why a file cannot train a classifier; 413 past `max_upload_bytes`."""
+    content_type = request.headers.get("content-type")
+    service.check_media_type(content_type)
+    received = await service.receive(request.stream(), settings)
+    try:
+        def store() -> tuple[Dataset, bool]:
+            with session_scope(engine) as session:
+                return service.store(session, settings, received, name, content_type,
+                                     text_column, label_column)
+
+        dataset, created = await run_in_threadpool(store)
+    finally:
+        received.discard()
+    response.headers["Location"] = f"{API_PREFIX}/datasets/{dataset.id}"
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return dataset
+
+
+@router.get("", response_model=DatasetsPublic)
+def list_datasets(session: SessionDep, offset: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
+                  limit: Annotated[int, Query(ge=1, le=200)] = 50) -> DatasetsPublic:
+    return service.list_datasets(session, offset, limit)
+
+
+@router.get("/{dataset_id}", response_model=DatasetPublic, responses=error_responses(404))
+def get_dataset(dataset_id: str, session: SessionDep) -> Dataset:
+    return service.get_dataset(session, dataset_id)
+
+
+@router.delete("/{dataset_id}", status_code=status.HTTP_204_NO_CONTENT,
+               responses=error_responses(404, 409))
+def delete_dataset(dataset_id: str, session: SessionDep, settings: SettingsDep) -> Response:
+    """Delete the dataset's files and record; 409 while a job not finished trains on it."""
+    service.delete_dataset(session, settings, dataset_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,199 @@
+"""Uploaded datasets: receive a file's bytes, check them, keep their normal form under the inputs
+dir (trainer.contract.datasets), list, show and delete.
+
+An upload is streamed to a file of its own under `datasets/.incoming` (the route's body limit
+stops it past `max_upload_bytes`), then read twice by api.services.tables in a worker thread,
+and its normal form moved into place with one rename, so that a dataset's directory is either
+whole or absent. Whatever ends an upload early (a 413, a client gone, a bad file, the API
+killed) leaves nothing behind: its files are removed on the way out, or when the API starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, func, select
+
+from api.asset_models import Dataset, DatasetPublic, DatasetsPublic
+from api.errors import Conflict, DomainError, NotFound
+from api.models import ACTIVE_STATUSES, Job, JobStatus
+from api.services import tables
+from api.settings import Settings
+from trainer.contract.datasets import (
+    DATA_FILE,
+    DATASETS_DIR,
+    INCOMING_DIR,
+    META_FILE,
+    dataset_dir,
+    is_dataset_id,
+)
+
+logger = logging.getLogger(__name__)
+
+MEDIA_TYPES = {"text/csv": "csv", "text/tab-separated-values": "tsv",
+               "application/x-ndjson": "jsonl", "application/jsonl": "jsonl",
+               "application/vnd.apache.parquet": "parquet", "application/x-parquet": "parquet"}
+SNIFF_BYTES = 8192
+
+
+class UnusableTable(DomainError):
+    """The upload is not a table a classifier can train on (422, saying why)."""
+
+    status_code, error = 422, "unusable_dataset"
+
+
+class UnsupportedMediaType(DomainError):
+    status_code, error = 415, "unsupported_media_type"
+
+
+@dataclass
+class Received:
+    """An upload's bytes on disk, not checked yet."""
+
+    path: Path
+    sha256: str
+    size: int
+    head: bytes
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def incoming(settings: Settings) -> Path:
+    return settings.resolved_inputs_dir / DATASETS_DIR / INCOMING_DIR
+
+
+def sweep_incoming(settings: Settings) -> None:
+    """Remove what uploads cut short by the API's end left: no upload outlives its process."""
+    shutil.rmtree(incoming(settings), ignore_errors=True)
+
+
+def check_media_type(content_type: str | None) -> None:
+    if content_type and content_type.split(";")[0].strip().lower() == "multipart/form-data":
+        raise UnsupportedMediaType(
+            "send the file itself as the request body, not a form: "
+            "curl --data-binary @reviews.csv '.../api/v1/datasets?name=reviews.csv'")
+
+
+async def receive(chunks: AsyncIterator[bytes], settings: Settings) -> Received:
+    """The request body, streamed to a file under the incoming dir; removed if the body does
+    not arrive whole (the client went away, or the body limit stopped it)."""
+    directory = incoming(settings)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{uuid.uuid4().hex}.upload"
+    digest, size, head = hashlib.sha256(), 0, b""
+    try:
+        with path.open("wb") as handle:
+            async for chunk in chunks:
+                handle.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+                if len(head) < SNIFF_BYTES:
+                    head += chunk[:SNIFF_BYTES - len(head)]
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return Received(path, digest.hexdigest(), size, head)
+
+
+def _format(name: str | None, content_type: str | None, head: bytes) -> str:
+    by_type = MEDIA_TYPES.get((content_type or "").split(";")[0].strip().lower())
+    fmt = tables.detect_format(name, head) if name or not by_type else by_type
+    text_head = head[2:] if head[:2] in (b"\xff\xfe", b"\xfe\xff") else head
+    if fmt != "parquet" and b"\0" in text_head and head[:2] not in (b"\xff\xfe", b"\xfe\xff"):
+        raise UnusableTable(f"not a table: the file is binary, not {fmt.upper()} text (upload "
+                            "CSV, TSV, JSONL or Parquet)")
+    return fmt
+
+
+def store(session: Session, settings: Settings, received: Received, name: str | None,
+          content_type: str | None, text_column: str | None,
+          label_column: str | None) -> tuple[Dataset, bool]:
+    """Check the upload and keep its normal form: (the dataset, whether it is new). The same
+    bytes read with the same columns are the same dataset, kept once."""
+    if received.size == 0:
+        raise UnusableTable("the file is empty")
+    fmt = _format(name, content_type, received.head)
+    try:
+        text, label = tables.choose_columns(received.path, fmt, text_column, label_column)
+    except tables.TableError as exc:
+        raise UnusableTable(str(exc)) from None
+    dataset_id = "ds-" + hashlib.sha256(
+        f"{received.sha256}\0{fmt}\0{text}\0{label}".encode()).hexdigest()[:16]
+    existing = session.get(Dataset, dataset_id)
+    if existing is not None:
+        return existing, False
+    staging = received.path.with_suffix(".d")
+    staging.mkdir()
+    try:
+        try:
+            summary = tables.normalise(received.path, fmt, text, label, staging / DATA_FILE)
+        except tables.TableError as exc:
+            raise UnusableTable(str(exc)) from None
+        dataset = Dataset(id=dataset_id, name=name or dataset_id, upload_bytes=received.size,
+                          sha256=received.sha256, size_bytes=(staging / DATA_FILE).stat().st_size,
+                          **asdict(summary))
+        (staging / META_FILE).write_text(dataset.model_dump_json(indent=2))
+        target = dataset_dir(settings.resolved_inputs_dir, dataset_id)
+        try:
+            staging.rename(target)
+        except OSError:  # the same upload, finished first by another request: theirs stands
+            if not (target / DATA_FILE).is_file():
+                raise
+        session.add(dataset)
+        try:
+            session.commit()
+        except IntegrityError:
+            session.rollback()
+            return get_dataset(session, dataset_id), False
+        return dataset, True
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def get_dataset(session: Session, dataset_id: str) -> Dataset:
+    dataset = session.get(Dataset, dataset_id) if is_dataset_id(dataset_id) else None
+    if dataset is None:
+        raise NotFound(f"no dataset '{dataset_id}'")
+    return dataset
+
+
+def list_datasets(session: Session, offset: int, limit: int) -> DatasetsPublic:
+    rows = session.exec(select(Dataset).order_by(col(Dataset.created_at).desc(),
+                                                 col(Dataset.id)).offset(offset).limit(limit))
+    count = session.exec(select(func.count()).select_from(Dataset)).one()
+    return DatasetsPublic(data=[DatasetPublic.model_validate(d) for d in rows], count=count)
+
+
+def users(session: Session, dataset_id: str) -> list[str]:
+    """The jobs not finished that train on the dataset."""
+    unfinished = session.exec(select(Job).where(
+        col(Job.status).in_([JobStatus.pending, *ACTIVE_STATUSES])))
+    return [job.id for job in unfinished if job.spec.dataset == dataset_id]
+
+
+def delete_dataset(session: Session, settings: Settings, dataset_id: str) -> None:
+    dataset = get_dataset(session, dataset_id)
+    using = users(session, dataset.id)
+    if using:
+        raise Conflict(f"dataset '{dataset.id}' is in use by {', '.join(using)}: cancel or "
+                       "wait for them first")
+    session.delete(dataset)
+    session.commit()
+    directory = dataset_dir(settings.resolved_inputs_dir, dataset.id)
+    # Renamed away first, so that no job started from here on finds half of it.
+    doomed = incoming(settings) / f"{uuid.uuid4().hex}.deleted"
+    doomed.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.replace(doomed)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
+

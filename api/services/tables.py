@@ -1,0 +1,264 @@
+"""An uploaded table (CSV, TSV, JSONL or Parquet) read in batches, checked, and written once in
+the normal form pods train on (trainer.contract.datasets).
+
+Memory stays flat whatever the file's size: the file is read twice, a block at a time. The
+first pass keeps 12 bytes per usable row (a hash of its text and its label's code) to find
+duplicates and count the classes; the second writes the rows kept. A file that cannot train a
+classifier raises TableError saying why: not a table, no text or label column, one class, too
+few rows, not UTF-8.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+
+from trainer.contract.datasets import LABEL, TEXT
+
+FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
+           ".parquet": "parquet"}
+TEXT_COLUMNS = ("text", "review", "sentence", "content", "comment", "body")
+"""Looked for, in this order, when the upload names no text column."""
+LABEL_COLUMNS = ("label", "labels", "sentiment", "class", "category", "target")
+MIN_ROWS = 10
+MAX_CLASSES = 256
+"""More distinct labels than this and the column is not taken for a label."""
+PREVIEW_ROWS, PREVIEW_CHARS = 5, 300
+BATCH_ROWS = 8192
+BLOCK_BYTES = 1 << 20
+SENTIMENT_ORDER = {"negative": 0, "neg": 0, "false": 0, "rotten": 0,
+                   "positive": 1, "pos": 1, "true": 1, "fresh": 1}
+INTEGER = re.compile(r"^-?\d+$")
+
+
+class TableError(ValueError):
+    """The file cannot train a classifier; the message says why."""
+
+
+@dataclass
+class Summary:
+    """What the checks found, shown by the API as the dataset's record."""
+
+    format: str
+    text_column: str
+    label_column: str
+    rows: int
+    labels: list[str]
+    """Label names in label order: the label `i` of the normal form is `labels[i]`."""
+    class_counts: list[int]
+    duplicates: int
+    """Rows dropped because their text came earlier in the file."""
+    empty: int
+    """Rows dropped because their text or label was missing or blank."""
+    preview: list[dict[str, Any]] = field(default_factory=list)
+
+
+def detect_format(name: str | None, head: bytes) -> str:
+    """By the file name's suffix, else by its first bytes."""
+    suffix = PurePosixPath(name or "").suffix.lower()
+    if suffix in FORMATS:
+        return FORMATS[suffix]
+    if head.startswith(b"PAR1"):
+        return "parquet"
+    return "jsonl" if head.lstrip().startswith(b"{") else "csv"
+
+
+def _encoding(path: Path) -> str:
+    with path.open("rb") as handle:
+        head = handle.read(4)
+    return "utf-16" if head[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf8"
+
+
+def _csv(path: Path, fmt: str, columns: list[str] | None) -> pcsv.CSVStreamingReader:
+    read = pcsv.ReadOptions(block_size=BLOCK_BYTES, encoding=_encoding(path))
+    parse = pcsv.ParseOptions(delimiter="\t" if fmt == "tsv" else ",", newlines_in_values=True)
+    convert = pcsv.ConvertOptions(
+        include_columns=columns, strings_can_be_null=True,
+        column_types=dict.fromkeys(columns or [], pa.string()))
+    return pcsv.open_csv(path, read_options=read, parse_options=parse, convert_options=convert)
+
+
+def _jsonl(path: Path, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
+    """JSON lines read line by line (pyarrow's reader refuses a field that appears late), each
+    value kept as text; with `columns=None`, one empty batch whose schema names the fields of
+    the first object."""
+    rows: list[dict[str, Any]] = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TableError(f"line {number}: not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise TableError(f"line {number}: expected a JSON object, one per line")
+            if columns is None:
+                yield pa.RecordBatch.from_pylist([], pa.schema([(str(k), pa.string())
+                                                                for k in row]))
+                return
+            rows.append({c: _text(row.get(c)) for c in columns})
+            if len(rows) == BATCH_ROWS:
+                yield pa.RecordBatch.from_pylist(rows, pa.schema([(c, pa.string())
+                                                                  for c in columns]))
+                rows = []
+    if columns is not None and rows:
+        yield pa.RecordBatch.from_pylist(rows, pa.schema([(c, pa.string()) for c in columns]))
+
+
+def _text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value) if isinstance(value, (dict, list)) else str(value).lower() \
+        if isinstance(value, bool) else str(value)
+
+
+def batches(path: Path, fmt: str, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """The file's rows a batch at a time, `columns` only (as strings), or every column."""
+    try:
+        if fmt == "parquet":
+            parquet = pq.ParquetFile(path)
+            if columns is None:
+                yield pa.RecordBatch.from_pylist([], parquet.schema_arrow)
+                return
+            for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns):
+                yield pa.RecordBatch.from_arrays(
+                    [pc.cast(batch.column(c), pa.string()) for c in columns], names=columns)
+        elif fmt == "jsonl":
+            yield from _jsonl(path, columns)
+        else:
+            with _csv(path, fmt, columns) as reader:
+                if columns is None:
+                    yield pa.RecordBatch.from_pylist([], reader.schema)
+                    return
+                yield from reader
+    except UnicodeDecodeError:
+        raise TableError("the file is not UTF-8 (nor UTF-16 with a byte order mark): save it "
+                         "as UTF-8") from None
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "invalid UTF8" in message or "UTF8" in message:
+            raise TableError("the file is not UTF-8 (nor UTF-16 with a byte order mark): save "
+                             "it as UTF-8") from None
+        raise TableError(f"not a readable {fmt.upper()} table ({message})") from None
+
+
+def choose_columns(path: Path, fmt: str, text: str | None, label: str | None) -> tuple[str, str]:
+    names = next(batches(path, fmt)).schema.names
+    shown = ", ".join(names[:20]) or "none"
+
+    def pick(given: str | None, candidates: tuple[str, ...], what: str) -> str:
+        if given is not None:
+            if given not in names:
+                raise TableError(f"no {what} column '{given}' (columns: {shown})")
+            return given
+        lowered = {n.lower(): n for n in names}
+        for candidate in candidates:
+            if candidate in lowered:
+                return lowered[candidate]
+        raise TableError(f"no {what} column: name it with `{what}_column` (columns: {shown}; "
+                         f"looked for {', '.join(candidates)})")
+
+    chosen = pick(text, TEXT_COLUMNS, "text"), pick(label, LABEL_COLUMNS, "label")
+    if chosen[0] == chosen[1]:
+        raise TableError(f"the text and label columns are both '{chosen[0]}'")
+    return chosen
+
+
+def _usable(batch: pa.RecordBatch) -> tuple[pa.Array, pa.Array, int]:
+    """The batch's texts and trimmed labels where both are present and not blank, and how
+    many rows were not."""
+    texts, labels = batch.column(0), pc.utf8_trim_whitespace(batch.column(1))
+    blank = pc.or_kleene(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(texts)), 0),
+                         pc.equal(pc.utf8_length(labels), 0))
+    keep = pc.fill_null(pc.invert(blank), False)
+    return pc.filter(texts, keep), pc.filter(labels, keep), len(batch) - pc.sum(keep).as_py()
+
+
+def _ordered(names: list[str]) -> list[str]:
+    """Integers by value, sentiment words negative first, anything else alphabetically."""
+    if all(INTEGER.match(n) for n in names):
+        return sorted(names, key=int)
+    lowered = [n.lower() for n in names]
+    if all(n in SENTIMENT_ORDER for n in lowered) and len(
+            {SENTIMENT_ORDER[n] for n in lowered}) == len(names):
+        return sorted(names, key=lambda n: SENTIMENT_ORDER[n.lower()])
+    return sorted(names)
+
+
+def normalise(path: Path, fmt: str, text: str | None, label: str | None,
+              target: Path) -> Summary:
+    """Check the table in `path` and write its usable, first-seen rows to `target` (Parquet:
+    `text`, `label` as 0 to classes - 1)."""
+    columns = list(choose_columns(path, fmt, text, label))
+    hashes: list[np.ndarray] = []
+    codes: list[np.ndarray] = []
+    seen: dict[str, int] = {}
+    empty = 0
+    for batch in batches(path, fmt, columns):
+        texts, labels, blank = _usable(batch)
+        empty += blank
+        for value in pc.unique(labels).to_pylist():
+            if value not in seen:
+                seen[value] = len(seen)
+                if len(seen) > MAX_CLASSES:
+                    raise TableError(f"label column '{columns[1]}' has more than {MAX_CLASSES} "
+                                     "distinct values: is it a label?")
+        hashes.append(pd.util.hash_array(texts.to_numpy(zero_copy_only=False)))
+        lookup = pa.array(list(seen))
+        codes.append(pc.index_in(labels, value_set=lookup).to_numpy().astype(np.int32))
+    every_hash = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
+    every_code = np.concatenate(codes) if codes else np.zeros(0, np.int32)
+    first = np.zeros(len(every_hash), dtype=bool)
+    first[np.unique(every_hash, return_index=True)[1]] = True
+    del every_hash, hashes, codes
+    present = sorted({int(c) for c in np.unique(every_code[first])})
+    names = _ordered([name for name, code in seen.items() if code in present])
+    if len(names) < 2:
+        raise TableError(f"label column '{columns[1]}' has {len(names)} class"
+                         f"{'' if len(names) == 1 else 'es'} ({', '.join(names) or 'no labels'}): "
+                         "a classifier needs at least 2")
+    rows = int(first.sum())
+    if rows < MIN_ROWS:
+        raise TableError(f"{rows} usable rows (after dropping {empty} empty and "
+                         f"{len(first) - rows} duplicate ones): at least {MIN_ROWS} are needed")
+    final = np.full(len(seen), -1, dtype=np.int64)
+    for order, name in enumerate(names):
+        final[seen[name]] = order
+    counts = np.bincount(final[every_code[first]], minlength=len(names))
+    preview = _write(path, fmt, columns, first, every_code, final, target)
+    return Summary(fmt, columns[0], columns[1], rows, names, [int(c) for c in counts],
+                   len(first) - rows, empty,
+                   [{TEXT: row[TEXT], LABEL: names[row[LABEL]]} for row in preview])
+
+
+def _write(path: Path, fmt: str, columns: list[str], first: np.ndarray, every_code: np.ndarray,
+           final: np.ndarray, target: Path) -> list[dict[str, Any]]:
+    """Second pass: the first-seen usable rows to `target`; the first few as a preview."""
+    schema = pa.schema([(TEXT, pa.string()), (LABEL, pa.int64())])
+    preview: list[dict[str, Any]] = []
+    start = 0
+    with pq.ParquetWriter(target, schema) as writer:
+        for batch in batches(path, fmt, columns):
+            texts, _, _ = _usable(batch)
+            end = start + len(texts)
+            keep = first[start:end]
+            labels = final[every_code[start:end][keep]]
+            kept = pa.RecordBatch.from_arrays([pc.filter(texts, pa.array(keep)),
+                                               pa.array(labels)], schema=schema)
+            writer.write_batch(kept)
+            for row in kept.slice(0, PREVIEW_ROWS - len(preview)).to_pylist():
+                preview.append({TEXT: row[TEXT][:PREVIEW_CHARS], LABEL: row[LABEL]})
+            start = end
+    return preview
