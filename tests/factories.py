@@ -45,7 +45,7 @@ def make_tiny_model(directory: Path, dropout: float = 0.1, seed: int = 0,
     words = len(SPECIAL + POSITIVE + NEGATIVE + NEUTRAL)
     config = BertConfig(vocab_size=max(words, vocab_size or 0), hidden_size=64,
                         num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
-                        max_position_embeddings=64, hidden_dropout_prob=dropout,
+                        max_position_embeddings=128, hidden_dropout_prob=dropout,
                         attention_probs_dropout_prob=dropout)
     torch.manual_seed(seed)
     BertForSequenceClassification(config).save_pretrained(directory)

@@ -4,11 +4,8 @@ pod's migration is api/services/pod_migrations.py's)."""
 from __future__ import annotations
 
 import logging
-import os
-import re
 import secrets
 from collections.abc import Callable
-from pathlib import Path
 from typing import TypeVar
 
 from sqlalchemy import delete
@@ -49,78 +46,14 @@ from api.models import (
 from api.services.artifacts import checkpoints_dir, delete_files, model_dir
 from api.services.events import EventLog, event_page, new_event
 from api.services.job_credentials import CredentialError, grant
+from api.services.job_inputs import check_quantization, validate_sources
 from api.settings import Settings
-from trainer.contract.datasets import DATA_FILE, dataset_dir, is_dataset_id
-from trainer.contract.spec import (
-    DATASET_ALIASES,
-    LOCAL_DATA_SUFFIXES,
-    OFFLINE_MODEL,
-)
 
 logger = logging.getLogger(__name__)
 
 REMOVED = "Removed"
 """The phase of a pod row whose ordinal was scaled away and whose process has ended."""
 T = TypeVar("T")
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
-
-
-def _inside_inputs(field: str, value: str, inputs: Path) -> Path | None:
-    """The local path `value` names under the inputs dir, None if nothing is there."""
-    if Path(value).is_absolute():
-        raise InvalidSpec(field, "give a path relative to the inputs dir, not an absolute path")
-    # Lexical check: ".." cannot climb out; symlinks the operator put in the inputs dir may.
-    candidate = Path(os.path.normpath(inputs / value))
-    if not candidate.is_relative_to(inputs):
-        raise InvalidSpec(field, "path escapes the inputs dir")
-    return candidate if candidate.exists() else None
-
-
-def validate_sources(spec: JobCreate, inputs: Path) -> None:
-    """Local path under the inputs dir first, then aliases, then hub ids (models only)."""
-    model = _inside_inputs("model", spec.model, inputs)
-    if model is not None and not (model / "config.json").is_file():
-        raise InvalidSpec("model", f"'{spec.model}' under the inputs dir has no config.json")
-    if model is None and spec.model != OFFLINE_MODEL and (
-            not HUB_ID.match(spec.model) or ".." in spec.model):
-        raise InvalidSpec("model", f"'{spec.model}' is neither a model directory under the "
-                                   f"inputs dir, nor '{OFFLINE_MODEL}', nor a Hugging Face hub id")
-    if is_dataset_id(spec.dataset):
-        if not (dataset_dir(inputs, spec.dataset) / DATA_FILE).is_file():
-            raise InvalidSpec("dataset", f"no dataset '{spec.dataset}': upload one with POST "
-                                         "/api/v1/datasets, or list them with GET")
-        return
-    dataset = _inside_inputs("dataset", spec.dataset, inputs)
-    if dataset is not None:
-        if not dataset.is_file() or dataset.suffix.lower() not in LOCAL_DATA_SUFFIXES:
-            raise InvalidSpec("dataset", f"'{spec.dataset}' must be a "
-                                         f"{'/'.join(LOCAL_DATA_SUFFIXES)} file")
-    elif spec.dataset not in DATASET_ALIASES:
-        raise InvalidSpec("dataset", f"unknown dataset '{spec.dataset}': use one of "
-                                     f"{', '.join(DATASET_ALIASES)} or a file under the inputs dir")
-
-
-def check_quantization(spec: JobCreate, backend: str) -> None:
-    """An 8-bit base model needs a CUDA GPU and bitsandbytes in its pods: on the local backend
-    this machine's, on Kubernetes a GPU per pod (the trainer image has bitsandbytes)."""
-    if spec.quantization == "none":
-        return
-    if backend == "local":
-        import importlib.util
-
-        import torch
-
-        if not torch.cuda.is_available():
-            raise InvalidSpec("quantization", "an 8-bit base model needs CUDA and bitsandbytes: "
-                                              "the local backend's machine has no CUDA GPU")
-        if importlib.util.find_spec("bitsandbytes") is None:
-            raise InvalidSpec("quantization", "an 8-bit base model needs bitsandbytes: "
-                                              "pip install bitsandbytes")
-    elif not (spec.resources and spec.resources.gpus):
-        raise InvalidSpec("quantization", "an 8-bit base model needs CUDA and bitsandbytes: "
-                                          "ask for a GPU per pod (resources.gpus)")
-
-
 def _launch(settings: Settings, job: Job, spec: JobCreate, token: str) -> Launch:
     resources = Resources(**spec.resources.model_dump()) if spec.resources else None
     # A live pipeline needs another replica to heal from: one alone restarts as a whole.

@@ -118,7 +118,7 @@ def test_an_8bit_base_on_the_local_backend_needs_this_machines_cuda(
 
     from api.errors import InvalidSpec
     from api.models import JobCreate
-    from api.services.jobs import check_quantization
+    from api.services.job_inputs import check_quantization
 
     spec = JobCreate(finetune="lora", quantization="8bit")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -157,6 +157,22 @@ def test_local_model_and_dataset_under_inputs(client: TestClient) -> None:
     job = create_job(client, model="tiny", dataset="reviews.csv")
     assert (job["spec"]["model"], job["spec"]["dataset"]) == ("tiny", "reviews.csv")
     assert create_job(client, model="bert-base-uncased", dataset="imdb")["status"] == "starting"
+
+
+@pytest.mark.parametrize(("spec", "field", "message"), [
+    ({**PIPELINE, "pipeline_stages": 3}, "pipeline_stages", "at most the model's 2 encoder"),
+    ({"max_length": 256}, "max_length", "at most the model's 128 positions"),
+    ({"finetune": "lora", "lora": {"target_modules": ["query", "q_lin"]}}, "lora",
+     "target_modules: 'q_lin' not in the model"),
+])
+def test_a_spec_is_checked_against_a_local_models_config(
+        client: TestClient, backend: FakeBackend, spec: dict, field: str, message: str) -> None:
+    """The tiny model under the inputs dir: 2 layers, 128 positions, BERT's modules."""
+    response = client.post("/api/v1/jobs", json={"model": "tiny", **spec}, headers=AUTH)
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"] == ["body", field]
+    assert message in response.json()["detail"][0]["msg"]
+    assert backend.launches == []
 
 
 def test_list_is_paged_and_filterable(client: TestClient) -> None:
