@@ -1,5 +1,6 @@
 // Entry point: log in with the token, route between the jobs list, the new-job form and a job.
 import { adoptLogin, forgetToken, saveToken } from './api.js';
+import { showDataset, showDatasets } from './datasets.js';
 import { fill, h } from './dom.js';
 import { showJob } from './job.js';
 import { showJobs, showNewJob } from './jobs.js';
@@ -17,8 +18,12 @@ function route() {
   leaveView();
   const path = location.hash.replace(/^#/, '') || '/';
   const job = path.match(/^\/jobs\/([^/]+)$/);
+  const dataset = path.match(/^\/datasets\/([^/]+)$/);
+  const [page, query] = path.split('?');
   if (job) state.leave = showJob(main, decodeURIComponent(job[1]));
-  else if (path === '/new') state.leave = showNewJob(main);
+  else if (dataset) state.leave = showDataset(main, decodeURIComponent(dataset[1]));
+  else if (path === '/datasets') state.leave = showDatasets(main);
+  else if (page === '/new') state.leave = showNewJob(main, new URLSearchParams(query ?? ''));
   else state.leave = showJobs(main);
 }
 

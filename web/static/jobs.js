@@ -1,5 +1,6 @@
 // The jobs list (polled) and the new-job form (built from the API's JobCreate schema).
 import { api } from './api.js';
+import { offerDatasets } from './datasets.js';
 import { JOB_STATUS, PARALLELISM, POD_PHASE } from './contract.js';
 import { ago, badge, fill, h, notice, percent, setBadge, setText } from './dom.js';
 import { state } from './state.js';
@@ -231,7 +232,8 @@ function clearErrors(form) {
   for (const input of form.querySelectorAll('[aria-invalid]')) input.removeAttribute('aria-invalid');
 }
 
-export function showNewJob(main) {
+/** The new-job form; `params` may name its dataset (`#/new?dataset=ds-...`). */
+export function showNewJob(main, params = new URLSearchParams()) {
   const general = h('p.notice', { role: 'status' });
   const fields = h('div.fields');
   const submit = h('button.primary', { type: 'submit' }, 'Start job');
@@ -246,6 +248,11 @@ export function showNewJob(main) {
     for (const [name, property] of Object.entries(schema.properties)) {
       const target = objectOf(property, schema.schemas);
       fields.append(target ? group(name, property, target) : field(name, property));
+    }
+    const dataset = fields.querySelector('[name="dataset"]');
+    if (dataset) {
+      if (params.get('dataset')) dataset.value = params.get('dataset');
+      offerDatasets(dataset).catch(() => {}); // the field takes any name without them
     }
     fields.querySelector('input, select')?.focus();
   }).catch((error) => notice(general, `Could not load the job schema: ${error.message}`, 'error'));
