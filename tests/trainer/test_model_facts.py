@@ -29,16 +29,16 @@ def test_roberta_keeps_two_positions_and_distilbert_has_modules_of_its_own(
     assert distil.layers == 6
     lora = JobSpec(finetune="lora")  # query and value: BERT's names
     assert [field for field, _ in spec_problems(lora, distil)] == ["lora"]
-    assert spec_problems(JobSpec(model="distil", finetune="lora", lora={"target_modules": ["q_lin"]}),
-                         distil) == []
+    distil_lora = JobSpec(model="distil", finetune="lora", lora={"target_modules": ["q_lin"]})
+    assert spec_problems(distil_lora, distil) == []
 
 
 def test_an_unknown_type_is_left_to_the_trainer_and_a_bad_config_says_why(
         tmp_path: Path) -> None:
     facts = read_facts(config(tmp_path, model_type="llama"))
     assert (facts.layers, facts.positions, facts.modules) == (None, None, None)
-    assert spec_problems(JobSpec(model="llama", finetune="lora", lora={"target_modules": ["q_proj"]}),
-                         facts) == []
+    llama_lora = JobSpec(model="llama", finetune="lora", lora={"target_modules": ["q_proj"]})
+    assert spec_problems(llama_lora, facts) == []
     (tmp_path / "config.json").write_text("[1, 2]")
     with pytest.raises(ModelFactsError, match="not a JSON object"):
         read_facts(tmp_path)
