@@ -36,7 +36,10 @@ MAX_CLASSES = 256
 """More distinct labels than this and the column is not taken for a label."""
 PREVIEW_ROWS, PREVIEW_CHARS = 5, 300
 BATCH_ROWS = 8192
-BLOCK_BYTES = 1 << 20
+BLOCK_BYTES = 1 << 18
+"""CSV read a block at a time: the reader's memory grows with its block."""
+ROW_GROUP_BYTES = 8 << 20
+"""Rows written to the normal form together (a Parquet row group)."""
 SENTIMENT_ORDER = {"negative": 0, "neg": 0, "false": 0, "rotten": 0,
                    "positive": 1, "pos": 1, "true": 1, "fresh": 1}
 INTEGER = re.compile(r"^-?\d+$")
@@ -81,12 +84,14 @@ def _encoding(path: Path) -> str:
 
 
 def _csv(path: Path, fmt: str, columns: list[str] | None) -> pcsv.CSVStreamingReader:
-    read = pcsv.ReadOptions(block_size=BLOCK_BYTES, encoding=_encoding(path))
+    read = pcsv.ReadOptions(block_size=BLOCK_BYTES, encoding=_encoding(path), use_threads=False)
     parse = pcsv.ParseOptions(delimiter="\t" if fmt == "tsv" else ",", newlines_in_values=True)
     convert = pcsv.ConvertOptions(
         include_columns=columns, strings_can_be_null=True,
         column_types=dict.fromkeys(columns or [], pa.string()))
-    return pcsv.open_csv(path, read_options=read, parse_options=parse, convert_options=convert)
+    # A plain file stream, not a memory map, whose pages would count as the process's memory.
+    return pcsv.open_csv(pa.OSFile(str(path)), read_options=read, parse_options=parse,
+                         convert_options=convert)
 
 
 def _jsonl(path: Path, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
@@ -238,6 +243,7 @@ def normalise(path: Path, fmt: str, text: str | None, label: str | None,
         final[seen[name]] = order
     counts = np.bincount(final[every_code[first]], minlength=len(names))
     preview = _write(path, fmt, columns, first, every_code, final, target)
+    pa.default_memory_pool().release_unused()  # the readers' blocks, back to the system
     return Summary(fmt, columns[0], columns[1], rows, names, [int(c) for c in counts],
                    len(first) - rows, empty,
                    [{TEXT: row[TEXT], LABEL: names[row[LABEL]]} for row in preview])
@@ -248,6 +254,7 @@ def _write(path: Path, fmt: str, columns: list[str], first: np.ndarray, every_co
     """Second pass: the first-seen usable rows to `target`; the first few as a preview."""
     schema = pa.schema([(TEXT, pa.string()), (LABEL, pa.int64())])
     preview: list[dict[str, Any]] = []
+    pending: list[pa.RecordBatch] = []
     start = 0
     with pq.ParquetWriter(target, schema) as writer:
         for batch in batches(path, fmt, columns):
@@ -257,8 +264,13 @@ def _write(path: Path, fmt: str, columns: list[str], first: np.ndarray, every_co
             labels = final[every_code[start:end][keep]]
             kept = pa.RecordBatch.from_arrays([pc.filter(texts, pa.array(keep)),
                                                pa.array(labels)], schema=schema)
-            writer.write_batch(kept)
+            pending.append(kept)
+            if sum(b.nbytes for b in pending) >= ROW_GROUP_BYTES:
+                writer.write_table(pa.Table.from_batches(pending))
+                pending = []
             for row in kept.slice(0, PREVIEW_ROWS - len(preview)).to_pylist():
                 preview.append({TEXT: row[TEXT][:PREVIEW_CHARS], LABEL: row[LABEL]})
             start = end
+        if pending:
+            writer.write_table(pa.Table.from_batches(pending, schema))
     return preview

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import json
 import socket
@@ -200,3 +201,23 @@ def test_an_upload_whose_client_hangs_up_midway_leaves_nothing(settings: Setting
                  timeout=20)
         response = httpx.get(f"{url}{URL}", headers=AUTH)
         assert response.json()["count"] == 0
+
+
+def test_concurrent_uploads_of_one_file_make_one_dataset_and_of_others_their_own(
+        settings: Settings) -> None:
+    """A real server: four uploads at once, two of them the same bytes."""
+    bodies = [reviews_csv(12), reviews_csv(12), reviews_csv(14), reviews_csv(16)]
+    with serve(create_app(settings, FakeBackend())) as url, \
+            concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda body: httpx.post(
+            f"{url}{URL}", params={"name": "r.csv"}, content=body, headers=AUTH,
+            timeout=60), bodies))
+        assert sorted(a.status_code for a in answers[:2]) == [200, 201]
+        assert [a.status_code for a in answers[2:]] == [201, 201]
+        ids = [a.json()["id"] for a in answers]
+        assert ids[0] == ids[1] and len(set(ids)) == 3
+        assert httpx.get(f"{url}{URL}", headers=AUTH).json()["count"] == 3
+    kept = sorted(p.name for p in (settings.resolved_inputs_dir / DATASETS_DIR).iterdir()
+                  if p.name != INCOMING_DIR)
+    assert kept == sorted(set(ids))
+    assert leftovers(settings) == []
