@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from api.cli.client import BadInput, Client
 from api.cli.terminal import echo, human_size, printable, table
 
@@ -58,7 +60,9 @@ def upload(client: Client, path: Path, name: str, text_column: str | None,
     with handle:
         answer: dict[str, Any] = client.request(
             "POST", "/api/v1/datasets", params=params, content=_sent(handle, total),
-            headers={"Content-Length": str(total)}, timeout=None)
+            headers={"Content-Length": str(total)},
+            # No time limit while the body goes and the API checks it (minutes for gigabytes).
+            extensions={"timeout": httpx.Timeout(None).as_dict()})
     return answer
 
 
