@@ -106,8 +106,8 @@ async def receive(chunks: AsyncIterator[bytes], settings: Settings) -> Received:
 def _format(name: str | None, content_type: str | None, head: bytes) -> str:
     by_type = MEDIA_TYPES.get((content_type or "").split(";")[0].strip().lower())
     fmt = tables.detect_format(name, head) if name or not by_type else by_type
-    text_head = head[2:] if head[:2] in (b"\xff\xfe", b"\xfe\xff") else head
-    if fmt != "parquet" and b"\0" in text_head and head[:2] not in (b"\xff\xfe", b"\xfe\xff"):
+    utf16 = head[:2] in (b"\xff\xfe", b"\xfe\xff")  # whose text holds NUL bytes
+    if fmt != "parquet" and not utf16 and b"\0" in head:
         raise UnusableTable(f"not a table: the file is binary, not {fmt.upper()} text (upload "
                             "CSV, TSV, JSONL or Parquet)")
     return fmt

@@ -221,3 +221,13 @@ def test_concurrent_uploads_of_one_file_make_one_dataset_and_of_others_their_own
                   if p.name != INCOMING_DIR)
     assert kept == sorted(set(ids))
     assert leftovers(settings) == []
+
+
+def test_a_utf16_csv_with_its_byte_order_mark_is_read(client: TestClient) -> None:
+    """What spreadsheet programs save as "Unicode text"."""
+    body = ("text,label\n" + "".join(f"café {i},{'oui' if i % 2 else 'non'}\n"
+                                     for i in range(12))).encode("utf-16")
+    status, dataset = upload(client, body, name="export.csv")
+    assert status == 201, dataset
+    assert (dataset["rows"], dataset["labels"]) == (12, ["non", "oui"])
+    assert dataset["preview"][0]["text"] == "café 0"
