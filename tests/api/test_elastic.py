@@ -26,10 +26,13 @@ pytestmark = pytest.mark.slow
 
 
 def scale(job: Job, replicas: int) -> float:
+    """Scale the job; the time just before asking, which what the scale causes comes after
+    (on a loaded machine, pods may leave before the answer arrives)."""
+    asked_at = time.time()
     response = job.plane.http.patch(f"/api/v1/jobs/{job.id}", json={"replicas": replicas})
     assert response.status_code == 200, response.text
     assert response.json()["spec"]["replicas"] == replicas
-    return time.time()
+    return asked_at
 
 
 def ordinals(job: Job) -> list[int]:
