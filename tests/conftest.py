@@ -22,10 +22,6 @@ from trainer.forkclient import ForkClient, ForkedProcess
 ROOT = Path(__file__).resolve().parent.parent
 # No test may reach the Hugging Face hub (there is no network here); fail fast instead.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# The tokenizers library sets this in a process that forks after it tokenized in parallel (this
-# one does, starting servers): set from the start, so that the session's fork server and the
-# trainer processes it forks see one value, and the forks are not fresh interpreters instead.
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Ctrl-C interrupts the suite, and every process it starts takes SIGINT as at a terminal (the
 # demo's Ctrl-C test sends it), even where the suite was started with SIGINT ignored, as a
 # shell's background job is: an ignored signal stays ignored across exec, a handled one does not.

@@ -23,7 +23,8 @@ import json, os, sys
 line = sys.stdin.readline() if "--read" in sys.argv else None
 print(json.dumps({"argv": sys.argv[1:], "probe": os.environ.get("PROBE"), "cwd": os.getcwd(),
                   "leader": os.getsid(0) == os.getpid(), "forked": "torch" in sys.modules,
-                  "line": line}), flush=True)
+                  "line": line, "tokenizers": os.environ.get("TOKENIZERS_PARALLELISM")}),
+      flush=True)
 if "--sleep" in sys.argv:
     import time
     time.sleep(120)
@@ -41,7 +42,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(workdir: Path) -> Iterator[ForkClient]:
     """One server for the module: importing torch and transformers takes seconds."""
-    forks = ForkClient.spawn(dict(os.environ), workdir, workdir / "forkserver.log")
+    forks = ForkClient.spawn({**os.environ, "TOKENIZERS_PARALLELISM": "true"}, workdir,
+                             workdir / "forkserver.log")
     yield forks
     forks.close()
     assert forks.popen is not None and forks.popen.returncode == 0
@@ -67,12 +69,15 @@ def said(log: Path) -> dict[str, Any]:
 
 def test_a_fork_runs_the_module_in_its_own_session_with_its_environment(
         server: ForkClient, workdir: Path) -> None:
+    # Read again or later, so set in the child: the thread count, NCCL's options, and the
+    # tokenizers' parallelism (transformers' pipelines set it in a running parent).
     process = probe(server, workdir, "a.log", "one", "two", PROBE="a", PROBE_EXIT="3",
-                    OMP_NUM_THREADS="1", TORCH_NCCL_ASYNC_ERROR_HANDLING="3")  # set in the child
+                    OMP_NUM_THREADS="1", TORCH_NCCL_ASYNC_ERROR_HANDLING="3",
+                    TOKENIZERS_PARALLELISM="false")
     assert ended(process) == 3
     assert said(workdir / "a.log") == {"argv": ["one", "two"], "probe": "a",
                                        "cwd": str(workdir), "leader": True, "forked": True,
-                                       "line": None}
+                                       "line": None, "tokenizers": "false"}
 
 
 def test_a_child_whose_libraries_would_read_another_environment_starts_afresh(
@@ -80,9 +85,9 @@ def test_a_child_whose_libraries_would_read_another_environment_starts_afresh(
     process = probe(server, workdir, "b.log", PROBE="b", HF_HOME=str(workdir / "elsewhere"),
                     TORCH_NCCL_ASYNC_ERROR_HANDLING="3")  # read only when NCCL starts
     assert ended(process) == 0
-    assert said(workdir / "b.log") | {"cwd": None} == {"argv": [], "probe": "b", "cwd": None,
-                                                       "leader": True, "forked": False,
-                                                       "line": None}
+    assert said(workdir / "b.log") | {"cwd": None, "tokenizers": None} == {
+        "argv": [], "probe": "b", "cwd": None, "leader": True, "forked": False, "line": None,
+        "tokenizers": None}
     assert "since HF_HOME differ" in (workdir / "b.log").read_text()  # the name, no value
 
 
