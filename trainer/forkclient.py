@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from trainer.forkserver import Server, preload
 
 logger = logging.getLogger(__name__)
@@ -261,6 +263,6 @@ def _alive(pid: int) -> bool:
     """Whether `pid` runs (not a zombie): a child of a server that is gone is nobody's to wait
     for."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
