@@ -16,7 +16,16 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from trainer.contract.datasets import DATA_FILE, LABEL, META_FILE, TEXT, dataset_dir, is_dataset_id
+from trainer.contract.datasets import (
+    BINARY_LABELS,
+    DATA_FILE,
+    LABEL,
+    META_FILE,
+    SENTIMENT_WORDS,
+    TEXT,
+    dataset_dir,
+    is_dataset_id,
+)
 from trainer.contract.spec import (
     DATASET_ALIASES,
     LOCAL_DATA_SUFFIXES,
@@ -32,16 +41,10 @@ HUB_SOURCES: dict[str, tuple[str, str, str]] = {
     "sst2": ("stanfordnlp/sst2", "sentence", "validation"),  # SST-2's test labels are hidden
     "yelp_polarity": ("fancyzhx/yelp_polarity", "text", "test"),
 }
-LABEL_NAMES = {"negative": 0, "neg": 0, "false": 0, "rotten": 0,
-               "positive": 1, "pos": 1, "true": 1, "fresh": 1}
 
 
 class DataError(ValueError):
     """A dataset cannot be found, read or used; the message says which and why."""
-
-
-BINARY_LABELS = ("negative", "positive")
-"""The label names of the built-in datasets and of local files, in label order."""
 
 
 @dataclass
@@ -130,8 +133,9 @@ def _label_ids(raw: list[Any], origin: str) -> np.ndarray:
                         f"({shown})")
     if set(distinct) == {"0", "1"}:
         mapping = {"0": 0, "1": 1}
-    elif all(d in LABEL_NAMES for d in distinct) and {LABEL_NAMES[d] for d in distinct} == {0, 1}:
-        mapping = {d: LABEL_NAMES[d] for d in distinct}
+    elif all(d in SENTIMENT_WORDS for d in distinct) and {
+            SENTIMENT_WORDS[d] for d in distinct} == {0, 1}:
+        mapping = {d: SENTIMENT_WORDS[d] for d in distinct}
     else:
         mapping = {distinct[0]: 0, distinct[1]: 1}
         logger.info("%s: labels mapped %s", origin, mapping)

@@ -21,7 +21,6 @@ from trainer.contract.checkpoints import (
     remove_export_staging,
 )
 from trainer.contract.spec import JobSpec
-from trainer.data import BINARY_LABELS
 from trainer.model import model_labels, unwrap
 
 logger = logging.getLogger(__name__)
@@ -32,7 +31,7 @@ def _percent(value: Any) -> str:
 
 
 def model_card(spec: JobSpec, metrics: dict[str, Any], data: dict[str, int],
-               labels: tuple[str, ...] = BINARY_LABELS) -> str:
+               labels: tuple[str, ...]) -> str:
     test = metrics.get("test", {})
     validation = metrics.get("validation", {})
     settings = "\n".join(f"| {key} | {value} |" for key, value in (

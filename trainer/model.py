@@ -11,11 +11,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer.contract.datasets import BINARY_LABELS
 from trainer.contract.spec import OFFLINE_MODEL
-from trainer.data import BINARY_LABELS
 
 logger = logging.getLogger(__name__)
-
 
 
 class ModelError(ValueError):

@@ -27,9 +27,8 @@ class Prepared:
     validation: TokenizedSplit
     test: TokenizedSplit
     model: nn.Module
-    """Freshly initialised (seeded), on its device, not wrapped yet."""
-    labels: tuple[str, ...]
-    """The dataset's label names, in label order (the model's outputs)."""
+    """Freshly initialised (seeded), on its device, not wrapped yet; one output per label of
+    the dataset (`model_labels`)."""
 
     def fits(self, config: TrainConfig, device: torch.device) -> bool:
         return self.key == _prepared_key(config) and next(self.model.parameters()).device == device
@@ -51,11 +50,11 @@ def prepare(config: TrainConfig, device: torch.device) -> Prepared:
     splits = make_splits(load_source(spec, runtime.inputs_dir, runtime.cache_dir), spec)
     train, validation, test = (tokenize(split, tokenizer, spec.max_length, runtime.cache_dir)
                                for split in (splits.train, splits.validation, splits.test))
-    labels = label_names(spec, runtime.inputs_dir)
-    model = adapt(load_model(name_or_path, spec.seed, spec.quantization, device, labels), spec)
+    model = adapt(load_model(name_or_path, spec.seed, spec.quantization, device,
+                             label_names(spec, runtime.inputs_dir)), spec)
     if spec.quantization == "none":  # a quantized model was loaded onto the device
         model = model.to(device)
-    return Prepared(_prepared_key(config), tokenizer, train, validation, test, model, labels)
+    return Prepared(_prepared_key(config), tokenizer, train, validation, test, model)
 
 
 def adapt(model: nn.Module, spec: JobSpec) -> nn.Module:

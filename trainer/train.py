@@ -123,7 +123,7 @@ class Trainer:
             prepared.train, prepared.validation, prepared.test)
         self.data_sizes = {"train": len(self.train_data), "validation": len(self.validation_data),
                            "test": len(self.test_data)}
-        self.labels = prepared.labels
+        self.labels = model_labels(prepared.model)
         self.part = build_part(prepared.model, group, config)
         self.model = self.part.module
         self.optimizer = build_optimizer(unwrap(self.model), spec)

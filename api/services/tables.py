@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from trainer.contract.datasets import LABEL, TEXT
+from trainer.contract.datasets import LABEL, SENTIMENT_WORDS, TEXT
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
            ".parquet": "parquet"}
@@ -40,8 +40,6 @@ BLOCK_BYTES = 1 << 18
 """CSV read a block at a time: the reader's memory grows with its block."""
 ROW_GROUP_BYTES = 8 << 20
 """Rows written to the normal form together (a Parquet row group)."""
-SENTIMENT_ORDER = {"negative": 0, "neg": 0, "false": 0, "rotten": 0,
-                   "positive": 1, "pos": 1, "true": 1, "fresh": 1}
 INTEGER = re.compile(r"^-?\d+$")
 
 
@@ -196,9 +194,9 @@ def _ordered(names: list[str]) -> list[str]:
     if all(INTEGER.match(n) for n in names):
         return sorted(names, key=int)
     lowered = [n.lower() for n in names]
-    if all(n in SENTIMENT_ORDER for n in lowered) and len(
-            {SENTIMENT_ORDER[n] for n in lowered}) == len(names):
-        return sorted(names, key=lambda n: SENTIMENT_ORDER[n.lower()])
+    if all(n in SENTIMENT_WORDS for n in lowered) and len(
+            {SENTIMENT_WORDS[n] for n in lowered}) == len(names):
+        return sorted(names, key=lambda n: SENTIMENT_WORDS[n.lower()])
     return sorted(names)
 
 

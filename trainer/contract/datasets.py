@@ -23,6 +23,11 @@ META_FILE = "dataset.json"
 TEXT, LABEL = "text", "label"
 """The columns of DATA_FILE."""
 DATASET_ID = re.compile(r"^ds-[0-9a-f]{16}$")
+BINARY_LABELS = ("negative", "positive")
+"""The label names of the built-in datasets and of local files, in label order."""
+SENTIMENT_WORDS = {"negative": 0, "neg": 0, "false": 0, "rotten": 0,
+                   "positive": 1, "pos": 1, "true": 1, "fresh": 1}
+"""Label values read as negative (0) or positive (1), in any case."""
 
 
 def is_dataset_id(name: str) -> bool:
