@@ -23,8 +23,10 @@ from trainer.contract.datasets import (
     META_FILE,
     SENTIMENT_WORDS,
     TEXT,
+    JsonLineError,
     dataset_dir,
     is_dataset_id,
+    json_objects,
 )
 from trainer.contract.spec import (
     DATASET_ALIASES,
@@ -159,16 +161,11 @@ def _rows(path: Path, spec: JobSpec) -> Iterator[tuple[str, dict[str, Any]]]:
                 yield f"{path.name}:{reader.line_num}", row
     elif suffix == ".jsonl":
         with path.open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{path.name}:{number}: not valid JSON ({exc.msg})") from None
-                if not isinstance(row, dict):
-                    raise DataError(f"{path.name}:{number}: expected a JSON object")
-                yield f"{path.name}:{number}", row
+            try:
+                for number, row in json_objects(handle):
+                    yield f"{path.name}:{number}", row
+            except JsonLineError as exc:
+                raise DataError(f"{path.name}:{exc.number}: {exc.problem}") from None
     elif suffix == ".parquet":
         import pandas as pd
 

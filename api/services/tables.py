@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from trainer.contract.datasets import LABEL, SENTIMENT_WORDS, TEXT
+from trainer.contract.datasets import LABEL, SENTIMENT_WORDS, TEXT, JsonLineError, json_objects
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
            ".parquet": "parquet"}
@@ -98,33 +98,33 @@ def _jsonl(path: Path, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
     the first object."""
     rows: list[dict[str, Any]] = []
     with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TableError(f"line {number}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise TableError(f"line {number}: expected a JSON object, one per line")
-            if columns is None:
-                yield pa.RecordBatch.from_pylist([], pa.schema([(str(k), pa.string())
-                                                                for k in row]))
-                return
-            rows.append({c: _text(row.get(c)) for c in columns})
-            if len(rows) == BATCH_ROWS:
-                yield pa.RecordBatch.from_pylist(rows, pa.schema([(c, pa.string())
-                                                                  for c in columns]))
-                rows = []
+        try:
+            for _, row in json_objects(handle):
+                if columns is None:
+                    yield _strings(list(map(str, row)), [])
+                    return
+                rows.append({c: _text(row.get(c)) for c in columns})
+                if len(rows) == BATCH_ROWS:
+                    yield _strings(columns, rows)
+                    rows = []
+        except JsonLineError as exc:
+            raise TableError(str(exc)) from None
     if columns is not None and rows:
-        yield pa.RecordBatch.from_pylist(rows, pa.schema([(c, pa.string()) for c in columns]))
+        yield _strings(columns, rows)
+
+
+def _strings(columns: list[str], rows: list[dict[str, Any]]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist(rows, pa.schema([(c, pa.string()) for c in columns]))
 
 
 def _text(value: Any) -> str | None:
+    """A JSON value as the text a CSV would hold: objects and lists as JSON, booleans in
+    lower case."""
     if value is None or isinstance(value, str):
         return value
-    return json.dumps(value) if isinstance(value, (dict, list)) else str(value).lower() \
-        if isinstance(value, bool) else str(value)
+    if isinstance(value, dict | list):
+        return json.dumps(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def batches(path: Path, fmt: str, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:

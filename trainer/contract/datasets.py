@@ -11,8 +11,11 @@ read with, so the same file uploaded twice is one dataset.
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 DATASETS_DIR = "datasets"
 """The inputs dir's folder of uploaded datasets."""
@@ -28,6 +31,29 @@ BINARY_LABELS = ("negative", "positive")
 SENTIMENT_WORDS = {"negative": 0, "neg": 0, "false": 0, "rotten": 0,
                    "positive": 1, "pos": 1, "true": 1, "fresh": 1}
 """Label values read as negative (0) or positive (1), in any case."""
+
+
+class JsonLineError(ValueError):
+    """A line of a JSON-lines file that is not a JSON object: `number`, and what is wrong."""
+
+    def __init__(self, number: int, problem: str) -> None:
+        super().__init__(f"line {number}: {problem}")
+        self.number, self.problem = number, problem
+
+
+def json_objects(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line of a JSON-lines file; JsonLineError for
+    one that is not a JSON object."""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise JsonLineError(number, f"not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise JsonLineError(number, "expected a JSON object")
+        yield number, row
 
 
 def is_dataset_id(name: str) -> bool:
