@@ -11,7 +11,6 @@ killed) leaves nothing behind: its files are removed on the way out, or when the
 from __future__ import annotations
 
 import hashlib
-import logging
 import shutil
 import uuid
 from collections.abc import AsyncIterator
@@ -23,7 +22,7 @@ from sqlmodel import Session, col, func, select
 
 from api.asset_models import Dataset, DatasetPublic, DatasetsPublic
 from api.errors import Conflict, DomainError, NotFound
-from api.models import ACTIVE_STATUSES, Job, JobStatus
+from api.models import FINISHED_STATUSES, Job
 from api.services import tables
 from api.settings import Settings
 from trainer.contract.datasets import (
@@ -35,11 +34,6 @@ from trainer.contract.datasets import (
     is_dataset_id,
 )
 
-logger = logging.getLogger(__name__)
-
-MEDIA_TYPES = {"text/csv": "csv", "text/tab-separated-values": "tsv",
-               "application/x-ndjson": "jsonl", "application/jsonl": "jsonl",
-               "application/vnd.apache.parquet": "parquet", "application/x-parquet": "parquet"}
 SNIFF_BYTES = 8192
 
 
@@ -75,8 +69,13 @@ def sweep_incoming(settings: Settings) -> None:
     shutil.rmtree(incoming(settings), ignore_errors=True)
 
 
+def media_type(content_type: str | None) -> str:
+    """`text/csv` of `text/csv; charset=utf-8`."""
+    return (content_type or "").split(";")[0].strip().lower()
+
+
 def check_media_type(content_type: str | None) -> None:
-    if content_type and content_type.split(";")[0].strip().lower() == "multipart/form-data":
+    if media_type(content_type) == "multipart/form-data":
         raise UnsupportedMediaType(
             "send the file itself as the request body, not a form: "
             "curl --data-binary @reviews.csv '.../api/v1/datasets?name=reviews.csv'")
@@ -104,9 +103,8 @@ async def receive(chunks: AsyncIterator[bytes], settings: Settings) -> Received:
 
 
 def _format(name: str | None, content_type: str | None, head: bytes) -> str:
-    by_type = MEDIA_TYPES.get((content_type or "").split(";")[0].strip().lower())
-    fmt = tables.detect_format(name, head) if name or not by_type else by_type
-    utf16 = head[:2] in (b"\xff\xfe", b"\xfe\xff")  # whose text holds NUL bytes
+    fmt = tables.detect_format(name, media_type(content_type), head)
+    utf16 = head[:2] in tables.UTF16_MARKS  # whose text holds NUL bytes
     if fmt != "parquet" and not utf16 and b"\0" in head:
         raise UnusableTable(f"not a table: the file is binary, not {fmt.upper()} text (upload "
                             "CSV, TSV, JSONL or Parquet)")
@@ -174,8 +172,7 @@ def list_datasets(session: Session, offset: int, limit: int) -> DatasetsPublic:
 
 def users(session: Session, dataset_id: str) -> list[str]:
     """The jobs not finished that train on the dataset."""
-    unfinished = session.exec(select(Job).where(
-        col(Job.status).in_([JobStatus.pending, *ACTIVE_STATUSES])))
+    unfinished = session.exec(select(Job).where(col(Job.status).not_in(FINISHED_STATUSES)))
     return [job.id for job in unfinished if job.spec.dataset == dataset_id]
 
 

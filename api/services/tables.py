@@ -28,6 +28,9 @@ from trainer.contract.datasets import LABEL, SENTIMENT_WORDS, TEXT, JsonLineErro
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
            ".parquet": "parquet"}
+MEDIA_TYPES = {"text/csv": "csv", "text/tab-separated-values": "tsv",
+               "application/x-ndjson": "jsonl", "application/jsonl": "jsonl",
+               "application/vnd.apache.parquet": "parquet", "application/x-parquet": "parquet"}
 TEXT_COLUMNS = ("text", "review", "sentence", "content", "comment", "body")
 """Looked for, in this order, when the upload names no text column."""
 LABEL_COLUMNS = ("label", "labels", "sentiment", "class", "category", "target")
@@ -41,6 +44,10 @@ BLOCK_BYTES = 1 << 18
 ROW_GROUP_BYTES = 8 << 20
 """Rows written to the normal form together (a Parquet row group)."""
 INTEGER = re.compile(r"^-?\d+$")
+UTF16_MARKS = (b"\xff\xfe", b"\xfe\xff")
+"""The byte order marks of UTF-16 text, which is read too (what spreadsheets save as
+"Unicode text")."""
+NOT_UTF8 = "the file is not UTF-8 (nor UTF-16 with a byte order mark): save it as UTF-8"
 
 
 class TableError(ValueError):
@@ -65,11 +72,13 @@ class Summary:
     preview: list[dict[str, Any]] = field(default_factory=list)
 
 
-def detect_format(name: str | None, head: bytes) -> str:
-    """By the file name's suffix, else by its first bytes."""
+def detect_format(name: str | None, media_type: str, head: bytes) -> str:
+    """By the file name's suffix, else its media type, else its first bytes."""
     suffix = PurePosixPath(name or "").suffix.lower()
     if suffix in FORMATS:
         return FORMATS[suffix]
+    if media_type in MEDIA_TYPES:
+        return MEDIA_TYPES[media_type]
     if head.startswith(b"PAR1"):
         return "parquet"
     return "jsonl" if head.lstrip().startswith(b"{") else "csv"
@@ -78,7 +87,7 @@ def detect_format(name: str | None, head: bytes) -> str:
 def _encoding(path: Path) -> str:
     with path.open("rb") as handle:
         head = handle.read(4)
-    return "utf-16" if head[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf8"
+    return "utf-16" if head[:2] in UTF16_MARKS else "utf8"
 
 
 def _csv(path: Path, fmt: str, columns: list[str] | None) -> pcsv.CSVStreamingReader:
@@ -147,13 +156,11 @@ def batches(path: Path, fmt: str, columns: list[str] | None = None) -> Iterator[
                     return
                 yield from reader
     except UnicodeDecodeError:
-        raise TableError("the file is not UTF-8 (nor UTF-16 with a byte order mark): save it "
-                         "as UTF-8") from None
+        raise TableError(NOT_UTF8) from None
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if "invalid UTF8" in message or "UTF8" in message:
-            raise TableError("the file is not UTF-8 (nor UTF-16 with a byte order mark): save "
-                             "it as UTF-8") from None
+        if "UTF8" in message:  # pyarrow's CSV reader: "invalid UTF8 data"
+            raise TableError(NOT_UTF8) from None
         raise TableError(f"not a readable {fmt.upper()} table ({message})") from None
 
 
@@ -200,11 +207,11 @@ def _ordered(names: list[str]) -> list[str]:
     return sorted(names)
 
 
-def normalise(path: Path, fmt: str, text: str | None, label: str | None,
-              target: Path) -> Summary:
-    """Check the table in `path` and write its usable, first-seen rows to `target` (Parquet:
-    `text`, `label` as 0 to classes - 1)."""
-    columns = list(choose_columns(path, fmt, text, label))
+def normalise(path: Path, fmt: str, text: str, label: str, target: Path) -> Summary:
+    """Check the table in `path` (its `text` and `label` columns, from choose_columns) and
+    write its usable, first-seen rows to `target` (Parquet: `text`, `label` as 0 to
+    classes - 1)."""
+    columns = [text, label]
     hashes: list[np.ndarray] = []
     codes: list[np.ndarray] = []
     seen: dict[str, int] = {}
@@ -226,7 +233,7 @@ def normalise(path: Path, fmt: str, text: str | None, label: str | None,
     first = np.zeros(len(every_hash), dtype=bool)
     first[np.unique(every_hash, return_index=True)[1]] = True
     del every_hash, hashes, codes
-    present = sorted({int(c) for c in np.unique(every_code[first])})
+    present = set(np.unique(every_code[first]).tolist())
     names = _ordered([name for name, code in seen.items() if code in present])
     if len(names) < 2:
         raise TableError(f"label column '{columns[1]}' has {len(names)} class"
@@ -253,7 +260,7 @@ def _write(path: Path, fmt: str, columns: list[str], first: np.ndarray, every_co
     schema = pa.schema([(TEXT, pa.string()), (LABEL, pa.int64())])
     preview: list[dict[str, Any]] = []
     pending: list[pa.RecordBatch] = []
-    start = 0
+    pending_bytes = start = 0
     with pq.ParquetWriter(target, schema) as writer:
         for batch in batches(path, fmt, columns):
             texts, _, _ = _usable(batch)
@@ -263,9 +270,10 @@ def _write(path: Path, fmt: str, columns: list[str], first: np.ndarray, every_co
             kept = pa.RecordBatch.from_arrays([pc.filter(texts, pa.array(keep)),
                                                pa.array(labels)], schema=schema)
             pending.append(kept)
-            if sum(b.nbytes for b in pending) >= ROW_GROUP_BYTES:
+            pending_bytes += kept.nbytes
+            if pending_bytes >= ROW_GROUP_BYTES:
                 writer.write_table(pa.Table.from_batches(pending))
-                pending = []
+                pending, pending_bytes = [], 0
             for row in kept.slice(0, PREVIEW_ROWS - len(preview)).to_pylist():
                 preview.append({TEXT: row[TEXT][:PREVIEW_CHARS], LABEL: row[LABEL]})
             start = end

@@ -223,6 +223,15 @@ def test_concurrent_uploads_of_one_file_make_one_dataset_and_of_others_their_own
     assert leftovers(settings) == []
 
 
+def test_a_name_without_a_known_suffix_leaves_the_format_to_the_content_type(
+        client: TestClient) -> None:
+    body = "".join(f"text {i}\t{i % 2}\n" for i in range(12)).encode()
+    response = client.post(URL, content=b"review\tlabel\n" + body, headers={
+        **AUTH, "Content-Type": "text/tab-separated-values"}, params={"name": "export"})
+    assert response.status_code == 201, response.text
+    assert (response.json()["format"], response.json()["rows"]) == ("tsv", 12)
+
+
 def test_a_utf16_csv_with_its_byte_order_mark_is_read(client: TestClient) -> None:
     """What spreadsheet programs save as "Unicode text"."""
     body = ("text,label\n" + "".join(f"café {i},{'oui' if i % 2 else 'non'}\n"
