@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response, status
+from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 
 from api.asset_models import Dataset, DatasetPublic, DatasetsPublic
@@ -14,12 +15,21 @@ from api.deps import EngineDep, SessionDep, SettingsDep
 from api.errors import error_responses
 from api.routes import API_PREFIX
 from api.services import datasets as service
+from api.services.tables import MEDIA_TYPES
 from trainer.contract.spec import MAX_INT
 
 router = APIRouter(prefix=API_PREFIX + "/datasets", tags=["datasets"],
                    route_class=AdminRoute, responses=error_responses(401, 403, 422))
 
-Column = Annotated[str | None, Query(min_length=1, max_length=200)]
+Named = Annotated[str | None, Query(min_length=1, max_length=200)]
+"""A file's or a column's name."""
+
+
+def _store(engine: Engine, *args: Any) -> tuple[Dataset, bool]:
+    """service.store in a session of its own (it runs in the thread pool: minutes of reading
+    for a large file)."""
+    with session_scope(engine) as session:
+        return service.store(session, *args)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=DatasetPublic,
@@ -27,12 +37,11 @@ Column = Annotated[str | None, Query(min_length=1, max_length=200)]
                         "description": "The same file was uploaded before: that dataset."}},
              openapi_extra={"requestBody": {"required": True, "content": {
                  media: {"schema": {"type": "string", "format": "binary"}}
-                 for media in ("text/csv", "application/x-ndjson",
-                               "application/vnd.apache.parquet")}}})
+                 for media in MEDIA_TYPES}}})
 async def upload_dataset(request: Request, response: Response, engine: EngineDep,
                          settings: SettingsDep,
-                         name: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
-                         text_column: Column = None, label_column: Column = None) -> Dataset:
+                         name: Named = None, text_column: Named = None,
+                         label_column: Named = None) -> Dataset:
     """Upload a CSV, TSV, JSONL or Parquet file as the request body (`curl --data-binary
     @reviews.csv '...?name=reviews.csv'`): its format comes from `name`'s suffix, else the
     Content-Type, else its first bytes. The text and label columns are `text_column` and
@@ -44,12 +53,8 @@ async def upload_dataset(request: Request, response: Response, engine: EngineDep
     service.check_media_type(content_type)
     received = await service.receive(request.stream(), settings)
     try:
-        def store() -> tuple[Dataset, bool]:
-            with session_scope(engine) as session:
-                return service.store(session, settings, received, name, content_type,
-                                     text_column, label_column)
-
-        dataset, created = await run_in_threadpool(store)
+        dataset, created = await run_in_threadpool(
+            _store, engine, settings, received, name, content_type, text_column, label_column)
     finally:
         received.discard()
     response.headers["Location"] = f"{API_PREFIX}/datasets/{dataset.id}"
