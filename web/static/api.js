@@ -31,12 +31,15 @@ export async function api(path, { method = 'GET', body, signal } = {}) {
   const text = await response.text();
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch { data = text; }
-  if (!response.ok) {
-    const error = new ApiError(response.status, data);
-    if (error.unauthorized) window.dispatchEvent(new CustomEvent('unauthorized', { detail: error }));
-    throw error;
-  }
+  if (!response.ok) throw refused(response.status, data);
   return data;
+}
+
+/** The error of an answer that is not a success; a refused token also tells the page. */
+export function refused(status, body) {
+  const error = new ApiError(status, body);
+  if (error.unauthorized) window.dispatchEvent(new CustomEvent('unauthorized', { detail: error }));
+  return error;
 }
 
 /**

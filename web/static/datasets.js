@@ -1,6 +1,6 @@
 // Datasets: upload (drop a file or pick one, with a progress bar), the list, one dataset's
 // classes and first rows; the new-job form offers them for its dataset field.
-import { ApiError, api } from './api.js';
+import { api, refused } from './api.js';
 import { ago, bytes, confirmDialog, fill, h, notice, setText } from './dom.js';
 import { state } from './state.js';
 
@@ -21,10 +21,8 @@ function upload(file, params, onProgress) {
     request.onload = () => {
       let body = null;
       try { body = JSON.parse(request.responseText); } catch { body = request.responseText; }
-      if (request.status >= 200 && request.status < 300) { resolve(body); return; }
-      const error = new ApiError(request.status, body);
-      if (error.unauthorized) window.dispatchEvent(new CustomEvent('unauthorized', { detail: error }));
-      reject(error);
+      if (request.status >= 200 && request.status < 300) resolve(body);
+      else reject(refused(request.status, body));
     };
     request.onerror = () => reject(new Error('the connection to the API was lost'));
     request.send(file);
