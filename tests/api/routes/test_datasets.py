@@ -129,8 +129,7 @@ def test_a_named_column_that_is_missing_is_named(client: TestClient) -> None:
     assert "no text column 'comment' (columns: review, sentiment)" in answer["detail"]
 
 
-def test_an_upload_past_the_cap_is_a_413_and_leaves_nothing(
-        tmp_path: Path, settings: Settings) -> None:
+def test_an_upload_past_the_cap_is_a_413_and_leaves_nothing(settings: Settings) -> None:
     capped = settings.model_copy(update={"max_upload_bytes": 64 * 1024})
     with TestClient(create_app(capped, FakeBackend())) as client:
         def chunks() -> Iterator[bytes]:  # no Content-Length: stopped while it streams
