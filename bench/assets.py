@@ -100,7 +100,6 @@ def main() -> None:
                                   b"t%d,%d\n" % (i, i % 2) for i in range(20)),
                               headers=ADMIN, timeout=60)
             assert warm.status_code == 201, warm.text
-            time.sleep(1)
             idle = psutil.Process(server.pid).memory_info().rss
             print(f"API memory before any upload {before / 1e6:.0f} MB, after a first small "
                   f"one {idle / 1e6:.0f} MB (the table readers' imports)")
