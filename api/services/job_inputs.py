@@ -67,8 +67,9 @@ def check_against_model(spec: JobCreate, directory: Path) -> None:
         facts = read_facts(directory)
     except ModelFactsError as exc:
         raise InvalidSpec("model", f"'{spec.model}': {exc}") from None
-    for field, message in spec_problems(spec, facts):
-        raise InvalidSpec(field, message)
+    problems = spec_problems(spec, facts)
+    if problems:
+        raise InvalidSpec(*problems[0])
 
 
 def check_quantization(spec: JobCreate, backend: str) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.contract.spec import BERT_MODULES, JobSpec
+from trainer.contract.spec import BERT_MODULES, JobSpec, unknown_modules
 
 DISTILBERT_MODULES = frozenset({"q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2",
                                 "word_embeddings", "position_embeddings", "pre_classifier",
@@ -77,8 +77,7 @@ def spec_problems(spec: JobSpec, facts: ModelFacts) -> list[tuple[str, str]]:
         problems.append(("max_length", f"must be at most the model's {facts.positions} "
                                        "positions"))
     if spec.finetune == "lora" and facts.modules is not None:
-        unknown = [t for t in spec.lora.target_modules
-                   if t.rsplit(".", 1)[-1] not in facts.modules]
+        unknown = unknown_modules(spec.lora.target_modules, facts.modules)
         if unknown:
             problems.append(("lora", f"target_modules: {', '.join(map(repr, unknown))} not in "
                                      f"the model (its adaptable modules: "

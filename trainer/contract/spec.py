@@ -49,6 +49,12 @@ KNOWN_MODULES = {OFFLINE_MODEL: BERT_MODULES}
 """Adaptable modules of the models known without loading them (others: checked by the
 trainer)."""
 
+def unknown_modules(targets: list[str], known: frozenset[str]) -> list[str]:
+    """The LoRA targets (`query`, or a dotted path ending in a module's name) none of `known`
+    names."""
+    return [t for t in targets if t.rsplit(".", 1)[-1] not in known]
+
+
 # Kubernetes quantities: an integer or decimal with an optional suffix (`500m`, `2`, `4Gi`).
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
 
@@ -247,8 +253,7 @@ class JobSpec(BaseModel):
                 raise ValueError('applies to finetune "lora" only')
             return value
         known = KNOWN_MODULES.get(info.data.get("model", ""))
-        unknown = [t for t in value.target_modules
-                   if known is not None and t.rsplit(".", 1)[-1] not in known]
+        unknown = [] if known is None else unknown_modules(value.target_modules, known)
         if unknown:
             raise ValueError(f"target_modules: {', '.join(map(repr, unknown))} not in "
                              f"{info.data['model']} (its adaptable modules: "
