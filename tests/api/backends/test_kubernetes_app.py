@@ -202,9 +202,13 @@ def test_restarted_api_re_adopts_and_a_410_is_survived(
     # The control plane stopped (its pod watch too); the workload ran on. A new one adopts it.
     with start(settings) as second:
         assert job_state(second, job_id)["status"] == "running"
+        backend = second.app.state.backend  # type: ignore[attr-defined]
+        # Its first list must come before the compaction: a list taken after it is up to date,
+        # and no watch from there is too old (on a loaded machine, the list can come late).
+        wait_for(backend.watcher.synced.is_set, what="the new pod watch's first list",
+                 timeout=30)
         with fake_k8s.cluster.store.changed:
             fake_k8s.cluster.store.compact()
-        backend = second.app.state.backend  # type: ignore[attr-defined]
         wait_for(lambda: backend.watcher.relists >= 1,
                  what="the watch to list again after 410", timeout=10)
         killed = second.post(f"/api/v1/jobs/{job_id}/pods/0/kill", headers=AUTH)
