@@ -126,6 +126,9 @@ class Trainer:
         self.labels = model_labels(prepared.model)
         self.part = build_part(prepared.model, group, config)
         self.model = self.part.module
+        # Set before a step when evaluation (or loading) left the modules in eval mode: a walk
+        # of the module tree each step costs milliseconds of host time.
+        self._training_mode = False
         self.optimizer = build_optimizer(unwrap(self.model), spec)
         self.schedule = LinearSchedule(spec.learning_rate, spec.warmup_ratio,
                                        spec.epochs * len(self.train_data))
@@ -256,7 +259,9 @@ class Trainer:
         clipped: (the loss summed over the share's samples, the samples) times `weight` (0: a
         share that only joins the collectives), and the synchronised gradients' norm. A
         pipeline's earlier stages count none: the last one holds the loss."""
-        self.model.train()
+        if not self._training_mode:
+            self.model.train()
+            self._training_mode = True
         # Gradients are averaged over participants; scaling by participants/window (`scale`)
         # makes the result the mean over every sample of the step, however unevenly split.
         loss, counted = self.part.forward_backward(batch, weight, scale)
@@ -370,6 +375,7 @@ class Trainer:
 
     def evaluate(self, data: TokenizedSplit, split: records.EvalSplit) -> dict[str, Any]:
         """Evaluate on `split`, log and report it; the result with its epoch and step."""
+        self._training_mode = False
         result: dict[str, Any] = {**evaluate(unwrap(self.model), data, self.group,
                                              self.config.spec.eval_batch_size, self.part.logits,
                                              classes=len(self.labels)),

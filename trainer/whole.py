@@ -29,6 +29,8 @@ class WholeModel:
     def __init__(self, model: nn.Module, group: Group, config: TrainConfig) -> None:
         self.module = group.wrap(model)
         self.group, self.config = group, config
+        # Walked once: a walk of the module tree each step costs milliseconds of host time.
+        self.parameters = list(self.module.parameters())
         self.lora = config.spec.finetune == "lora"
 
     def parameter_counts(self) -> dict[str, int] | None:
@@ -49,8 +51,8 @@ class WholeModel:
 
     def sync_and_clip(self, max_norm: float) -> float:
         # The backward synchronised the gradients already (DDP, or torchft's wrapper).
-        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
-        total = (torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm)
+        grads = [p.grad for p in self.parameters if p.grad is not None]
+        total = (torch.nn.utils.clip_grad_norm_(self.parameters, max_norm)
                  if max_norm > 0 else torch.nn.utils.get_total_norm(grads))
         return float(total.item())
 
