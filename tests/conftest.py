@@ -12,6 +12,7 @@ from typing import NoReturn
 import pytest
 
 from tests.factories import make_reviews_csv, make_tiny_model, tiny_spec
+from tests.hub.mirror import HubMirror
 from tests.postgres import PostgresServer, server_bin
 from tests.stores import SERVERS, Store
 from tests.support import ReportServer
@@ -85,6 +86,18 @@ def object_store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     filesystem.clear_instance_cache()
     yield chosen
     filesystem.clear_instance_cache()
+
+
+@pytest.fixture
+def hub_mirror(tmp_path: Path) -> Iterator[HubMirror]:
+    """olah, a Hugging Face hub mirror, offline, for this test (tests/hub/mirror.py): started,
+    at `endpoint`, serving the repos the test adds (`add_model`, `add_dataset`); its files and
+    log in tmp_path/hub."""
+    if HubMirror.installed() is None:
+        unavailable(HubMirror.missing)
+    mirror = HubMirror(tmp_path / "hub").start()
+    yield mirror
+    mirror.stop()
 
 
 @pytest.fixture(scope="session")
