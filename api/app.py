@@ -23,7 +23,18 @@ from api.errors import add_exception_handlers, document_schemas
 from api.metrics import LatencyMiddleware, install_collector
 from api.private import private_dir
 from api.reconciler import Reconciler
-from api.routes import checkpoints, downloads, health, jobs, login, models, pods, reports, stream
+from api.routes import (
+    checkpoints,
+    downloads,
+    health,
+    jobs,
+    login,
+    models,
+    pods,
+    reports,
+    stagings,
+    stream,
+)
 from api.routes import datasets as dataset_routes
 from api.routes.web import mount_web
 from api.services import datasets
@@ -125,7 +136,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     app.state.predictor = Predictor(settings.predict_cache_size, settings.cache_dir / "models")
     add_exception_handlers(app)
     app.add_middleware(LatencyMiddleware)
-    for module in (jobs, pods, stream, checkpoints, models, downloads, login):
+    for module in (jobs, pods, stream, checkpoints, models, downloads, login, stagings):
         app.include_router(module.router)
     app.include_router(login.exchange)
     app.include_router(reports.router, max_body_size=settings.max_report_bytes)

@@ -1,9 +1,11 @@
 """Tables and schema families of the assets jobs train from: uploaded datasets (`Dataset`,
-`DatasetPublic`, `DatasetsPublic`). Beside api/models.py, which holds jobs and their records."""
+`DatasetPublic`, `DatasetsPublic`) and hub repositories staged for them (`Staging`,
+`StagingPublic`, `StagingsPublic`). Beside api/models.py, which holds jobs and their records."""
 
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -67,4 +69,62 @@ class DatasetPublic(BaseModel):
 
 class DatasetsPublic(BaseModel):
     data: list[DatasetPublic]
+    count: int
+
+
+class StagingStatus(StrEnum):
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+
+
+class Staging(SQLModel, table=True):
+    """A hub repository at a revision, staged once under the inputs dir for every job that
+    names it (trainer.contract.staged; its id is `staging_id` of the three)."""
+
+    id: str = SQLField(primary_key=True)
+    kind: str
+    """model or dataset."""
+    repo_id: str
+    revision: str
+    status: StagingStatus = SQLField(default=StagingStatus.running)
+    commit: str | None = None
+    """The commit the revision named when it was staged."""
+    files: int = 0
+    bytes_done: int = SQLField(default=0, sa_column=Column(BigInteger, nullable=False))
+    bytes_total: int | None = SQLField(default=None, sa_column=Column(BigInteger, nullable=True))
+    error: str | None = None
+    attempts: int = 0
+    created_at: datetime = SQLField(default_factory=utc_now,
+                                    sa_column=Column(DateTime(timezone=True), nullable=False))
+    started_at: datetime | None = SQLField(default=None,
+                                           sa_column=Column(DateTime(timezone=True)))
+    finished_at: datetime | None = SQLField(default=None,
+                                            sa_column=Column(DateTime(timezone=True)))
+
+
+class StagingPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    kind: str
+    repo_id: str
+    revision: str
+    status: StagingStatus
+    commit: str | None
+    files: int
+    bytes_done: int
+    bytes_total: int | None
+    """None until the hub has listed the files' sizes (a mirror may not)."""
+    error: str | None
+    attempts: int
+    created_at: UTCDateTime
+    started_at: UTCDateTime | None
+    finished_at: UTCDateTime | None
+    eta_seconds: float | None = None
+    """While running, at the rate so far."""
+
+
+class StagingsPublic(BaseModel):
+    data: list[StagingPublic]
     count: int

@@ -33,6 +33,8 @@ def _time_column() -> Any:
 
 class JobStatus(StrEnum):
     pending = "pending"
+    preparing = "preparing"
+    """Waiting for the hub repositories it names to be staged (api.services.staging)."""
     starting = "starting"
     running = "running"
     degraded = "degraded"

@@ -24,6 +24,7 @@ from upath import UPath
 
 from api.backends.base import Backend, BackendError, WorkloadStatus
 from api.db import session_scope
+from api.errors import BackendUnavailable
 from api.models import (
     ACTIVE_STATUSES,
     FINISHED_STATUSES,
@@ -34,7 +35,7 @@ from api.models import (
     Pod,
     utc_now,
 )
-from api.services import checkpoints, pod_migrations
+from api.services import checkpoints, jobs, pod_migrations, preparation
 from api.services.artifacts import checkpoints_dir, model_dir
 from api.services.events import EventLog, completions, new_event
 from api.services.job_credentials import Renewals
@@ -99,6 +100,7 @@ class Reconciler:
 
     def reconcile_once(self) -> None:
         with session_scope(self.engine) as session:
+            self.advance_preparing(session)
             active = col(Job.status).in_(ACTIVE_STATUSES)
             jobs = list(session.exec(select(Job).where(active)))
             # Three queries a pass, not two a job: the pass's cost grows with the jobs alone.
@@ -125,6 +127,15 @@ class Reconciler:
                     and time.monotonic() - self._pruned_at >= PRUNE_EVERY):
                 self._pruned_at = time.monotonic()
                 self.prune_checkpoints(session, self.settings.checkpoint_ttl)
+
+    def advance_preparing(self, session: Session) -> None:
+        """Move the stagings of jobs that wait for them on; launch the jobs whose are done."""
+        for job in session.exec(select(Job).where(Job.status == JobStatus.preparing)).all():
+            try:
+                if preparation.prepared(session, self.settings, self.backend, self.events, job):
+                    jobs.launch_job(session, self.settings, self.backend, self.events, job)
+            except BackendUnavailable as exc:  # the job failed, with the reason
+                logger.warning("job %s: %s", job.id, exc)
 
     def prune_checkpoints(self, session: Session, ttl: float) -> None:
         """Keep only the final and the best checkpoint of each job finished over `ttl` s ago."""

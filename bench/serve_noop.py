@@ -12,7 +12,14 @@ from pathlib import Path
 import uvicorn
 
 from api.app import create_app
-from api.backends.base import Launch, Moving, PodStatus, WorkloadStatus
+from api.backends.base import (
+    Launch,
+    Moving,
+    PodStatus,
+    StagingRequest,
+    Unsupported,
+    WorkloadStatus,
+)
 from api.settings import Settings
 
 
@@ -58,6 +65,12 @@ class NoopBackend:
 
     def active_jobs(self) -> list[str]:
         return list(self.replicas)
+
+    def stage(self, request: StagingRequest) -> None:
+        raise Unsupported("the bench's jobs name nothing on the hub")
+
+    def staging(self, staging_id: str) -> bool:
+        return False
 
     def gone(self, job_id: str) -> bool:
         return job_id not in self.replicas

@@ -30,19 +30,14 @@ from trainer.contract.datasets import (
 )
 from trainer.contract.spec import (
     DATASET_ALIASES,
+    HUB_SOURCES,
     LOCAL_DATA_SUFFIXES,
     OFFLINE_DATASET,
     JobSpec,
 )
+from trainer.contract.staged import staged
 
 logger = logging.getLogger(__name__)
-
-HUB_SOURCES: dict[str, tuple[str, str, str]] = {
-    # alias (contract.spec.HUB_DATASETS): (hub id, text column, split used as test)
-    "imdb": ("stanfordnlp/imdb", "text", "test"),
-    "sst2": ("stanfordnlp/sst2", "sentence", "validation"),  # SST-2's test labels are hidden
-    "yelp_polarity": ("fancyzhx/yelp_polarity", "text", "test"),
-}
 
 
 class DataError(ValueError):
@@ -108,12 +103,18 @@ def load_rotten_tomatoes() -> dict[str, Split]:
     return {"all": Split(frame["text"].astype(str).tolist(), labels, movies)}
 
 
-def load_hub(alias: str, cache_dir: Path) -> dict[str, Split]:
+def load_hub(alias: str, inputs_dir: Path, cache_dir: Path) -> dict[str, Split]:
+    """A hub dataset: its staged copy (trainer.contract.staged) where the control plane staged
+    it, else from the hub (a trainer run by hand, with hub access)."""
     hub_id, text_column, test_split = HUB_SOURCES[alias]
+    source = staged(inputs_dir, "dataset", hub_id)
     try:
         import datasets
 
-        loaded = datasets.load_dataset(hub_id, cache_dir=str(cache_dir / "hf-datasets"))
+        # A staged repository is a local dataset directory: its files and splits are found as
+        # the hub's would be, and nothing is asked of the hub.
+        loaded = datasets.load_dataset(str(source or hub_id),
+                                       cache_dir=str(cache_dir / "hf-datasets"))
     except Exception as exc:  # the hub client raises many unrelated types for "unreachable"
         raise DataError(
             f"dataset '{alias}': cannot load {hub_id} from the Hugging Face hub ({exc}); "
@@ -233,7 +234,7 @@ def load_source(spec: JobSpec, inputs_dir: Path, cache_dir: Path) -> dict[str, S
     if spec.dataset == OFFLINE_DATASET:
         return load_rotten_tomatoes()
     if spec.dataset in HUB_SOURCES:
-        return load_hub(spec.dataset, cache_dir)
+        return load_hub(spec.dataset, inputs_dir, cache_dir)
     if spec.dataset.lower().endswith(LOCAL_DATA_SUFFIXES):
         raise DataError(f"dataset '{spec.dataset}': no such file under {inputs_dir}")
     known = ", ".join(DATASET_ALIASES)

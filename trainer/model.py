@@ -13,6 +13,7 @@ from torch import nn
 
 from trainer.contract.datasets import BINARY_LABELS
 from trainer.contract.spec import OFFLINE_MODEL
+from trainer.contract.staged import REPO_ID, staged
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,8 @@ def offline_model_dir() -> Path:
 
 
 def resolve_model(name: str, inputs_dir: Path) -> str:
-    """The offline alias, then a local directory (absolute or under inputs), else a hub id."""
+    """The offline alias, then a local directory (absolute or under inputs), then a hub id's
+    staged copy (trainer.contract.staged), else the hub id itself."""
     if name == OFFLINE_MODEL:
         return str(offline_model_dir())
     candidate = Path(name) if Path(name).is_absolute() else inputs_dir / name
@@ -42,7 +44,8 @@ def resolve_model(name: str, inputs_dir: Path) -> str:
         return str(candidate)
     if Path(name).is_absolute() or name.startswith((".", "~")):
         raise ModelError(f"model '{name}': no such directory")
-    return name
+    hub_copy = staged(inputs_dir, "model", name) if REPO_ID.match(name) else None
+    return str(hub_copy) if hub_copy is not None else name
 
 
 def load_tokenizer(name_or_path: str) -> Any:

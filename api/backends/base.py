@@ -122,6 +122,20 @@ class WorkloadStatus:
     """Why the controller gave up (restart budget spent, bad input), None otherwise."""
 
 
+@dataclass(frozen=True)
+class StagingRequest:
+    """A hub repository to stage once under the inputs dir (trainer.initializer): the
+    initializer rewrites `progress_file` as it works, and ends with the outcome there."""
+
+    staging_id: str
+    kind: Literal["model", "dataset"]
+    repo_id: str
+    revision: str
+    inputs_dir: Path
+    progress_file: Path
+    log_file: Path
+
+
 class Backend(Protocol):
     name: str
 
@@ -168,6 +182,13 @@ class Backend(Protocol):
 
     def active_jobs(self) -> list[str]:
         """Ids of jobs whose workload exists, for re-adoption after a control-plane restart."""
+
+    def stage(self, request: StagingRequest) -> None:
+        """Start an initializer for the request, the only process that reaches the hub; return
+        once it is started. Raises Unsupported where the backend cannot stage."""
+
+    def staging(self, staging_id: str) -> bool:
+        """Whether an initializer this process started for the staging still runs."""
 
     def gone(self, job_id: str) -> bool:
         """Whether no process of the job's workload is left (a deleted one's pods have ended),

@@ -20,6 +20,7 @@ from pathlib import Path
 from api.backends.base import Launch
 from trainer.contract.credentials import SECRET_ENV
 from trainer.contract.runtime import LOOPBACK, RENDEZVOUS_BACKEND, SPEC_ENV, Runtime, host_port
+from trainer.contract.staged import OFFLINE_ENV
 
 LIGHTHOUSE_PORT = 29510
 STORE_PORT = 29400
@@ -135,8 +136,9 @@ def pod_env(launch: Launch, pod_name: str, coordinator: Endpoint, pod_address: s
                       **({} if live or warm_worker else {"warm_worker": False}),
                       **({} if live or fork_workers else {"fork_workers": False}))
     # Here the spec leaves the process: as JSON, in the pods' environment.
+    # The hub client offline: what a job loads from the hub was staged before its pods start.
     env = {SPEC_ENV: json.dumps(launch.spec.model_dump(mode="json")), **runtime.to_env(),
-           **launch.store_env, "OMP_NUM_THREADS": str(max(1, threads))}
+           **launch.store_env, **OFFLINE_ENV, "OMP_NUM_THREADS": str(max(1, threads))}
     if not live:
         # Workers get their own process-group store on the lowest rank: the rendezvous store
         # stays the agents' alone.

@@ -1,5 +1,6 @@
 """A job spec's checks that need the machine: do its model and dataset exist where it says,
-can the model train it (its config.json read, not the model loaded), can the backend quantize.
+can the model train it (its config.json read, not the model loaded), can the backend quantize;
+and which hub repositories it names, to stage before its pods start (api.services.staging).
 Each failure is a 422 naming the field (api.errors.InvalidSpec)."""
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from trainer.contract.model_facts import (
     read_facts,
     spec_problems,
 )
-from trainer.contract.spec import DATASET_ALIASES, LOCAL_DATA_SUFFIXES, OFFLINE_MODEL
+from trainer.contract.spec import (
+    DATASET_ALIASES,
+    HUB_SOURCES,
+    LOCAL_DATA_SUFFIXES,
+    OFFLINE_MODEL,
+    JobSpec,
+)
+from trainer.contract.staged import Kind, staged
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
@@ -39,7 +47,7 @@ def validate_sources(spec: JobCreate, inputs: Path) -> None:
     if model is not None and not (model / "config.json").is_file():
         raise InvalidSpec("model", f"'{spec.model}' under the inputs dir has no config.json")
     readable = model if model is not None else (
-        offline_model_dir() if spec.model == OFFLINE_MODEL else None)
+        offline_model_dir() if spec.model == OFFLINE_MODEL else hub_model(spec, inputs))
     if readable is not None:
         check_against_model(spec, readable)
     if model is None and spec.model != OFFLINE_MODEL and (
@@ -61,7 +69,24 @@ def validate_sources(spec: JobCreate, inputs: Path) -> None:
                                      f"{', '.join(DATASET_ALIASES)} or a file under the inputs dir")
 
 
-def check_against_model(spec: JobCreate, directory: Path) -> None:
+def hub_model(spec: JobSpec, inputs: Path) -> Path | None:
+    """The staged copy of the hub model the spec names, if it names one and it is staged."""
+    return staged(inputs, "model", spec.model) if HUB_ID.match(spec.model) else None
+
+
+def hub_repositories(spec: JobSpec, inputs: Path) -> list[tuple[Kind, str]]:
+    """The hub repositories a valid spec names: its model unless it is a local directory or
+    the offline alias, its dataset if it is a hub alias."""
+    named: list[tuple[Kind, str]] = []
+    if spec.model != OFFLINE_MODEL and not Path(spec.model).is_absolute() and not (
+            inputs / spec.model).exists() and HUB_ID.match(spec.model):
+        named.append(("model", spec.model))
+    if spec.dataset in HUB_SOURCES:
+        named.append(("dataset", HUB_SOURCES[spec.dataset][0]))
+    return named
+
+
+def check_against_model(spec: JobSpec, directory: Path) -> None:
     """The spec's parts that the model in `directory` cannot train: a 422 on the first."""
     try:
         facts = read_facts(directory)

@@ -43,18 +43,22 @@ from api.models import (
     Progress,
     utc_now,
 )
+from api.services import preparation
 from api.services.artifacts import checkpoints_dir, delete_files, model_dir
 from api.services.events import EventLog, event_page, new_event
 from api.services.job_credentials import CredentialError, grant
 from api.services.job_inputs import check_quantization, validate_sources
 from api.settings import Settings
+from trainer.contract.spec import JobSpec
 
 logger = logging.getLogger(__name__)
 
 REMOVED = "Removed"
 """The phase of a pod row whose ordinal was scaled away and whose process has ended."""
 T = TypeVar("T")
-def _launch(settings: Settings, job: Job, spec: JobCreate, token: str) -> Launch:
+
+
+def _launch(settings: Settings, job: Job, spec: JobSpec, token: str) -> Launch:
     resources = Resources(**spec.resources.model_dump()) if spec.resources else None
     # A live pipeline needs another replica to heal from: one alone restarts as a whole.
     mode = ("restart" if spec.parallelism == "pipeline" and spec.replicas == 1
@@ -71,11 +75,12 @@ def _launch(settings: Settings, job: Job, spec: JobCreate, token: str) -> Launch
 
 def create_job(session: Session, settings: Settings, backend: Backend, events: EventLog,
                spec: JobCreate) -> Job:
+    """Create the job and launch it, or leave it `preparing` while the hub repositories it
+    names are staged (api.services.preparation; the reconciler launches it then)."""
     validate_sources(spec, settings.resolved_inputs_dir)
     check_quantization(spec, backend.name)
-    token = secrets.token_urlsafe(32)
-    job = Job(id=f"job-{secrets.token_hex(4)}", name=spec.name,
-              spec=spec, report_token_hash=hash_token(token))
+    job = Job(id=f"job-{secrets.token_hex(4)}", name=spec.name, spec=spec,
+              report_token_hash=hash_token(secrets.token_urlsafe(32)))  # replaced at launch
     with events.append(session) as created:
         session.add(job)
         session.flush()  # the job's row first: its pods and events refer to it
@@ -83,6 +88,17 @@ def create_job(session: Session, settings: Settings, backend: Backend, events: E
                          for ordinal in range(spec.pods)])
         created.add(new_event(job.id, "job", status="pending", message="job created",
                               spec=spec.model_dump(mode="json")))
+    if preparation.prepared(session, settings, backend, events, job, retry=True):
+        launch_job(session, settings, backend, events, job)
+    return job
+
+
+def launch_job(session: Session, settings: Settings, backend: Backend, events: EventLog,
+               job: Job) -> None:
+    """Launch a pending or prepared job's workload, with a report token of its own."""
+    spec = job.spec
+    token = secrets.token_urlsafe(32)
+    job.report_token_hash = hash_token(token)
     try:
         launch = _launch(settings, job, spec, token)
         backend.launch(launch)
@@ -107,7 +123,6 @@ def create_job(session: Session, settings: Settings, backend: Backend, events: E
     with events.append(session) as appending:
         appending.add(*launched)
     logger.info("job %s launched on %s with %d pods", job.id, backend.name, spec.pods)
-    return job
 
 
 def get_job(session: Session, job_id: str) -> Job:

@@ -8,9 +8,8 @@ import pytest
 
 from tests.factories import make_reviews_csv
 from trainer.config import JobSpec
-from trainer.contract.spec import HUB_DATASETS
+from trainer.contract.spec import HUB_DATASETS, HUB_SOURCES
 from trainer.data import (
-    HUB_SOURCES,
     DataError,
     Split,
     load_local,

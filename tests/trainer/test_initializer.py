@@ -1,0 +1,93 @@
+"""The initializer (trainer.initializer) against a real hub mirror (olah), and what pods read of
+its work: resolve_model and load_hub find the staged copies."""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.api.test_staging import make_imdb_like
+from tests.hub.mirror import HubMirror
+from trainer import initializer
+from trainer.contract.staged import HUB_DIR, PARTIAL_DIR, STAGED_FILE, staged, staging_id
+from trainer.data import load_hub
+from trainer.model import resolve_model
+
+MODEL = "acme/tiny-bert"
+
+
+def run_initializer(mirror: HubMirror, inputs: Path, kind: str, repo_id: str,
+                    progress: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "HF_ENDPOINT": mirror.endpoint,
+           "HF_HOME": str(inputs.parent / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+    return subprocess.run([sys.executable, "-m", "trainer.initializer", kind, repo_id,
+                           "--inputs", str(inputs), "--progress", str(progress)],
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_a_model_is_staged_whole_once_and_pods_resolve_its_hub_id_to_it(
+        hub_mirror: HubMirror, tmp_path: Path, tiny_model_dir: Path) -> None:
+    hub_mirror.add_model(MODEL, tiny_model_dir)
+    inputs = tmp_path / "inputs"
+    leftover = inputs / HUB_DIR / PARTIAL_DIR / staging_id("model", MODEL) / "half.bin"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(b"from a killed staging")
+    progress = tmp_path / "progress.json"
+    done = run_initializer(hub_mirror, inputs, "model", MODEL, progress)
+    assert done.returncode == 0, done.stderr
+    directory = staged(inputs, "model", MODEL)
+    assert directory is not None and not leftover.exists()
+    meta = json.loads((directory / STAGED_FILE).read_text())
+    expected = sorted(p.name for p in tiny_model_dir.iterdir() if p.is_file())
+    assert sorted(meta["files"]) == expected and len(meta["commit"]) == 40
+    for name in expected:
+        assert (directory / name).read_bytes() == (tiny_model_dir / name).read_bytes()
+    state = json.loads(progress.read_text())
+    assert state["state"] == "succeeded" and state["bytes_done"] == state["bytes_total"] > 0
+    assert resolve_model(MODEL, inputs) == str(directory)
+    assert resolve_model("acme/other", inputs) == "acme/other"  # not staged: the hub id
+    # Staged already: nothing is fetched again.
+    fetched = len(hub_mirror.fetches())
+    again = run_initializer(hub_mirror, inputs, "model", MODEL, progress)
+    assert again.returncode == 0 and json.loads(progress.read_text())["already"] is True
+    assert len(hub_mirror.fetches()) == fetched == len(expected)
+
+
+def test_a_hub_dataset_alias_reads_its_staged_copy(hub_mirror: HubMirror,
+                                                   tmp_path: Path) -> None:
+    hub_mirror.add_dataset("stanfordnlp/imdb", make_imdb_like(tmp_path / "imdb", rows=60))
+    inputs = tmp_path / "inputs"
+    done = run_initializer(hub_mirror, inputs, "dataset", "stanfordnlp/imdb",
+                           tmp_path / "progress.json")
+    assert done.returncode == 0, done.stderr
+    splits = load_hub("imdb", inputs, tmp_path / "cache")
+    assert len(splits["train"]) == len(splits["test"]) == 60
+    assert collections.Counter(splits["train"].labels.tolist()) == {0: 30, 1: 30}
+    assert {fetch.file for fetch in hub_mirror.fetches()} == {
+        "plain_text/train-00000-of-00001.parquet", "plain_text/test-00000-of-00001.parquet"}
+
+
+def test_a_missing_repository_fails_with_the_reason_in_the_progress_file(
+        hub_mirror: HubMirror, tmp_path: Path) -> None:
+    progress = tmp_path / "progress.json"
+    failed = run_initializer(hub_mirror, tmp_path / "inputs", "model", "acme/absent", progress)
+    assert failed.returncode == 1
+    state = json.loads(progress.read_text())
+    assert state["state"] == "failed" and "acme/absent" in state["error"]
+    assert staged(tmp_path / "inputs", "model", "acme/absent") is None
+
+
+@pytest.mark.parametrize(("files", "kept"), [
+    (["config.json", "model.safetensors", "pytorch_model.bin", "onnx/model.onnx"],
+     ["config.json", "model.safetensors"]),
+    (["config.json", "pytorch_model.bin"], ["config.json", "pytorch_model.bin"]),
+])
+def test_a_model_with_safetensors_weights_is_staged_without_other_formats(
+        files: list[str], kept: list[str]) -> None:
+    assert initializer.wanted("model", files) == kept
+    assert initializer.wanted("dataset", files) == files

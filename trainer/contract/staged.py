@@ -1,0 +1,62 @@
+"""Hub repositories staged once under the inputs dir, as the initializer writes them and pods
+read them.
+
+A job that names a Hugging Face hub model (`org/name`) or a hub dataset alias (`imdb`) does not
+send its pods to the hub: the control plane first stages each repository it names, once per
+(kind, repository, revision), with an initializer (`python -m trainer.initializer`), into
+`hub/<kind>s/<org>/<name>/<revision>/` under the inputs dir that every pod mounts. The
+directory appears whole, with one rename, and holds `staged.json` (what was fetched: the
+commit, the files, their bytes) beside the repository's files. Pods run with the hub client
+offline (`OFFLINE_ENV`) and load the staged directory as a local model or dataset, so after
+staging no pod fetches a byte from the hub, however often it is recreated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+HUB_DIR = "hub"
+"""The inputs dir's folder of staged hub repositories."""
+PARTIAL_DIR = ".partial"
+"""Inside HUB_DIR: stagings under way (a killed one's leftovers are removed on the next try)."""
+STAGED_FILE = "staged.json"
+DEFAULT_REVISION = "main"
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+"""Every pod's hub client is offline: what it loads from the hub was staged before it started."""
+ONLINE_ENV = {name: "0" for name in OFFLINE_ENV}
+"""The initializer's: the one process that reaches the hub."""
+
+Kind = Literal["model", "dataset"]
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+REVISION = re.compile(r"^[\w.-]{1,100}$")
+
+
+def staged_dir(inputs: Path, kind: Kind, repo_id: str, revision: str = DEFAULT_REVISION) -> Path:
+    """Where a repository at a revision is staged (checked names: nothing climbs out)."""
+    if not REPO_ID.match(repo_id) or ".." in repo_id:
+        raise ValueError(f"'{repo_id}' is not a hub repository id")
+    if not REVISION.match(revision) or revision.strip(".") == "":
+        raise ValueError(f"'{revision}' is not a revision (a branch, tag or commit)")
+    return inputs / HUB_DIR / f"{kind}s" / repo_id / revision
+
+
+def staging_id(kind: Kind, repo_id: str, revision: str = DEFAULT_REVISION) -> str:
+    """The staging's id: one per (kind, repository, revision), so the same one is shared."""
+    key = f"{kind}\0{repo_id}\0{revision}".encode()
+    return "st-" + hashlib.sha256(key).hexdigest()[:16]
+
+
+def staged(inputs: Path, kind: Kind, repo_id: str,
+           revision: str = DEFAULT_REVISION) -> Path | None:
+    """The staged directory, if the repository is staged whole."""
+    directory = staged_dir(inputs, kind, repo_id, revision)
+    return directory if (directory / STAGED_FILE).is_file() else None
+
+
+def read_staged(directory: Path) -> dict[str, Any]:
+    meta: dict[str, Any] = json.loads((directory / STAGED_FILE).read_text())
+    return meta

@@ -1,0 +1,166 @@
+"""Stage one hub repository under the inputs dir, once, for every job and pod that names it.
+
+    python -m trainer.initializer model org/name --revision main --inputs DIR --progress FILE
+
+The control plane runs this before a job's pods start (a process of its own on the local
+backend; on Kubernetes an initializer Job, the only pod allowed to reach the hub). It lists the
+repository's files at the revision, downloads those a job needs into a folder of its own, writes
+`staged.json` and moves the folder into place with one rename (trainer.contract.staged), so
+that pods find the repository whole or not at all. While it works, `--progress` holds a JSON
+object that the control plane shows: bytes done and in all, files, and at the end the outcome.
+Exit status 0: staged (now, or already); 1: it could not be (the progress file says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fnmatch
+import json
+import logging
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from trainer.contract.staged import (
+    DEFAULT_REVISION,
+    HUB_DIR,
+    PARTIAL_DIR,
+    STAGED_FILE,
+    Kind,
+    staged,
+    staged_dir,
+    staging_id,
+)
+
+logger = logging.getLogger("trainer.initializer")
+
+MODEL_SKIPPED = ("*.bin", "*.h5", "*.msgpack", "*.ot", "*.onnx", "*.tflite", "*.mlmodel",
+                 "onnx/*", "coreml/*", "openvino/*", "*.gguf")
+"""A model's files that no job loads when it has safetensors weights: other frameworks'
+weights, and PyTorch's pickled ones."""
+PROGRESS_EVERY = 0.5
+
+
+def wanted(kind: Kind, files: list[str]) -> list[str]:
+    """The files of a repository that a job reads."""
+    if kind == "dataset" or not any(name.endswith(".safetensors") for name in files):
+        return files
+    return [name for name in files
+            if not any(fnmatch.fnmatch(name, pattern) for pattern in MODEL_SKIPPED)]
+
+
+class Progress:
+    """The progress file, rewritten whole (write, then rename) as bytes arrive."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path, self.state = path, {"state": "running", "bytes_done": 0,
+                                       "bytes_total": None, "files": 0, "error": None}
+
+    def update(self, **changes: Any) -> None:
+        self.state |= changes | {"updated": time.time()}
+        if self.path is None:
+            return
+        partial = self.path.with_suffix(".tmp")
+        partial.write_text(json.dumps(self.state))
+        partial.replace(self.path)
+
+    def watch(self, folder: Path, stop: threading.Event) -> threading.Thread:
+        """Count the bytes under `folder` (finished and incomplete files) until `stop`."""
+        def run() -> None:
+            while not stop.wait(PROGRESS_EVERY):
+                self.update(bytes_done=folder_bytes(folder))
+        thread = threading.Thread(target=run, name="progress", daemon=True)
+        thread.start()
+        return thread
+
+
+def folder_bytes(folder: Path) -> int:
+    total = 0
+    for path in folder.rglob("*"):
+        with contextlib.suppress(FileNotFoundError):  # an incomplete file renamed as it finished
+            total += path.stat().st_size if path.is_file() else 0
+    return total
+
+
+def list_files(kind: Kind, repo_id: str, revision: str) -> tuple[str, dict[str, int | None]]:
+    """(the commit the revision names, each file's size where the hub tells it)."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    try:
+        info = api.repo_info(repo_id, repo_type=kind, revision=revision, files_metadata=True)
+    except Exception:  # a mirror may not serve blob sizes: the names alone will do
+        info = api.repo_info(repo_id, repo_type=kind, revision=revision)
+    siblings = getattr(info, "siblings", None) or []
+    return str(info.sha), {s.rfilename: s.size for s in siblings}
+
+
+def stage(kind: Kind, repo_id: str, revision: str, inputs: Path, progress: Progress) -> Path:
+    """Stage the repository (unless it is already) and return its directory."""
+    done = staged(inputs, kind, repo_id, revision)
+    if done is not None:
+        progress.update(state="succeeded", already=True)
+        return done
+    from huggingface_hub import snapshot_download
+
+    target = staged_dir(inputs, kind, repo_id, revision)
+    sha, sizes = list_files(kind, repo_id, revision)
+    files = wanted(kind, sorted(sizes))
+    known = [sizes[name] for name in files]
+    total = sum(size or 0 for size in known) if all(s is not None for s in known) else None
+    progress.update(bytes_total=total, files=len(files), commit=sha)
+    partial = inputs / HUB_DIR / PARTIAL_DIR / staging_id(kind, repo_id, revision)
+    shutil.rmtree(partial, ignore_errors=True)  # a killed staging's leftovers
+    partial.mkdir(parents=True)
+    stop = threading.Event()
+    watcher = progress.watch(partial, stop)
+    try:
+        snapshot_download(repo_id, repo_type=kind, revision=sha, local_dir=partial,
+                          allow_patterns=files)
+    finally:
+        stop.set()
+        watcher.join()
+    shutil.rmtree(partial / ".cache", ignore_errors=True)  # the hub client's own bookkeeping
+    size = folder_bytes(partial)
+    meta = {"kind": kind, "repo_id": repo_id, "revision": revision, "commit": sha,
+            "files": files, "bytes": size, "staged_at": time.time()}
+    (partial / STAGED_FILE).write_text(json.dumps(meta, indent=2))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        partial.rename(target)
+    except OSError:  # staged meanwhile by another initializer: theirs stands
+        if staged(inputs, kind, repo_id, revision) is None:
+            raise
+        shutil.rmtree(partial, ignore_errors=True)
+    progress.update(state="succeeded", bytes_done=size, bytes_total=total or size)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.initializer",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("kind", choices=["model", "dataset"])
+    parser.add_argument("repo_id")
+    parser.add_argument("--revision", default=DEFAULT_REVISION)
+    parser.add_argument("--inputs", type=Path, required=True)
+    parser.add_argument("--progress", type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    progress = Progress(args.progress)
+    progress.update()
+    try:
+        directory = stage(args.kind, args.repo_id, args.revision, args.inputs, progress)
+    except Exception as exc:  # the hub client raises many types; each ends the staging alike
+        logger.error("staging %s %s@%s failed: %s", args.kind, args.repo_id, args.revision, exc)
+        progress.update(state="failed", error=f"{type(exc).__name__}: {exc}"[:2000])
+        return 1
+    logger.info("staged %s %s@%s in %s", args.kind, args.repo_id, args.revision, directory)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
