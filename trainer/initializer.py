@@ -1,13 +1,14 @@
 """Stage one hub repository under the inputs dir, once, for every job and pod that names it.
 
-    python -m trainer.initializer model org/name --revision main --inputs DIR --progress FILE
+    python -m trainer.initializer model org/name --revision main --inputs DIR [--progress FILE]
 
 The control plane runs this before a job's pods start (a process of its own on the local
 backend; on Kubernetes an initializer Job, the only pod allowed to reach the hub). It lists the
 repository's files at the revision, downloads those a job needs into a folder of its own, writes
 `staged.json` and moves the folder into place with one rename (trainer.contract.staged), so
-that pods find the repository whole or not at all. While it works, `--progress` holds a JSON
-object that the control plane shows: bytes done and in all, files, and at the end the outcome.
+that pods find the repository whole or not at all. While it works, its progress file (by
+default the one trainer.contract.staged names, under the inputs dir) holds a JSON object that
+the control plane shows: bytes done and in all, files, and at the end the outcome.
 Exit status 0: staged (now, or already); 1: it could not be (the progress file says why).
 """
 
@@ -31,6 +32,7 @@ from trainer.contract.staged import (
     PARTIAL_DIR,
     STAGED_FILE,
     Kind,
+    progress_file,
     staged,
     staged_dir,
     staging_id,
@@ -56,14 +58,13 @@ def wanted(kind: Kind, files: list[str]) -> list[str]:
 class Progress:
     """The progress file, rewritten whole (write, then rename) as bytes arrive."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path) -> None:
         self.path, self.state = path, {"state": "running", "bytes_done": 0,
                                        "bytes_total": None, "files": 0, "error": None}
 
     def update(self, **changes: Any) -> None:
         self.state |= changes | {"updated": time.time()}
-        if self.path is None:
-            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_suffix(".tmp")
         partial.write_text(json.dumps(self.state))
         partial.replace(self.path)
@@ -150,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--progress", type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    progress = Progress(args.progress)
+    progress = Progress(args.progress or progress_file(
+        args.inputs, staging_id(args.kind, args.repo_id, args.revision)))
     progress.update()
     try:
         directory = stage(args.kind, args.repo_id, args.revision, args.inputs, progress)

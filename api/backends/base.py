@@ -125,15 +125,16 @@ class WorkloadStatus:
 @dataclass(frozen=True)
 class StagingRequest:
     """A hub repository to stage once under the inputs dir (trainer.initializer): the
-    initializer rewrites `progress_file` as it works, and ends with the outcome there."""
+    initializer rewrites its progress file there (trainer.contract.staged.progress_file) as it
+    works, and ends with the outcome in it."""
 
     staging_id: str
     kind: Literal["model", "dataset"]
     repo_id: str
     revision: str
     inputs_dir: Path
-    progress_file: Path
     log_file: Path
+    """Where a local initializer's output goes (a Kubernetes one's is its pod's log)."""
 
 
 class Backend(Protocol):

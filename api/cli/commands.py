@@ -89,6 +89,8 @@ def build_parser() -> Parser:
     download.add_argument("model_id")
     download.add_argument("--output", type=Path)
     datasets.add_parser(commands)
+    commands.add_parser("stagings", help="hub models and datasets staged for jobs, with "
+                                         "their progress")
     return parser
 
 
@@ -174,6 +176,8 @@ def run(client: Client, args: argparse.Namespace) -> int:
                      for p, text in zip(predictions, args.texts, strict=True)], right=[1]))
     elif args.command == "datasets":
         return datasets.run(client, args)
+    elif args.command == "stagings":
+        datasets.print_stagings(client.request("GET", "/api/v1/stagings")["data"])
     elif args.command == "download":
         target = args.output or Path(f"{args.model_id}.tar.gz")
         client.download(f"/api/v1/models/{args.model_id}/download", target)

@@ -1,4 +1,5 @@
-"""`migrator datasets upload|list|show|delete`: the datasets jobs train on."""
+"""`migrator datasets upload|list|show|delete`: the datasets jobs train on; `migrator stagings`:
+the hub models and datasets staged for jobs."""
 
 from __future__ import annotations
 
@@ -92,3 +93,14 @@ def show(dataset: dict[str, Any]) -> None:
          f"{dataset['empty']} empty",
          *table(["LABEL", "TEXT"], [[row["label"], row["text"][:100]]
                                     for row in dataset["preview"]]))
+
+
+def print_stagings(stagings: list[dict[str, Any]]) -> None:
+    rows = []
+    for row in stagings:
+        done, total = row["bytes_done"], row["bytes_total"]
+        progress = human_size(done) + (f" of {human_size(total)}" if total else "")
+        eta = f"{row['eta_seconds']:.0f} s" if row.get("eta_seconds") is not None else ""
+        rows.append([row["id"], row["kind"], f"{row['repo_id']}@{row['revision']}",
+                     row["status"], progress, eta, printable(row["error"] or "")[:80]])
+    echo(*table(["ID", "KIND", "REPOSITORY", "STATUS", "PROGRESS", "ETA", "ERROR"], rows))

@@ -27,6 +27,7 @@ from api.settings import Settings
 from trainer.contract.staged import (
     DEFAULT_REVISION,
     Kind,
+    progress_file,
     read_staged,
     staged,
     staging_id,
@@ -39,27 +40,26 @@ ATTEMPTS = 3
 control plane restarted, the process was killed)."""
 
 
-def _files(settings: Settings, staging: str) -> tuple[Path, Path]:
-    """The staging's progress file and log, under the data dir."""
-    folder = settings.data_dir.resolve() / "stagings"
-    return folder / f"{staging}.json", folder / f"{staging}.log"
+def _log(settings: Settings, staging: str) -> Path:
+    """A local initializer's output, under the data dir."""
+    return settings.data_dir.resolve() / "stagings" / f"{staging}.log"
 
 
 def _progress(settings: Settings, staging: str) -> dict[str, Any]:
     try:
-        progress: dict[str, Any] = json.loads(_files(settings, staging)[0].read_text())
+        progress: dict[str, Any] = json.loads(
+            progress_file(settings.resolved_inputs_dir, staging).read_text())
     except (OSError, ValueError):  # not written yet
         return {}
     return progress
 
 
 def _start(session: Session, settings: Settings, backend: Backend, row: Staging) -> None:
-    progress_file, log_file = _files(settings, row.id)
-    progress_file.unlink(missing_ok=True)
+    progress_file(settings.resolved_inputs_dir, row.id).unlink(missing_ok=True)
     row.status, row.error, row.finished_at = StagingStatus.running, None, None
     row.attempts, row.started_at, row.bytes_done = row.attempts + 1, utc_now(), 0
     backend.stage(StagingRequest(row.id, cast(Kind, row.kind), row.repo_id, row.revision,
-                                 settings.resolved_inputs_dir, progress_file, log_file))
+                                 settings.resolved_inputs_dir, _log(settings, row.id)))
     logger.info("staging %s: %s %s@%s, attempt %d", row.id, row.kind, row.repo_id, row.revision,
                 row.attempts)
 

@@ -72,3 +72,48 @@ def test_a_dataset_uploaded_in_the_browser_is_shown_offered_and_deleted(
     page.click("#confirm-ok")
     row.wait_for(state="detached")
     assert control_plane.http.get(f"/api/v1/datasets/{dataset_id}").status_code == 404
+
+
+def test_stagings_are_shown_with_their_progress_until_they_end(control_plane: ControlPlane,
+                                                              page: Any) -> None:
+    from datetime import timedelta
+
+    from sqlmodel import Session, create_engine
+
+    from api.asset_models import Staging, StagingStatus
+    from api.models import utc_now
+
+    engine = create_engine(f"sqlite:///{control_plane.data_dir / 'migrator.db'}")
+    running = Staging(id="st-00000000000000aa", kind="model", repo_id="acme/bert",
+                      revision="main", status=StagingStatus.running, bytes_done=100_000_000,
+                      bytes_total=400_000_000, started_at=utc_now() - timedelta(seconds=10))
+    with Session(engine) as session:
+        session.add(running)
+        session.add(Staging(id="st-00000000000000bb", kind="dataset", repo_id="acme/reviews",
+                            revision="main", status=StagingStatus.failed,
+                            error="RepositoryNotFoundError: 404"))
+        session.commit()
+    try:
+        login(page, control_plane, "#/datasets")
+        row = page.locator("table.stagings tr[data-staging='st-00000000000000aa']")
+        row.wait_for()
+        assert row.locator("progress").get_attribute("value") == "100000000"
+        assert "running" in row.inner_text() and "s left" in row.inner_text()
+        failed = page.locator("table.stagings tr[data-staging='st-00000000000000bb']")
+        assert "RepositoryNotFoundError: 404" in failed.inner_text()
+        with Session(engine) as session:
+            done = session.get(Staging, running.id)
+            assert done is not None
+            done.status, done.bytes_done, done.finished_at = (
+                StagingStatus.succeeded, 400_000_000, utc_now())
+            session.commit()
+        wait_for(lambda: "succeeded" in row.inner_text(), timeout=20,
+                 what="the page to show the staging done")
+        assert row.locator("progress").count() == 0
+    finally:
+        with Session(engine) as session:
+            for staging_id in ("st-00000000000000aa", "st-00000000000000bb"):
+                if (left := session.get(Staging, staging_id)) is not None:
+                    session.delete(left)
+            session.commit()
+        engine.dispose()

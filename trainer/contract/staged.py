@@ -23,6 +23,9 @@ HUB_DIR = "hub"
 """The inputs dir's folder of staged hub repositories."""
 PARTIAL_DIR = ".partial"
 """Inside HUB_DIR: stagings under way (a killed one's leftovers are removed on the next try)."""
+PROGRESS_DIR = ".progress"
+"""Inside HUB_DIR: each staging's progress file, which its initializer writes and the control
+plane reads (both mount the inputs dir: the initializer's pod and the API's, on Kubernetes)."""
 STAGED_FILE = "staged.json"
 DEFAULT_REVISION = "main"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -48,6 +51,10 @@ def staging_id(kind: Kind, repo_id: str, revision: str = DEFAULT_REVISION) -> st
     """The staging's id: one per (kind, repository, revision), so the same one is shared."""
     key = f"{kind}\0{repo_id}\0{revision}".encode()
     return "st-" + hashlib.sha256(key).hexdigest()[:16]
+
+
+def progress_file(inputs: Path, staging: str) -> Path:
+    return inputs / HUB_DIR / PROGRESS_DIR / f"{staging}.json"
 
 
 def staged(inputs: Path, kind: Kind, repo_id: str,

@@ -1,7 +1,9 @@
 // Datasets: upload (drop a file or pick one, with a progress bar), the list, one dataset's
-// classes and first rows; the new-job form offers them for its dataset field.
+// classes and first rows, and the hub repositories staged for jobs; the new-job form offers
+// the datasets for its dataset field.
 import { api, refused } from './api.js';
 import { ago, bytes, confirmDialog, fill, h, notice, setText } from './dom.js';
+import { stagingsSection } from './stagings.js';
 import { state } from './state.js';
 
 const ACCEPT = '.csv,.tsv,.jsonl,.ndjson,.parquet';
@@ -136,6 +138,7 @@ export function showDatasets(main) {
   const status = h('p.notice', { role: 'status' });
   const empty = h('p.muted', { hidden: true }, 'No datasets yet: upload one above.');
   const shown = h('div');
+  const stagings = stagingsSection();
   let stopped = false;
 
   async function refresh() {
@@ -167,10 +170,10 @@ export function showDatasets(main) {
       h('thead', {}, h('tr', {}, h('th', {}, 'Name'), h('th.num', {}, 'Rows'),
         h('th', {}, 'Classes'), h('th.num', {}, 'Size'), h('th', {}, 'Uploaded'), h('th', {}))),
       body)),
-    empty);
+    empty, stagings.section);
   document.title = 'Datasets · Live Migrator';
   refresh();
-  return () => { stopped = true; };
+  return () => { stopped = true; stagings.stop(); };
 }
 
 export function showDataset(main, datasetId) {

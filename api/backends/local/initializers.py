@@ -11,7 +11,7 @@ import threading
 from api.backends.base import BackendError, StagingRequest
 from api.backends.local.watchdog import SOURCE_ROOT
 from trainer.contract.process import PRIVATE_UMASK
-from trainer.contract.staged import ONLINE_ENV
+from trainer.contract.staged import ONLINE_ENV, progress_file
 
 
 class Initializers:
@@ -30,7 +30,7 @@ class Initializers:
                 filter(None, [str(SOURCE_ROOT), os.environ.get("PYTHONPATH")]))}
             argv = [sys.executable, "-m", "trainer.initializer", request.kind, request.repo_id,
                     "--revision", request.revision, "--inputs", str(request.inputs_dir),
-                    "--progress", str(request.progress_file)]
+                    "--progress", str(progress_file(request.inputs_dir, request.staging_id))]
             request.log_file.parent.mkdir(parents=True, exist_ok=True)
             try:
                 with request.log_file.open("ab") as log:

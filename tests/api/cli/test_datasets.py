@@ -55,3 +55,38 @@ def test_a_file_that_cannot_train_or_cannot_be_read_says_why(
     assert code == 1 and "1 class" in err
     code, _, err = run(client, capsys, "upload", str(tmp_path / "missing.csv"))
     assert code == 2 and "cannot read" in err and "missing.csv" in err
+
+
+def test_stagings_lists_each_repository_with_its_progress(
+        client: TestClient, capsys: pytest.CaptureFixture[str]) -> None:
+    from datetime import timedelta
+
+    from sqlmodel import Session
+
+    from api.asset_models import Staging, StagingStatus
+    from api.models import utc_now
+
+    with Session(client.app.state.engine) as session:  # type: ignore[attr-defined]
+        session.add(Staging(id="st-0000000000000001", kind="model", repo_id="acme/bert",
+                            revision="main", status=StagingStatus.running, bytes_done=104_857_600,
+                            bytes_total=419_430_400, started_at=utc_now() - timedelta(seconds=10)))
+        session.add(Staging(id="st-0000000000000002", kind="dataset", repo_id="acme/reviews",
+                            revision="v1", status=StagingStatus.failed, error="401 Unauthorized"))
+        session.commit()
+    code = main(["--token", ADMIN_TOKEN, "stagings"], http=client)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    header, *rows = out.splitlines()
+    assert header.split() == ["ID", "KIND", "REPOSITORY", "STATUS", "PROGRESS", "ETA", "ERROR"]
+    running = next(row for row in rows if "acme/bert@main" in row)
+    # A quarter in about 10 s: the rest in about 30 s.
+    assert "running" in running and "104.9 MB of 419.4 MB" in running
+    eta = int(running.split(" s")[0].split()[-1])
+    assert 25 <= eta <= 31
+    failed = next(row for row in rows if "acme/reviews@v1" in row)
+    assert "failed" in failed and "401 Unauthorized" in failed
+    shown = client.get("/api/v1/stagings/st-0000000000000001",
+                       headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).json()
+    assert shown["status"] == "running" and shown["bytes_total"] == 419_430_400
+    assert client.get("/api/v1/stagings/st-absent",
+                      headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).status_code == 404
