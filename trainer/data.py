@@ -327,7 +327,8 @@ class TokenizedSplit:
                 "labels": torch.from_numpy(self.labels[indices])}
 
 
-def _cache_key(split: Split, tokenizer: TokenizerLike, max_length: int) -> str:
+def token_file(split: Split, tokenizer: TokenizerLike, max_length: int) -> str:
+    """The name of the split's tokenized file, in a cache or the staged tokens."""
     digest = hashlib.sha256()
     digest.update(f"{type(tokenizer).__name__}|{tokenizer.name_or_path}|{len(tokenizer)}|"
                   f"{max_length}".encode())
@@ -335,18 +336,20 @@ def _cache_key(split: Split, tokenizer: TokenizerLike, max_length: int) -> str:
         digest.update(text.encode())
         digest.update(b"\0")
     digest.update(split.labels.tobytes())
-    return digest.hexdigest()[:32]
+    return f"{digest.hexdigest()[:32]}.npz"
 
 
 def tokenize(split: Split, tokenizer: TokenizerLike, max_length: int,
-             cache_dir: Path | None) -> TokenizedSplit:
-    """Tokenize once per (texts, tokenizer, max_length); later runs and pods read the cache."""
+             cache_dir: Path | None, staged: Path | None = None) -> TokenizedSplit:
+    """Tokenize once per (texts, tokenizer, max_length); later runs and pods read the cache,
+    or `staged` (a read-only folder of the same files: trainer.contract.staged's tokens)."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    path = cache_dir / "tokens" / f"{_cache_key(split, tokenizer, max_length)}.npz" \
-        if cache_dir is not None else None
-    if path is not None and path.is_file():
-        with np.load(path) as cached:
-            return TokenizedSplit(cached["ids"], cached["offsets"], cached["labels"], pad_id)
+    name = token_file(split, tokenizer, max_length)
+    path = cache_dir / "tokens" / name if cache_dir is not None else None
+    for found in (staged / name if staged is not None else None, path):
+        if found is not None and found.is_file():
+            with np.load(found) as cached:
+                return TokenizedSplit(cached["ids"], cached["offsets"], cached["labels"], pad_id)
     encoded = tokenizer(split.texts, truncation=True, max_length=max_length)["input_ids"]
     lengths = np.fromiter((len(e) for e in encoded), dtype=np.int64, count=len(encoded))
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)

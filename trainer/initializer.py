@@ -1,6 +1,8 @@
-"""Stage one hub repository under the inputs dir, once, for every job and pod that names it.
+"""Stage one hub repository, or a job's tokenized splits, under the inputs dir, once, for every
+job and pod that names them.
 
     python -m trainer.initializer model org/name --revision main --inputs DIR [--progress FILE]
+    python -m trainer.initializer tokens KEY --spec JSON --inputs DIR [--progress FILE]
 
 The control plane runs this before a job's pods start (a process of its own on the local
 backend; on Kubernetes an initializer Job, the only pod allowed to reach the hub). It lists the
@@ -19,8 +21,10 @@ import contextlib
 import fnmatch
 import json
 import logging
+import os
 import shutil
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -31,11 +35,13 @@ from trainer.contract.staged import (
     HUB_DIR,
     PARTIAL_DIR,
     STAGED_FILE,
+    TOKENS_DIR,
     Kind,
     progress_file,
     staged,
     staged_dir,
     staging_id,
+    tokens_key,
 )
 
 logger = logging.getLogger("trainer.initializer")
@@ -141,21 +147,61 @@ def stage(kind: Kind, repo_id: str, revision: str, inputs: Path, progress: Progr
     return target
 
 
+def stage_tokens(key: str, spec_json: str, inputs: Path, progress: Progress) -> Path:
+    """Tokenize the spec's splits into the staged tokens (unless they are there) and return
+    the folder that says so."""
+    done = staged(inputs, "tokens", key)
+    if done is not None:
+        progress.update(state="succeeded", already=True)
+        return done
+    from trainer.contract.spec import JobSpec
+    from trainer.data import load_source, make_splits, token_file, tokenize
+    from trainer.model import load_tokenizer, resolve_model
+
+    spec = JobSpec.model_validate_json(spec_json)
+    if tokens_key(spec) != key:
+        raise ValueError(f"the spec's tokens key is {tokens_key(spec)}, not {key}")
+    folder = inputs / HUB_DIR / TOKENS_DIR
+    tokenizer = load_tokenizer(resolve_model(spec.model, inputs))
+    with tempfile.TemporaryDirectory() as scratch:  # the datasets library's own cache
+        splits = make_splits(load_source(spec, inputs, Path(scratch)), spec)
+    parts = {"train": splits.train, "validation": splits.validation, "test": splits.test}
+    progress.update(files=len(parts))
+    files = {}
+    for name, split in parts.items():
+        tokenize(split, tokenizer, spec.max_length, folder.parent)  # into folder (its cache)
+        files[name] = token_file(split, tokenizer, spec.max_length)
+    size = sum((folder / file).stat().st_size for file in files.values())
+    target = staged_dir(inputs, "tokens", key)
+    target.mkdir(parents=True, exist_ok=True)
+    meta = {"kind": "tokens", "repo_id": key, "files": files, "bytes": size,
+            "rows": {name: len(split) for name, split in parts.items()},
+            "staged_at": time.time()}
+    partial = target / f"{STAGED_FILE}.{os.getpid()}.tmp"
+    partial.write_text(json.dumps(meta, indent=2))
+    partial.replace(target / STAGED_FILE)
+    progress.update(state="succeeded", bytes_done=size, bytes_total=size)
+    return target
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.initializer",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=["model", "dataset"])
-    parser.add_argument("repo_id")
+    parser.add_argument("kind", choices=["model", "dataset", "tokens"])
+    parser.add_argument("repo_id", help="a hub repository; for tokens, the spec's tokens key")
     parser.add_argument("--revision", default=DEFAULT_REVISION)
     parser.add_argument("--inputs", type=Path, required=True)
     parser.add_argument("--progress", type=Path)
+    parser.add_argument("--spec", help="tokens: the job spec, as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     progress = Progress(args.progress or progress_file(
         args.inputs, staging_id(args.kind, args.repo_id, args.revision)))
     progress.update()
     try:
-        directory = stage(args.kind, args.repo_id, args.revision, args.inputs, progress)
+        directory = (stage_tokens(args.repo_id, args.spec or "{}", args.inputs, progress)
+                     if args.kind == "tokens" else
+                     stage(args.kind, args.repo_id, args.revision, args.inputs, progress))
     except Exception as exc:  # the hub client raises many types; each ends the staging alike
         logger.error("staging %s %s@%s failed: %s", args.kind, args.repo_id, args.revision, exc)
         progress.update(state="failed", error=f"{type(exc).__name__}: {exc}"[:2000])

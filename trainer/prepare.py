@@ -11,6 +11,7 @@ from torch import nn
 from trainer import lora
 from trainer.config import TrainConfig
 from trainer.contract.spec import JobSpec
+from trainer.contract.staged import HUB_DIR, TOKENS_DIR
 from trainer.data import TokenizedSplit, label_names, load_source, make_splits, tokenize
 from trainer.model import load_model, load_tokenizer, resolve_model
 
@@ -48,7 +49,9 @@ def prepare(config: TrainConfig, device: torch.device) -> Prepared:
     name_or_path = resolve_model(spec.model, runtime.inputs_dir)
     tokenizer = load_tokenizer(name_or_path)
     splits = make_splits(load_source(spec, runtime.inputs_dir, runtime.cache_dir), spec)
-    train, validation, test = (tokenize(split, tokenizer, spec.max_length, runtime.cache_dir)
+    staged = runtime.inputs_dir / HUB_DIR / TOKENS_DIR  # where the control plane staged them
+    train, validation, test = (tokenize(split, tokenizer, spec.max_length, runtime.cache_dir,
+                                        staged)
                                for split in (splits.train, splits.validation, splits.test))
     model = adapt(load_model(name_or_path, spec.seed, spec.quantization, device,
                              label_names(spec, runtime.inputs_dir)), spec)

@@ -129,12 +129,15 @@ class StagingRequest:
     works, and ends with the outcome in it."""
 
     staging_id: str
-    kind: Literal["model", "dataset"]
+    kind: Literal["model", "dataset", "tokens"]
     repo_id: str
+    """A hub repository; for `tokens`, the spec's tokens key (trainer.contract.staged)."""
     revision: str
     inputs_dir: Path
     log_file: Path
     """Where a local initializer's output goes (a Kubernetes one's is its pod's log)."""
+    spec: str | None = None
+    """`tokens`: the job spec whose splits to tokenize, as JSON (`--spec`)."""
 
 
 class Backend(Protocol):

@@ -17,7 +17,8 @@ import httpx
 from api.cli import datasets
 from api.cli.client import BadInput, Client, CliError, resolve_token
 from api.cli.follow import progress_line, watch
-from api.cli.terminal import echo, human_size, table
+from api.cli.terminal import echo, table
+from api.sizes import human_size
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 

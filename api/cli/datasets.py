@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 
 from api.cli.client import BadInput, Client
-from api.cli.terminal import echo, human_size, printable, table
+from api.cli.terminal import echo, printable, table
+from api.sizes import human_size
 
 CHUNK = 1 << 20
 

@@ -41,13 +41,6 @@ def echo(*lines: object, file: TextIO | None = None) -> None:
     out.flush()
 
 
-def human_size(size: float) -> str:
-    for unit in ("B", "kB", "MB"):
-        if size < 1000:
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{size:.1f} GB"
-
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]],
           right: Sequence[int] = ()) -> list[str]:

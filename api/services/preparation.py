@@ -3,9 +3,11 @@
 A job is created `pending`. Where it names hub repositories not staged yet (a hub model, a hub
 dataset alias), it waits `preparing` while their stagings run (api.services.staging), and the
 reconciler asks again on every pass. Once every one is staged, its spec is checked against the
-staged model (its config.json: stages, LoRA targets, max_length, as for a local model), and the
-job is launched; a failed staging or a spec the model cannot train fails the job with the
-reason, before any pod starts.
+staged model (its config.json: stages, LoRA targets, max_length, as for a local model); then
+its splits are tokenized once into the staged tokens (trainer.contract.staged), so that no pod,
+however often it is recreated with an empty cache, tokenizes them again; and the job is
+launched. A failed staging or a spec the model cannot train fails the job with the reason,
+before any pod starts.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from api.services import staging
 from api.services.events import EventLog, new_event
 from api.services.job_inputs import check_against_model, hub_model, hub_repositories
 from api.settings import Settings
+from api.sizes import human_size
+from trainer.contract.datasets import is_dataset_id
+from trainer.contract.staged import Kind, tokens_key
 
 
 def _fail(session: Session, events: EventLog, job: Job, reason: str) -> None:
@@ -29,35 +34,53 @@ def _fail(session: Session, events: EventLog, job: Job, reason: str) -> None:
 
 
 def _size(row: Staging) -> str:
-    return f"{row.bytes_done / 1e6:.1f} MB" if row.bytes_done else "size unknown"
+    return human_size(row.bytes_done) if row.bytes_done else "size unknown"
+
+
+def _advance(session: Session, settings: Settings, backend: Backend, events: EventLog,
+             job: Job, wanted: list[tuple[Kind, str]], retry: bool) -> list[Staging] | None:
+    """Move these stagings on; None where one failed (the job failed with it)."""
+    rows = []
+    for kind, repo_id in wanted:
+        spec = job.spec.model_dump_json() if kind == "tokens" else None
+        try:
+            rows.append(staging.advance(session, settings, backend, kind, repo_id, retry=retry,
+                                        spec=spec))
+        except BackendError as exc:
+            _fail(session, events, job, f"cannot stage {kind} {repo_id}: {exc}")
+            return None
+    failed = next((row for row in rows if row.status == StagingStatus.failed), None)
+    if failed is not None:
+        _fail(session, events, job, f"staging {staging.describe(failed)} failed: {failed.error}")
+        return None
+    return rows
+
+
+def _wait(session: Session, events: EventLog, job: Job, waiting: list[Staging]) -> bool:
+    """False, the job `preparing` (said once, naming what it waits for)."""
+    if job.status != JobStatus.preparing:
+        job.status = JobStatus.preparing
+        named = ", ".join(staging.describe(row) for row in waiting)
+        with events.append(session) as preparing:
+            preparing.add(new_event(
+                job.id, "job", status="preparing", stagings=[row.id for row in waiting],
+                message=f"preparing: staging {named} (GET /api/v1/stagings shows progress)"))
+    return False
 
 
 def prepared(session: Session, settings: Settings, backend: Backend, events: EventLog,
              job: Job, retry: bool = False) -> bool:
-    """Move the job's stagings on; True once the job may launch. A job created now passes
-    `retry`, so that a staging that failed before is tried again for it."""
+    """Move the job's stagings on; True once the job may launch. First the hub repositories
+    it names; once they are, and its spec fits the model, its tokenized splits (for a job on
+    hub or uploaded assets). A job created now passes `retry`, so that a staging that failed
+    before is tried again for it."""
     inputs = settings.resolved_inputs_dir
-    rows = []
-    for kind, repo_id in hub_repositories(job.spec, inputs):
-        try:
-            rows.append(staging.advance(session, settings, backend, kind, repo_id, retry=retry))
-        except BackendError as exc:
-            _fail(session, events, job, f"cannot stage {kind} {repo_id}: {exc}")
-            return False
-    failed = next((row for row in rows if row.status == StagingStatus.failed), None)
-    if failed is not None:
-        _fail(session, events, job, f"staging {staging.describe(failed)} failed: {failed.error}")
+    repositories = hub_repositories(job.spec, inputs)
+    rows = _advance(session, settings, backend, events, job, repositories, retry)
+    if rows is None:
         return False
-    waiting = [row for row in rows if row.status == StagingStatus.running]
-    if waiting:
-        if job.status != JobStatus.preparing:
-            job.status = JobStatus.preparing
-            named = ", ".join(staging.describe(row) for row in waiting)
-            with events.append(session) as preparing:
-                preparing.add(new_event(
-                    job.id, "job", status="preparing", stagings=[row.id for row in waiting],
-                    message=f"preparing: staging {named} (GET /api/v1/stagings shows progress)"))
-        return False
+    if waiting := [row for row in rows if row.status == StagingStatus.running]:
+        return _wait(session, events, job, waiting)
     model = hub_model(job.spec, inputs)
     if model is not None and job.status == JobStatus.preparing:
         try:
@@ -67,6 +90,14 @@ def prepared(session: Session, settings: Settings, backend: Backend, events: Eve
             field = ".".join(str(part) for part in problem.get("loc", ["", "spec"])[1:])
             _fail(session, events, job, f"{field}: {problem.get('msg', exc)}")
             return False
+    if repositories or is_dataset_id(job.spec.dataset):
+        tokens = _advance(session, settings, backend, events, job,
+                          [("tokens", tokens_key(job.spec))], retry)
+        if tokens is None:
+            return False
+        if tokens[0].status == StagingStatus.running:
+            return _wait(session, events, job, tokens)
+        rows += tokens
     if job.status == JobStatus.preparing:
         staged = ", ".join(f"{staging.describe(row)} ({_size(row)})" for row in rows)
         with events.append(session) as done:

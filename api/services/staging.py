@@ -54,12 +54,13 @@ def _progress(settings: Settings, staging: str) -> dict[str, Any]:
     return progress
 
 
-def _start(session: Session, settings: Settings, backend: Backend, row: Staging) -> None:
+def _start(session: Session, settings: Settings, backend: Backend, row: Staging,
+           spec: str | None) -> None:
     progress_file(settings.resolved_inputs_dir, row.id).unlink(missing_ok=True)
     row.status, row.error, row.finished_at = StagingStatus.running, None, None
     row.attempts, row.started_at, row.bytes_done = row.attempts + 1, utc_now(), 0
     backend.stage(StagingRequest(row.id, cast(Kind, row.kind), row.repo_id, row.revision,
-                                 settings.resolved_inputs_dir, _log(settings, row.id)))
+                                 settings.resolved_inputs_dir, _log(settings, row.id), spec))
     logger.info("staging %s: %s %s@%s, attempt %d", row.id, row.kind, row.repo_id, row.revision,
                 row.attempts)
 
@@ -70,9 +71,11 @@ def _finish(row: Staging, status: StagingStatus, error: str | None = None) -> No
 
 
 def advance(session: Session, settings: Settings, backend: Backend, kind: Kind, repo_id: str,
-            revision: str = DEFAULT_REVISION, retry: bool = False) -> Staging:
+            revision: str = DEFAULT_REVISION, retry: bool = False,
+            spec: str | None = None) -> Staging:
     """Move the repository's staging on: record it staged, read its progress, start its
-    initializer (again) where none runs; `retry` starts a failed one again. Commits."""
+    initializer (again) where none runs; `retry` starts a failed one again; `spec`: the job
+    spec (JSON) whose splits a `tokens` staging tokenizes. Commits."""
     found = session.get(Staging, staging_id(kind, repo_id, revision))
     row = found or Staging(id=staging_id(kind, repo_id, revision), kind=kind, repo_id=repo_id,
                            revision=revision)
@@ -80,7 +83,7 @@ def advance(session: Session, settings: Settings, backend: Backend, kind: Kind, 
     if directory is not None:
         if row.status != StagingStatus.succeeded or found is None:
             meta = read_staged(directory)
-            row.commit, row.files = meta.get("commit"), len(meta.get("files", []))
+            row.commit, row.files = meta.get("commit"), len(meta.get("files", ()))
             row.bytes_done = row.bytes_total = int(meta.get("bytes", 0))
             _finish(row, StagingStatus.succeeded)
     elif row.status == StagingStatus.failed and not retry:
@@ -100,7 +103,7 @@ def advance(session: Session, settings: Settings, backend: Backend, kind: Kind, 
             _finish(row, StagingStatus.failed, f"the initializer ended {row.attempts} times "
                                                "without an outcome")
         else:
-            _start(session, settings, backend, row)
+            _start(session, settings, backend, row, spec)
     session.add(row)
     try:
         session.commit()
@@ -140,4 +143,6 @@ def list_stagings(session: Session, offset: int, limit: int) -> StagingsPublic:
 
 
 def describe(row: Staging) -> str:
+    if row.kind == "tokens":
+        return f"tokenized splits {row.repo_id}"
     return f"{row.kind} {row.repo_id}@{row.revision}"

@@ -15,6 +15,7 @@ from api.backends.base import (
     Moving,
     PlacementError,
     PodStatus,
+    StagingRequest,
     WorkloadConflict,
     WorkloadNotFound,
     WorkloadStatus,
@@ -35,6 +36,19 @@ class FakeBackend:
     nodes: tuple[str, ...] = ()
     reconciled: list[str] = field(default_factory=list)
     """The jobs `reconcile` was called for, in order (the controller's acts are the tests')."""
+    stagings: list[StagingRequest] = field(default_factory=list)
+    """The initializers started, in order; each runs until a test ends it (`end_staging`)."""
+    initializing: set[str] = field(default_factory=set)
+
+    def stage(self, request: StagingRequest) -> None:
+        self.stagings.append(request)
+        self.initializing.add(request.staging_id)
+
+    def staging(self, staging_id: str) -> bool:
+        return staging_id in self.initializing
+
+    def end_staging(self, staging_id: str) -> None:
+        self.initializing.discard(staging_id)
 
     def launch(self, launch: Launch) -> None:
         if self.fail_launch:

@@ -58,7 +58,8 @@ def test_a_hub_model_and_dataset_are_staged_once_for_every_job_and_pod(
         hub_mirror: HubMirror, tmp_path: Path, inputs_dir: Path, processes: Processes,
         tiny_model_dir: Path) -> None:
     hub_mirror.add_model(MODEL, tiny_model_dir)
-    hub_mirror.add_dataset("stanfordnlp/imdb", make_imdb_like(tmp_path / "imdb"))
+    # Long enough (about 600 steps) for the killed pod to rejoin before the job ends.
+    hub_mirror.add_dataset("stanfordnlp/imdb", make_imdb_like(tmp_path / "imdb", rows=800))
     plane = hub_plane(processes, tmp_path, inputs_dir, hub_mirror.endpoint)
     try:
         spec = tiny_spec(model=MODEL, dataset="imdb", replicas=2, epochs=12,
@@ -68,6 +69,7 @@ def test_a_hub_model_and_dataset_are_staged_once_for_every_job_and_pod(
         assert set(stagings(plane)) == {MODEL, "stanfordnlp/imdb"}
         plane.wait_status(job.id, "running", "failed")
         staged = stagings(plane)
+        assert sorted(row["kind"] for row in staged.values()) == ["dataset", "model", "tokens"]
         assert {row["status"] for row in staged.values()} == {"succeeded"}
         assert all(row["bytes_done"] == row["bytes_total"] > 0 for row in staged.values())
         messages = [event["data"].get("message", "") for event in plane.events(job.id, "job")]
@@ -78,7 +80,7 @@ def test_a_hub_model_and_dataset_are_staged_once_for_every_job_and_pod(
         killed = job.kill(1)
         job.wait_steps(1, killed, 2, (1,), "the recreated pod to train with the other")
         finished = job.finish()
-        assert job.reports("healed", killed)
+        assert job.reports("healed", killed) and finished["pods"][1]["restarts"] == 1
         first = hub_mirror.fetches()
         counts = collections.Counter((fetch.repo, fetch.file) for fetch in first)
         assert counts and set(counts.values()) == {1}, counts
@@ -90,6 +92,9 @@ def test_a_hub_model_and_dataset_are_staged_once_for_every_job_and_pod(
         second = plane.wait_status(again.json()["id"], "succeeded", "failed")
         assert second["status"] == "succeeded", second["reason"]
         assert hub_mirror.fetches() == first
+        # The splits were tokenized once, by the initializer: no pod tokenized them.
+        assert list((plane.data_dir / "cache").rglob("*.npz")) == []
+        assert len(list((inputs_dir / "hub" / "tokens").glob("*.npz"))) == 3
         download = plane.http.get(f"/api/v1/models/{finished['model_id']}/download")
         assert download.status_code == 200
     finally:

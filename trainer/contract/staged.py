@@ -9,6 +9,12 @@ directory appears whole, with one rename, and holds `staged.json` (what was fetc
 commit, the files, their bytes) beside the repository's files. Pods run with the hub client
 offline (`OFFLINE_ENV`) and load the staged directory as a local model or dataset, so after
 staging no pod fetches a byte from the hub, however often it is recreated.
+
+The job's tokenized splits are staged too (kind `tokens`), once per `tokens_key` (the spec's
+fields that decide them: the model's tokenizer, the dataset, the split, max_length): into
+`hub/tokens/`, where pods find them before tokenizing (trainer.data.tokenize), with
+`hub/tokens/<key>/main/staged.json` saying they are there. A recreated pod, whose own cache is
+empty on a cluster, reads them instead of tokenizing again.
 """
 
 from __future__ import annotations
@@ -33,7 +39,14 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 ONLINE_ENV = {name: "0" for name in OFFLINE_ENV}
 """The initializer's: the one process that reaches the hub."""
 
-Kind = Literal["model", "dataset"]
+TOKENS_DIR = "tokens"
+"""Inside HUB_DIR: tokenized splits (trainer.data.tokenize's cache files)."""
+TOKENS_FIELDS = ("model", "dataset", "text_column", "label_column", "seed", "preset",
+                 "validation_fraction", "max_train_samples", "max_eval_samples", "max_length")
+"""The spec's fields that decide its tokenized splits."""
+
+Kind = Literal["model", "dataset", "tokens"]
+KIND_DIRS = {"model": "models", "dataset": "datasets", "tokens": TOKENS_DIR}
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 REVISION = re.compile(r"^[\w.-]{1,100}$")
 
@@ -44,7 +57,13 @@ def staged_dir(inputs: Path, kind: Kind, repo_id: str, revision: str = DEFAULT_R
         raise ValueError(f"'{repo_id}' is not a hub repository id")
     if not REVISION.match(revision) or revision.strip(".") == "":
         raise ValueError(f"'{revision}' is not a revision (a branch, tag or commit)")
-    return inputs / HUB_DIR / f"{kind}s" / repo_id / revision
+    return inputs / HUB_DIR / KIND_DIRS[kind] / repo_id / revision
+
+
+def tokens_key(spec: Any) -> str:
+    """The id of a spec's tokenized splits (a `tokens` staging's repository id)."""
+    fields = {name: getattr(spec, name) for name in TOKENS_FIELDS}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def staging_id(kind: Kind, repo_id: str, revision: str = DEFAULT_REVISION) -> str:

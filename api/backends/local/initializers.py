@@ -30,7 +30,8 @@ class Initializers:
                 filter(None, [str(SOURCE_ROOT), os.environ.get("PYTHONPATH")]))}
             argv = [sys.executable, "-m", "trainer.initializer", request.kind, request.repo_id,
                     "--revision", request.revision, "--inputs", str(request.inputs_dir),
-                    "--progress", str(progress_file(request.inputs_dir, request.staging_id))]
+                    "--progress", str(progress_file(request.inputs_dir, request.staging_id)),
+                    *(["--spec", request.spec] if request.spec else [])]
             request.log_file.parent.mkdir(parents=True, exist_ok=True)
             try:
                 with request.log_file.open("ab") as log:

@@ -158,7 +158,10 @@ def test_a_job_trains_on_a_dataset_by_id_which_cannot_be_deleted_while_it_runs(
         client: TestClient, settings: Settings, backend: FakeBackend) -> None:
     _, dataset = upload(client, reviews_csv())
     job = create_job(client, model="tiny", dataset=dataset["id"])
-    assert backend.launches[-1].spec.dataset == dataset["id"]
+    # Its splits are tokenized once, before its pods start (api.services.preparation).
+    assert job["status"] == "preparing" and backend.launches == []
+    tokens = backend.stagings[-1]
+    assert tokens.kind == "tokens" and json.loads(tokens.spec or "")["dataset"] == dataset["id"]
     response = client.delete(f"{URL}/{dataset['id']}", headers=AUTH)
     assert response.status_code == 409
     assert job["id"] in response.json()["detail"]

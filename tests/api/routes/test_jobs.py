@@ -153,10 +153,14 @@ def test_a_pipeline_job_runs_replicas_times_stages_pods(client: TestClient,
     assert [(p["replica"], p["stage"]) for p in data["pods"]] == [(0, 0), (1, 0)]
 
 
-def test_local_model_and_dataset_under_inputs(client: TestClient) -> None:
+def test_local_model_and_dataset_under_inputs(client: TestClient, backend: FakeBackend) -> None:
     job = create_job(client, model="tiny", dataset="reviews.csv")
     assert (job["spec"]["model"], job["spec"]["dataset"]) == ("tiny", "reviews.csv")
-    assert create_job(client, model="bert-base-uncased", dataset="imdb")["status"] == "starting"
+    assert job["status"] == "starting" and backend.stagings == []
+    # Hub assets are staged first (tests/api/test_staging.py runs that end to end).
+    assert create_job(client, model="bert-base-uncased", dataset="imdb")["status"] == "preparing"
+    assert [(s.kind, s.repo_id) for s in backend.stagings] == [
+        ("model", "bert-base-uncased"), ("dataset", "stanfordnlp/imdb")]
 
 
 @pytest.mark.parametrize(("spec", "field", "message"), [

@@ -1,0 +1,121 @@
+"""A `preparing` job (api.services.preparation) against the fake backend: the reconciler moves
+its stagings on each pass, reads their progress, and launches it once they are staged, or fails
+it with the reason. tests/api/test_staging.py runs real initializers against a hub mirror."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi.testclient import TestClient
+
+from api.settings import Settings
+from tests.api.conftest import AUTH, create_job
+from tests.api.fakes import FakeBackend
+from tests.api.test_reconciler import job_state, reconcile
+from trainer.contract.staged import STAGED_FILE, progress_file, staged_dir
+
+MODEL = "acme/bert"
+
+
+def stage(settings: Settings, backend: FakeBackend, index: int, files: list[str]) -> None:
+    """What an initializer leaves when it succeeds: the staged directory, whole."""
+    request = backend.stagings[index]
+    directory = staged_dir(settings.resolved_inputs_dir, request.kind, request.repo_id)
+    directory.mkdir(parents=True)
+    for name in files:
+        (directory / name).write_text("{}")
+    (directory / STAGED_FILE).write_text(json.dumps(
+        {"commit": "c" * 40, "files": files, "bytes": 1234}))
+    backend.end_staging(request.staging_id)
+
+
+def write_config(settings: Settings, layers: int) -> None:
+    directory = staged_dir(settings.resolved_inputs_dir, "model", MODEL)
+    (directory / "config.json").write_text(json.dumps({
+        "model_type": "bert", "num_hidden_layers": layers, "max_position_embeddings": 512,
+        "hidden_size": 64, "num_attention_heads": 2}))
+
+
+def test_a_preparing_job_shows_progress_and_launches_once_everything_is_staged(
+        client: TestClient, backend: FakeBackend, settings: Settings) -> None:
+    job = create_job(client, model=MODEL, dataset="reviews.csv")
+    assert job["status"] == "preparing" and backend.launches == []
+    model = backend.stagings[0]
+    assert (model.kind, model.repo_id, model.revision) == ("model", MODEL, "main")
+    progress = progress_file(settings.resolved_inputs_dir, model.staging_id)
+    progress.parent.mkdir(parents=True, exist_ok=True)
+    progress.write_text(json.dumps({"state": "running", "bytes_done": 300,
+                                    "bytes_total": 1200, "files": 4}))
+    reconcile(client, backend)
+    shown = client.get(f"/api/v1/stagings/{model.staging_id}", headers=AUTH).json()
+    assert (shown["bytes_done"], shown["bytes_total"], shown["files"]) == (300, 1200, 4)
+    assert shown["status"] == "running" and shown["eta_seconds"] is not None
+    assert len(backend.stagings) == 1  # a pass starts no second initializer for it
+
+    stage(settings, backend, 0, ["config.json", "model.safetensors"])
+    write_config(settings, layers=4)
+    reconcile(client, backend)  # staged: its splits are tokenized next
+    tokens = backend.stagings[1]
+    assert tokens.kind == "tokens" and json.loads(tokens.spec or "")["model"] == MODEL
+    assert job_state(client, job["id"])["status"] == "preparing" and backend.launches == []
+    stage(settings, backend, 1, [])
+    reconcile(client, backend)
+    state = job_state(client, job["id"])
+    assert state["status"] == "starting" and [launch.job_id for launch in backend.launches] == [
+        job["id"]]
+    messages = [e["data"]["message"] for e in client.get(
+        f"/api/v1/jobs/{job['id']}/events?type=job", headers=AUTH).json()["data"]]
+    assert messages[1].startswith(f"preparing: staging model {MODEL}@main")
+    assert messages[2].startswith(f"staged model {MODEL}@main (1.2 kB), tokenized splits")
+    # A second job on the same assets starts at once.
+    assert create_job(client, model=MODEL, dataset="reviews.csv")["status"] == "starting"
+
+
+def test_a_spec_the_staged_model_cannot_train_fails_before_tokenizing(
+        client: TestClient, backend: FakeBackend, settings: Settings) -> None:
+    job = create_job(client, model=MODEL, parallelism="pipeline", pipeline_stages=3,
+                     replicas=1)
+    stage(settings, backend, 0, ["config.json"])
+    write_config(settings, layers=2)
+    reconcile(client, backend)
+    state = job_state(client, job["id"])
+    assert state["status"] == "failed" and state["reason"].startswith("pipeline_stages:")
+    assert [request.kind for request in backend.stagings] == ["model"]
+
+
+def test_a_failed_initializer_fails_the_job_and_the_next_job_tries_again(
+        client: TestClient, backend: FakeBackend, settings: Settings) -> None:
+    job = create_job(client, model=MODEL)
+    request = backend.stagings[0]
+    progress = progress_file(settings.resolved_inputs_dir, request.staging_id)
+    progress.parent.mkdir(parents=True, exist_ok=True)
+    progress.write_text(json.dumps({"state": "failed", "error": "RepositoryNotFoundError"}))
+    backend.end_staging(request.staging_id)
+    reconcile(client, backend)
+    state = job_state(client, job["id"])
+    assert state["status"] == "failed"
+    assert state["reason"] == f"staging model {MODEL}@main failed: RepositoryNotFoundError"
+    again = create_job(client, model=MODEL)
+    assert again["status"] == "preparing" and len(backend.stagings) == 2
+    shown = client.get(f"/api/v1/stagings/{request.staging_id}", headers=AUTH).json()
+    assert shown["status"] == "running" and shown["attempts"] == 2
+
+
+def test_an_initializer_that_ends_without_an_outcome_is_started_again_then_given_up(
+        client: TestClient, backend: FakeBackend, settings: Settings) -> None:
+    """Killed, or started by a control plane that stopped since: no progress says failed."""
+    job = create_job(client, model=MODEL)
+    for attempt in (1, 2, 3):
+        assert len(backend.stagings) == attempt
+        backend.end_staging(backend.stagings[-1].staging_id)
+        reconcile(client, backend)
+    state = job_state(client, job["id"])
+    assert state["status"] == "failed"
+    assert "ended 3 times without an outcome" in state["reason"]
+
+
+def test_cancelling_a_preparing_job(client: TestClient, backend: FakeBackend) -> None:
+    job = create_job(client, model=MODEL)
+    assert client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=AUTH).status_code == 202
+    reconcile(client, backend)
+    assert job_state(client, job["id"])["status"] == "cancelled" and backend.launches == []
