@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from upath import UPath
 
@@ -117,6 +117,14 @@ class Settings(BaseSettings):
     k8s_artifacts_secret: str | None = None
     """With MIGRATOR_ARTIFACTS_URL: the Secret (in the namespace) whose keys every trainer pod
     gets as environment variables, the store's credentials."""
+    k8s_hub_endpoint: str | None = Field(
+        default=None, validation_alias=AliasChoices("MIGRATOR_K8S_HUB_ENDPOINT", "HF_ENDPOINT"))
+    """The Hugging Face hub (or a mirror) that initializer pods stage hub models and datasets
+    from, as their HF_ENDPOINT; unset: the API's own HF_ENDPOINT, else the hub's default. (A
+    local initializer inherits the API's environment.)"""
+    k8s_hub_token_secret: str | None = None
+    """A Secret (in the namespace) whose key `HF_TOKEN` initializer pods get as HF_TOKEN, for
+    gated or private hub repositories; trainer pods never get it."""
     k8s_volumes_dir: Path | None = None
     """Where this API process has the checkpoints and models PVCs mounted (`checkpoints/`,
     `models/` below it); must lie inside the data dir. `<data dir>/volumes` when unset."""

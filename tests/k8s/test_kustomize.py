@@ -237,7 +237,7 @@ def test_rendered_kustomization_validates_strictly(overlay: str) -> None:
     kinds = sorted(d["kind"] for d in rendered)
     assert kinds.count("PersistentVolumeClaim") == 4 and "Role" in kinds
     assert {d["metadata"]["name"] for d in rendered if d["kind"] == "NetworkPolicy"} == {
-        "migrator-trainers", "migrator-coordinators", "migrator-api",
+        "migrator-trainers", "migrator-coordinators", "migrator-initializers", "migrator-api",
         *(["migrator-artifacts-egress"] if overlay == "overlays/object-store" else [])}
     if overlay == "overlays/object-store":
         config = next(d for d in rendered if d["kind"] == "ConfigMap")["data"]

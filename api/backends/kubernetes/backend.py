@@ -12,6 +12,7 @@ in anchor_state.py), so a pass over a quiet job makes no request; pods are mappe
 what the control plane records on a job's anchor goes through anchor_state.py and restarts.py.
 A foreground delete of the anchor removes the pods first and nothing replaces them; the shared
 checkpoints and models PVCs are not owned and stay. API errors keep their meaning (calls.py).
+Hub repositories are staged by an initializer Job each (initializers.py), owned by no job.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from api.backends.base import (
     PlacementError,
     PodStatus,
     StagingRequest,
-    Unsupported,
     WorkloadConflict,
     WorkloadNotFound,
     WorkloadStatus,
@@ -45,6 +45,7 @@ from api.backends.kubernetes.anchor_state import Anchors
 from api.backends.kubernetes.calls import REQUEST_TIMEOUT, api_client, describe, raw
 from api.backends.kubernetes.cluster import ClusterConfig, Manifest
 from api.backends.kubernetes.controller import PodController, placed, shown
+from api.backends.kubernetes.initializers import Initializers
 from api.backends.kubernetes.labels import (
     ALL_TRAINERS,
     JOB_LABEL,
@@ -72,7 +73,9 @@ def cluster_config(settings: Settings) -> ClusterConfig:
                          checkpoints_claim=settings.k8s_checkpoints_claim,
                          models_claim=settings.k8s_models_claim, cpu=settings.k8s_pod_cpu,
                          memory=settings.k8s_pod_memory, cache_size=settings.k8s_cache_size,
-                         artifacts_secret=settings.k8s_artifacts_secret)
+                         artifacts_secret=settings.k8s_artifacts_secret,
+                         hub_endpoint=settings.k8s_hub_endpoint,
+                         hub_token_secret=settings.k8s_hub_token_secret)
 
 
 class KubernetesBackend:
@@ -86,6 +89,7 @@ class KubernetesBackend:
         self.restart_budget = restart_budget
         self.core, self.apps = client.CoreV1Api(api), client.AppsV1Api(api)
         self.networking = client.NetworkingV1Api(api)
+        self.initializers = Initializers(client.BatchV1Api(api), cluster)
         self.watcher = PodWatcher(self.core, self.namespace, ALL_TRAINERS,
                                   watch_timeout, key=ordinal_key)
         self._lock = threading.Lock()
@@ -331,14 +335,10 @@ class KubernetesBackend:
         return self.anchors.active()
 
     def stage(self, request: StagingRequest) -> None:
-        # An initializer Job with its own egress policy is the design (docs/datasets.md); until
-        # it exists, a hub repository reaches a cluster's jobs only through the data volume.
-        raise Unsupported(f"staging hub {request.kind} '{request.repo_id}' is not available on "
-                          "the Kubernetes backend yet: put its files on migrator-data and name "
-                          "the directory")
+        self.initializers.start(request)
 
     def staging(self, staging_id: str) -> bool:
-        return False
+        return self.initializers.running(staging_id)
 
     def gone(self, job_id: str) -> bool:
         self._ensure_watch()

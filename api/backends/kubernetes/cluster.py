@@ -32,6 +32,12 @@ class ClusterConfig:
     """A Secret whose keys become every trainer pod's environment: the artifacts store's
     credentials (AZURE_STORAGE_CONNECTION_STRING, or AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
     AWS_ENDPOINT_URL), when checkpoints and models go to an object store."""
+    hub_endpoint: str | None = None
+    """The Hugging Face hub (or a mirror) that initializers fetch from
+    (MIGRATOR_K8S_HUB_ENDPOINT, else the API's own HF_ENDPOINT); the hub's default when unset."""
+    hub_token_secret: str | None = None
+    """A Secret whose key HF_TOKEN initializer pods get as HF_TOKEN (gated or private
+    repositories); trainer pods never get it."""
 
 
 def container_security() -> Manifest:

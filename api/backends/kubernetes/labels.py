@@ -25,12 +25,23 @@ REPLICA_LABEL = "live-migrator.io/replica"
 STAGE_LABEL = "live-migrator.io/stage"
 """A trainer pod's place in the job: its replica and, in a pipeline job, the stage it holds
 (pod o is stage o % stages of replica o // stages; a data-parallel pod is stage 0)."""
+STAGING_LABEL = "live-migrator.io/staging"
+"""On an initializer Job and its pod: the staging it runs (one per hub repository and
+revision, shared by every job that names it, so it carries no job label)."""
 TRAINER, LIGHTHOUSE, STORE = "trainer", "lighthouse", "store"
+INITIALIZER = "initializer"
 
 
 def labels(job_id: str, component: str) -> dict[str, str]:
     return {NAME_LABEL: APP, INSTANCE_LABEL: job_id, COMPONENT_LABEL: component,
             PART_OF_LABEL: APP, MANAGED_BY_LABEL: MANAGED_BY, JOB_LABEL: job_id}
+
+
+def staging_labels(staging_id: str) -> dict[str, str]:
+    """An initializer's: its own component, which the namespace's policy for initializers
+    selects (k8s/base/network-policy.yaml) and no policy of trainers does."""
+    return {NAME_LABEL: APP, INSTANCE_LABEL: staging_id, COMPONENT_LABEL: INITIALIZER,
+            PART_OF_LABEL: APP, MANAGED_BY_LABEL: MANAGED_BY, STAGING_LABEL: staging_id}
 
 
 def match_labels(job_id: str, component: str) -> dict[str, str]:

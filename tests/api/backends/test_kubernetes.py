@@ -14,6 +14,7 @@ from api.backends.base import (
     BackendError,
     Launch,
     PlacementError,
+    StagingRequest,
     WorkloadConflict,
     WorkloadNotFound,
     WorkloadStatus,
@@ -27,6 +28,7 @@ from api.backends.kubernetes.anchor import (
 )
 from api.backends.kubernetes.backend import KubernetesBackend, cluster_config
 from api.backends.kubernetes.coordinator import coordinator_deployment, coordinator_service
+from api.backends.kubernetes.initializer_job import job_name
 from api.backends.kubernetes.labels import (
     ALL_TRAINERS,
     JOB_LABEL,
@@ -43,6 +45,7 @@ from tests.api.backends.k8s_fake import FakeApiServer
 from tests.conftest import ROOT
 from tests.support import observed, wait_for
 from trainer.contract.spec import JobSpec
+from trainer.contract.staged import staging_id
 
 NS = "live-migrator"
 BUDGET = 3
@@ -555,6 +558,12 @@ def test_the_role_grants_exactly_the_verbs_the_backend_uses(
     assert first.tail_logs("job-0000000a", 0, 5) == ["hello"]
     assert first.active_jobs() == ["job-0000000a", "job-0000000b"]
     first.delete("job-0000000b")
+    staging = StagingRequest(staging_id("model", "acme/bert"), "model", "acme/bert", "main",
+                             settings.resolved_inputs_dir, settings.data_dir / "staging.log")
+    first.stage(staging)
+    assert first.staging(staging.staging_id)
+    fake_k8s.cluster.fail_job(job_name(staging.staging_id))
+    first.stage(staging)  # 409: the failed one is read, deleted and created anew
     cluster_setup = [r for r in fake_k8s.cluster.requests if "persistentvolumeclaims" in r.path]
     used = verbs_used([r for r in fake_k8s.cluster.requests if r not in cluster_setup])
     role = next(d for d in yaml.safe_load_all((ROOT / "k8s/base/rbac.yaml").read_text())

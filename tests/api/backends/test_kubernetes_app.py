@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.backends import programs
+from api.backends.kubernetes.initializer_job import finished, job_name
 from api.backends.kubernetes.labels import INCARNATION_LABEL, JOB_LABEL, REPLICA_LABEL, STAGE_LABEL
 from api.backends.kubernetes.secret import REPORT_TOKEN_KEY, secret_name
 from api.backends.kubernetes.volumes import exported_model_dir, volume_dirs
@@ -27,6 +29,7 @@ from tests.api.conftest import ADMIN_TOKEN, AUTH, metric
 from tests.factories import completed, record
 from tests.support import wait_for
 from trainer.contract.records import Joined
+from trainer.contract.staged import STAGED_FILE, progress_file, staged_dir, staging_id
 
 NS = "live-migrator"
 SPEC = {"model": "tiny", "dataset": "reviews.csv", "replicas": 2,
@@ -309,3 +312,64 @@ def test_a_pipeline_job_runs_replicas_times_stages_labelled_pods(
                 replacement["labels"][STAGE_LABEL]) == ("1", "1")
         scaled = client.patch(f"/api/v1/jobs/{job_id}", json={"replicas": 3}, headers=AUTH)
         assert scaled.status_code == 422 and "replicas" in scaled.text
+
+
+
+def play_initializers(fake: FakeApiServer, inputs: Path, model_dir: Path) -> None:
+    """Do what each running initializer Job would: stage what it names (a model's files for a
+    model), `staged.json` last, as its rename makes it appear whole; then end it succeeded."""
+    with fake.cluster.store.changed:
+        running = [job for (plural, _, _), job in fake.cluster.store.objects.items()
+                   if plural == "jobs" and not finished(job)]
+    for job in running:
+        command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+        kind, repo_id, revision = command[3], command[4], command[command.index("--revision") + 1]
+        target = staged_dir(inputs, kind, repo_id, revision)
+        if kind == "model":
+            shutil.copytree(model_dir, target)
+        target.mkdir(parents=True, exist_ok=True)
+        files = sorted(f.name for f in target.iterdir())
+        size = sum(f.stat().st_size for f in target.iterdir())
+        (target / STAGED_FILE).write_text(json.dumps(
+            {"kind": kind, "repo_id": repo_id, "revision": revision, "commit": "abc123",
+             "files": files, "bytes": size}))
+        fake.cluster.succeed_job(job["metadata"]["name"])
+
+
+def test_a_hub_model_is_staged_by_an_initializer_job_before_the_pods_start(
+        settings: Settings, fake_k8s: FakeApiServer, tiny_model_dir: Path) -> None:
+    hub = "acme/tiny-bert"
+    staging, inputs = staging_id("model", hub), settings.resolved_inputs_dir
+    cluster = fake_k8s.cluster
+    with start(settings) as client:
+        response = client.post("/api/v1/jobs", json={**SPEC, "model": hub}, headers=AUTH)
+        assert response.status_code == 201, response.text
+        job_id = response.json()["id"]
+        assert response.json()["status"] == "preparing"
+        job = cluster.job(job_name(staging))
+        assert job["spec"]["template"]["spec"]["containers"][0]["command"][3:5] == [
+            "model", hub]
+        # The API reads the initializer's progress through its own mount of the volume.
+        progress = progress_file(inputs, staging)
+        progress.parent.mkdir(parents=True)
+        progress.write_text(json.dumps(
+            {"state": "running", "bytes_done": 1000, "bytes_total": 4000, "files": 3}))
+        shown = wait_for(lambda: (rows := client.get("/api/v1/stagings", headers=AUTH).json()[
+            "data"]) and rows[0]["bytes_done"] == 1000 and rows[0], what="the progress",
+            timeout=10)
+        assert (shown["status"], shown["bytes_total"]) == ("running", 4000)
+        assert job_state(client, job_id)["status"] == "preparing"
+        assert not [key for key in cluster.store.objects if key[0] == "pods"]
+
+        wait_for(lambda: play_initializers(fake_k8s, inputs, tiny_model_dir) or [
+            p["phase"] for p in job_state(client, job_id)["pods"]] == ["Running"] * 2,
+            what="both pods to run", timeout=20)
+        for ordinal in (0, 1):
+            env = {e["name"]: e.get("value") for e in
+                   cluster.trainer(job_id, ordinal)["spec"]["containers"][0]["env"]}
+            assert (env["HF_HUB_OFFLINE"], env["HF_DATASETS_OFFLINE"]) == ("1", "1")
+        rows = {r["id"]: r for r in client.get("/api/v1/stagings", headers=AUTH).json()["data"]}
+        assert rows[staging]["status"] == "succeeded" and rows[staging]["bytes_done"] > 0
+        messages = [e["data"].get("message", "") for e in client.get(
+            f"/api/v1/jobs/{job_id}/events?type=job", headers=AUTH).json()["data"]]
+        assert any(m.startswith(f"staged model {hub}@main") for m in messages)

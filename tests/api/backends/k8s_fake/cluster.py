@@ -10,7 +10,7 @@
 - The garbage collector carries out propagationPolicy: Foreground (owner marked with the
   `foregroundDeletion` finalizer, dependents deleted first, then the owner), Background (owner
   gone at once, orphans collected) and Orphan (owner references removed). PVCs that no object
-  owns are never touched. Deployments get no pods (nothing here needs them).
+  owns are never touched. Deployments and Jobs get no pods (jobs.py: a test ends a Job).
 Tests steer containers with `crash`, `crash_loop`, `oom_kill`, `succeed` and `set_log`.
 """
 
@@ -24,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from tests.api.backends.k8s_fake.jobs import DEFAULT_PROPAGATION, JobController
 from tests.api.backends.k8s_fake.store import ApiError, Obj, Store, now
 
 TICK = 0.02
@@ -58,7 +59,7 @@ class Request:
         return parts[parts.index("namespaces") + 2:] if "namespaces" in parts else []
 
 
-class FakeCluster:
+class FakeCluster(JobController):
     def __init__(self, start_delay: float = 0.05, max_grace: float = 0.3,
                  nodes: tuple[str, ...] = ("node-a", "node-b", "node-c")) -> None:
         self.store = Store()
@@ -135,7 +136,8 @@ class FakeCluster:
                     self.store.update(plural, obj)
                     self._removal_due[name] = time.monotonic() + min(grace, self.max_grace)
                 return copy.deepcopy(obj)
-            policy = propagation or "Background"  # the default of apps/v1 and core objects
+            # Background: the default of apps/v1 and core objects.
+            policy = propagation or (DEFAULT_PROPAGATION if plural == "jobs" else "Background")
             if policy == "Foreground":
                 if not metadata.get("deletionTimestamp"):
                     metadata.update(deletionTimestamp=now(), deletionGracePeriodSeconds=0,
@@ -256,6 +258,7 @@ class FakeCluster:
 
     def _reconcile(self) -> None:
         """The scheduler: bind each schedulable Pending pod to a node, or say why not."""
+        self._start_jobs()
         for (plural, namespace, name), pod in list(self.store.objects.items()):
             spec = pod.get("spec") or {}
             if (plural != "pods" or spec.get("nodeName")
@@ -351,7 +354,7 @@ class FakeCluster:
                 "StatefulSet": "statefulsets", "Deployment": "deployments",
                 "ConfigMap": "configmaps",
                 "PersistentVolumeClaim": "persistentvolumeclaims",
-                "NetworkPolicy": "networkpolicies"}[obj["kind"]]
+                "NetworkPolicy": "networkpolicies", "Job": "jobs"}[obj["kind"]]
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

@@ -1,11 +1,11 @@
 """The fake cluster over real HTTP on 127.0.0.1, shaped like the Kubernetes API server.
 
 Paths `/api/v1/namespaces/{ns}/{plural}[/{name}[/log]]` and
-`/apis/{apps,networking.k8s.io}/v1/namespaces/{ns}/{plural}[/{name}]`; GET (get, list, watch),
-POST (create), PATCH (merge patch), DELETE (gracePeriodSeconds, propagationPolicy as query or
-DeleteOptions body). Errors are Status objects; watches are chunked newline-delimited JSON events
-that end at timeoutSeconds, and an ERROR event with a 410 Status when the requested version was
-compacted.
+`/apis/{apps,batch,networking.k8s.io}/v1/namespaces/{ns}/{plural}[/{name}]`; GET (get, list,
+watch), POST (create), PATCH (merge patch), DELETE (gracePeriodSeconds, propagationPolicy as
+query or DeleteOptions body). Errors are Status objects; watches are chunked newline-delimited
+JSON events that end at timeoutSeconds, and an ERROR event with a 410 Status when the requested
+version was compacted.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from urllib.parse import parse_qsl, urlsplit
 from tests.api.backends.k8s_fake.cluster import FakeCluster, Request
 from tests.api.backends.k8s_fake.store import KINDS, ApiError, Obj
 
-ROUTE = re.compile(r"^/(?:api/v1|apis/(?P<group>apps|networking\.k8s\.io)/v1)/"
+ROUTE = re.compile(r"^/(?:api/v1|apis/(?P<group>apps|batch|networking\.k8s\.io)/v1)/"
                    r"namespaces/(?P<ns>[^/]+)/"
                    r"(?P<plural>[a-z]+)(?:/(?P<name>[^/]+)(?:/(?P<sub>log))?)?$")
 

@@ -41,7 +41,7 @@ KINDS = {k.plural: k for k in [
     Kind("", "events", "Event"), Kind("", "persistentvolumeclaims", "PersistentVolumeClaim"),
     Kind("", "configmaps", "ConfigMap"),
     Kind("apps", "statefulsets", "StatefulSet"), Kind("apps", "deployments", "Deployment"),
-    Kind("networking.k8s.io", "networkpolicies", "NetworkPolicy")]}
+    Kind("networking.k8s.io", "networkpolicies", "NetworkPolicy"), Kind("batch", "jobs", "Job")]}
 
 
 class ApiError(Exception):
