@@ -1,4 +1,6 @@
-"""Dataset uploads: throughput and the API's peak memory for a large file (issue 25).
+"""Assets (issue 25): a dataset upload's throughput and the API's peak memory for a large file;
+with bench/staging.py, a recreated pod's preparation and the time to a job's first step, staged
+against today's path.
 
 Writes an IMDB-shaped CSV (reviews of about 1.3 kB, two classes, a few duplicates and empty
 rows) of `--gib` GiB, starts the real control plane (uvicorn, SQLite, a backend that launches
@@ -10,7 +12,8 @@ sampling the API process's resident memory every 20 ms. Prints:
   ratio: upload throughput / copy throughput);
 - the API's peak resident memory above its idle memory (goal: within 50 MB).
 
-    PYTHONPATH=. .venv/bin/python -m bench.assets [--gib 1]
+    PYTHONPATH=. .venv/bin/python -m bench.assets [--gib 1] [--parts upload,rejoin,first-step]
+        [--rows 25000] [--rounds 2] [--bert-base]
 """
 
 from __future__ import annotations
@@ -76,12 +79,30 @@ def chunks(path: Path, sent: list[float]) -> Iterator[bytes]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default="upload,rejoin,first-step",
+                        help="upload (this module), rejoin and first-step (bench/staging.py)")
     parser.add_argument("--gib", type=float, default=1.0)
+    parser.add_argument("--rows", type=int, default=25_000,
+                        help="reviews per split of the IMDB-shaped dataset the mirror serves")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--bert-base", action="store_true",
+                        help="rejoin also with BERT-base's shape (random weights, 440 MB)")
     args = parser.parse_args()
+    parts = args.parts.split(",")
+    if "upload" in parts:
+        print("### A dataset upload\n")
+        upload(args.gib)
+    if {"rejoin", "first-step"} & set(parts):
+        from bench import staging
+
+        staging.run(parts, args.rows, args.rounds, args.bert_base)
+
+
+def upload(gib: float) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-assets-") as scratch:
         root = Path(scratch)
         source = root / "reviews.csv"
-        rows = write_reviews(source, int(args.gib * 1024**3))
+        rows = write_reviews(source, int(gib * 1024**3))
         size = source.stat().st_size
         started = time.monotonic()
         shutil.copyfile(source, root / "copy.csv")
