@@ -35,7 +35,7 @@ from api.models import (
     Pod,
     utc_now,
 )
-from api.services import checkpoints, jobs, pod_migrations, preparation
+from api.services import checkpoints, jobs, pod_migrations, preparation, staging
 from api.services.artifacts import checkpoints_dir, model_dir
 from api.services.events import EventLog, completions, new_event
 from api.services.job_credentials import Renewals
@@ -129,13 +129,18 @@ class Reconciler:
                 self.prune_checkpoints(session, self.settings.checkpoint_ttl)
 
     def advance_preparing(self, session: Session) -> None:
-        """Move the stagings of jobs that wait for them on; launch the jobs whose are done."""
+        """Move the stagings of jobs that wait for them on, and launch the jobs whose are done;
+        then every other running staging (imports)."""
         for job in session.exec(select(Job).where(Job.status == JobStatus.preparing)).all():
             try:
                 if preparation.prepared(session, self.settings, self.backend, self.events, job):
                     jobs.launch_job(session, self.settings, self.backend, self.events, job)
             except BackendUnavailable as exc:  # the job failed, with the reason
                 logger.warning("job %s: %s", job.id, exc)
+        try:
+            staging.advance_all(session, self.settings, self.backend)
+        except BackendError as exc:
+            logger.warning("cannot move the stagings on: %s", exc)
 
     def prune_checkpoints(self, session: Session, ttl: float) -> None:
         """Keep only the final and the best checkpoint of each job finished over `ttl` s ago."""

@@ -90,8 +90,7 @@ def build_parser() -> Parser:
     download.add_argument("model_id")
     download.add_argument("--output", type=Path)
     datasets.add_parser(commands)
-    commands.add_parser("stagings", help="hub models and datasets staged for jobs, with "
-                                         "their progress")
+    datasets.add_stagings_parser(commands)
     return parser
 
 
@@ -178,7 +177,7 @@ def run(client: Client, args: argparse.Namespace) -> int:
     elif args.command == "datasets":
         return datasets.run(client, args)
     elif args.command == "stagings":
-        datasets.print_stagings(client.request("GET", "/api/v1/stagings")["data"])
+        return datasets.run_stagings(client, args)
     elif args.command == "download":
         target = args.output or Path(f"{args.model_id}.tar.gz")
         client.download(f"/api/v1/models/{args.model_id}/download", target)

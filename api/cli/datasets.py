@@ -1,5 +1,5 @@
-"""`migrator datasets upload|list|show|delete`: the datasets jobs train on; `migrator stagings`:
-the hub models and datasets staged for jobs."""
+"""`migrator datasets upload|list|show|delete`: the datasets jobs train on; `migrator stagings
+[list|import|delete]`: the hub models and datasets staged for jobs."""
 
 from __future__ import annotations
 
@@ -94,6 +94,32 @@ def show(dataset: dict[str, Any]) -> None:
          f"{dataset['empty']} empty",
          *table(["LABEL", "TEXT"], [[row["label"], row["text"][:100]]
                                     for row in dataset["preview"]]))
+
+
+def add_stagings_parser(commands: Any) -> None:
+    stagings = commands.add_parser("stagings", help="hub models and datasets staged for jobs: "
+                                                    "list (the default), import, delete")
+    verbs = stagings.add_subparsers(dest="verb", metavar="VERB")
+    verbs.add_parser("list", help="each staging with its progress")
+    staged = verbs.add_parser("import", help="stage a hub repository ahead of the jobs")
+    staged.add_argument("kind", choices=["model", "dataset"])
+    staged.add_argument("repo_id", help="org/name")
+    staged.add_argument("--revision", default="main")
+    verbs.add_parser("delete", help="remove a staging no running job reads").add_argument(
+        "staging_id")
+
+
+def run_stagings(client: Client, args: argparse.Namespace) -> int:
+    if args.verb == "import":
+        row = client.request("POST", "/api/v1/stagings", json={
+            "kind": args.kind, "repo_id": args.repo_id, "revision": args.revision})
+        print_stagings([row])
+    elif args.verb == "delete":
+        client.request("DELETE", f"/api/v1/stagings/{args.staging_id}")
+        echo(f"deleted {args.staging_id}")
+    else:
+        print_stagings(client.request("GET", "/api/v1/stagings")["data"])
+    return 0
 
 
 def print_stagings(stagings: list[dict[str, Any]]) -> None:

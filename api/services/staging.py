@@ -10,8 +10,11 @@ staged and starts at once. A failed staging is tried again by the next job that 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import shutil
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
@@ -21,16 +24,23 @@ from sqlmodel import Session, col, func, select
 
 from api.asset_models import Staging, StagingPublic, StagingsPublic, StagingStatus
 from api.backends.base import Backend, StagingRequest
-from api.errors import NotFound
-from api.models import utc_now
+from api.errors import Conflict, NotFound
+from api.models import FINISHED_STATUSES, Job, utc_now
+from api.services.job_inputs import hub_repositories
 from api.settings import Settings
 from trainer.contract.staged import (
     DEFAULT_REVISION,
+    HUB_DIR,
+    PARTIAL_DIR,
+    STAGED_FILE,
+    TOKENS_DIR,
     Kind,
     progress_file,
     read_staged,
     staged,
+    staged_dir,
     staging_id,
+    tokens_key,
 )
 
 logger = logging.getLogger(__name__)
@@ -146,3 +156,63 @@ def describe(row: Staging) -> str:
     if row.kind == "tokens":
         return f"tokenized splits {row.repo_id}"
     return f"{row.kind} {row.repo_id}@{row.revision}"
+
+
+def import_repository(session: Session, settings: Settings, backend: Backend, kind: Kind,
+                      repo_id: str, revision: str) -> tuple[Staging, bool]:
+    """Stage a hub repository ahead of the jobs that will name it: (the staging, whether it was
+    staged already). A failed one is tried again."""
+    already = staged(settings.resolved_inputs_dir, kind, repo_id, revision) is not None
+    return advance(session, settings, backend, kind, repo_id, revision, retry=True), already
+
+
+def advance_all(session: Session, settings: Settings, backend: Backend) -> None:
+    """Move every running repository staging on (imports no job waits for among them; a job's
+    tokens are moved on by the job, which holds the spec they need)."""
+    running = session.exec(select(Staging).where(Staging.status == StagingStatus.running,
+                                                 Staging.kind != "tokens")).all()
+    for row in running:
+        advance(session, settings, backend, cast(Kind, row.kind), row.repo_id, row.revision)
+
+
+def users(session: Session, settings: Settings, row: Staging) -> list[str]:
+    """The jobs not finished that read the staging."""
+    inputs = settings.resolved_inputs_dir
+    found = []
+    for job in session.exec(select(Job).where(col(Job.status).not_in(FINISHED_STATUSES))):
+        if row.kind == "tokens":
+            reads = tokens_key(job.spec) == row.repo_id
+        else:
+            reads = row.revision == DEFAULT_REVISION and (
+                row.kind, row.repo_id) in hub_repositories(job.spec, inputs)
+        if reads:
+            found.append(job.id)
+    return found
+
+
+def delete_staging(session: Session, settings: Settings, staging: str) -> None:
+    """Remove what was staged and its record; 409 while it runs or a job not finished reads
+    it (its files are renamed away first: a job started meanwhile stages them again)."""
+    row = get_staging(session, staging)
+    if row.status == StagingStatus.running:
+        raise Conflict(f"staging '{row.id}' is running: wait for it to end first")
+    using = users(session, settings, row)
+    if using:
+        raise Conflict(f"{describe(row)} is in use by {', '.join(using)}: cancel or wait for "
+                       "them first")
+    session.delete(row)
+    session.commit()
+    inputs = settings.resolved_inputs_dir
+    directory = staged_dir(inputs, cast(Kind, row.kind), row.repo_id, row.revision)
+    doomed = inputs / HUB_DIR / PARTIAL_DIR / f"{uuid.uuid4().hex}.deleted"
+    doomed.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        directory.replace(doomed)
+        if row.kind == "tokens":  # its files too, but those another staging lists as well
+            tokens = inputs / HUB_DIR / TOKENS_DIR
+            kept = {name for other in tokens.glob(f"*/*/{STAGED_FILE}")
+                    for name in json.loads(other.read_text()).get("files", {}).values()}
+            for name in set(read_staged(doomed).get("files", {}).values()) - kept:
+                (tokens / name).unlink(missing_ok=True)
+    shutil.rmtree(doomed, ignore_errors=True)
+    progress_file(inputs, row.id).unlink(missing_ok=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from fastapi.testclient import TestClient
 
 from api.settings import Settings
@@ -119,3 +120,58 @@ def test_cancelling_a_preparing_job(client: TestClient, backend: FakeBackend) ->
     assert client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=AUTH).status_code == 202
     reconcile(client, backend)
     assert job_state(client, job["id"])["status"] == "cancelled" and backend.launches == []
+
+
+def test_an_import_stages_a_repository_ahead_of_the_jobs_and_a_delete_frees_it(
+        client: TestClient, backend: FakeBackend, settings: Settings) -> None:
+    body = {"kind": "model", "repo_id": MODEL, "revision": "v2"}
+    started = client.post("/api/v1/stagings", json=body, headers=AUTH)
+    assert started.status_code == 202, started.text
+    staging = started.json()
+    assert started.headers["Location"] == f"/api/v1/stagings/{staging['id']}"
+    assert (staging["status"], backend.stagings[0].revision) == ("running", "v2")
+    refused = client.delete(f"/api/v1/stagings/{staging['id']}", headers=AUTH)
+    assert refused.status_code == 409 and "running" in refused.text
+
+    # No job waits for it: the reconciler moves it on all the same.
+    directory = staged_dir(settings.resolved_inputs_dir, "model", MODEL, "v2")
+    directory.mkdir(parents=True)
+    (directory / STAGED_FILE).write_text(json.dumps({"files": ["config.json"], "bytes": 10}))
+    backend.end_staging(staging["id"])
+    reconcile(client, backend)
+    shown = client.get(f"/api/v1/stagings/{staging['id']}", headers=AUTH).json()
+    assert shown["status"] == "succeeded" and shown["bytes_done"] == 10
+    again = client.post("/api/v1/stagings", json=body, headers=AUTH)
+    assert again.status_code == 200 and len(backend.stagings) == 1
+
+    assert client.delete(f"/api/v1/stagings/{staging['id']}", headers=AUTH).status_code == 204
+    assert not directory.exists()
+    assert client.get(f"/api/v1/stagings/{staging['id']}", headers=AUTH).status_code == 404
+    assert client.delete(f"/api/v1/stagings/{staging['id']}", headers=AUTH).status_code == 404
+
+
+def test_a_staging_a_job_reads_cannot_be_deleted(client: TestClient, backend: FakeBackend,
+                                                  settings: Settings) -> None:
+    job = create_job(client, model=MODEL)
+    stage(settings, backend, 0, ["config.json"])
+    write_config(settings, layers=4)
+    reconcile(client, backend)
+    model = backend.stagings[0].staging_id
+    refused = client.delete(f"/api/v1/stagings/{model}", headers=AUTH)
+    assert refused.status_code == 409 and job["id"] in refused.json()["detail"]
+    assert client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=AUTH).status_code == 202
+    assert client.delete(f"/api/v1/stagings/{model}", headers=AUTH).status_code == 204
+
+
+@pytest.mark.parametrize("body", [
+    {"kind": "model", "repo_id": "../../etc"},
+    {"kind": "model", "repo_id": "acme/bert", "revision": "../main"},
+    {"kind": "model", "repo_id": "acme/bert", "revision": ".."},
+    {"kind": "dataset", "repo_id": "acme/..", "revision": "main"},
+    {"kind": "tokens", "repo_id": "0123456789abcdef"},
+    {"kind": "model"},
+])
+def test_an_import_of_something_else_is_a_422(client: TestClient, backend: FakeBackend,
+                                              body: dict) -> None:
+    assert client.post("/api/v1/stagings", json=body, headers=AUTH).status_code == 422
+    assert backend.stagings == []

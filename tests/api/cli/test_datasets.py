@@ -9,6 +9,8 @@ from fastapi.testclient import TestClient
 
 from api.cli.commands import main
 from tests.api.conftest import ADMIN_TOKEN
+from tests.api.fakes import FakeBackend
+from trainer.contract.staged import STAGED_FILE, staged_dir
 
 
 @pytest.fixture
@@ -90,3 +92,25 @@ def test_stagings_lists_each_repository_with_its_progress(
     assert shown["status"] == "running" and shown["bytes_total"] == 419_430_400
     assert client.get("/api/v1/stagings/st-absent",
                       headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).status_code == 404
+
+
+def test_stagings_import_and_delete(client: TestClient, capsys: pytest.CaptureFixture[str],
+                                    backend: FakeBackend) -> None:
+    def run_stagings(*argv: str) -> tuple[int, str, str]:
+        code = main(["--token", ADMIN_TOKEN, "stagings", *argv], http=client)
+        return code, *capsys.readouterr()
+
+    code, out, err = run_stagings("import", "model", "acme/bert", "--revision", "v1")
+    assert code == 0 and "acme/bert@v1" in out and "running" in out, err
+    request = backend.stagings[0]
+    code, _, err = run_stagings("delete", request.staging_id)
+    assert code == 1 and "is running" in err  # the 409's reason
+    directory = staged_dir(request.inputs_dir, "model", "acme/bert", "v1")
+    directory.mkdir(parents=True)
+    (directory / STAGED_FILE).write_text('{"files": ["config.json"], "bytes": 10}')
+    backend.end_staging(request.staging_id)
+    code, out, _ = run_stagings("import", "model", "acme/bert", "--revision", "v1")
+    assert code == 0 and "succeeded" in out  # staged: nothing started again
+    assert run_stagings("delete", request.staging_id)[:2] == (0, f"deleted {request.staging_id}\n")
+    code, out, _ = run_stagings()
+    assert code == 0 and out.splitlines()[1:] == []
