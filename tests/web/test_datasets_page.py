@@ -110,6 +110,15 @@ def test_stagings_are_shown_with_their_progress_until_they_end(control_plane: Co
         wait_for(lambda: "succeeded" in row.inner_text(), timeout=20,
                  what="the page to show the staging done")
         assert row.locator("progress").count() == 0
+        # Ended: it can be deleted (the control plane's own initializers are not involved).
+        failed.locator("button", has_text="Delete").click()
+        page.click("#confirm-ok")
+        failed.wait_for(state="detached")
+        # An import that the API refuses says why, next to the form.
+        page.fill("#import-repo", "../etc")
+        page.click("form.import button[type=submit]")
+        wait_for(lambda: "repo_id" in page.inner_text("section.stagings p.notice"), timeout=20,
+                 what="the refusal of a repository id that is not one")
     finally:
         with Session(engine) as session:
             for staging_id in ("st-00000000000000aa", "st-00000000000000bb"):
