@@ -84,7 +84,8 @@ class Staging(SQLModel, table=True):
 
     id: str = SQLField(primary_key=True)
     kind: str
-    """model or dataset."""
+    """model, dataset (hub repositories), tokens (a job's tokenized splits) or file (a dataset
+    file imported by its URL)."""
     repo_id: str
     revision: str
     status: StagingStatus = SQLField(default=StagingStatus.running)
@@ -95,6 +96,11 @@ class Staging(SQLModel, table=True):
     bytes_total: int | None = SQLField(default=None, sa_column=Column(BigInteger, nullable=True))
     error: str | None = None
     attempts: int = 0
+    options: dict[str, Any] | None = SQLField(default=None, sa_column=Column(JSON))
+    """What the initializer needs besides the repository: a job's spec (`tokens`), an import's
+    source and columns (`file`)."""
+    dataset_id: str | None = None
+    """`file`: the dataset the imported file became."""
     created_at: datetime = SQLField(default_factory=utc_now,
                                     sa_column=Column(DateTime(timezone=True), nullable=False))
     started_at: datetime | None = SQLField(default=None,
@@ -118,6 +124,10 @@ class StagingPublic(BaseModel):
     """None until the hub has listed the files' sizes (a mirror may not)."""
     error: str | None
     attempts: int
+    source: str | None = None
+    """`file`: the URL it is imported from."""
+    dataset_id: str | None
+    """`file`: the dataset it became, once staged."""
     created_at: UTCDateTime
     started_at: UTCDateTime | None
     finished_at: UTCDateTime | None

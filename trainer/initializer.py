@@ -1,8 +1,9 @@
-"""Stage one hub repository, or a job's tokenized splits, under the inputs dir, once, for every
-job and pod that names them.
+"""Stage one hub repository, a job's tokenized splits, or a dataset file imported by its URL,
+under the inputs dir, once, for every job and pod that names them.
 
     python -m trainer.initializer model org/name --revision main --inputs DIR [--progress FILE]
     python -m trainer.initializer tokens KEY --spec JSON --inputs DIR [--progress FILE]
+    python -m trainer.initializer file KEY --spec '{"source": URL, ...}' --inputs DIR
 
 The control plane runs this before a job's pods start (a process of its own on the local
 backend; on Kubernetes an initializer Job, the only pod allowed to reach the hub). It lists the
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import fnmatch
 import json
 import logging
@@ -184,24 +186,38 @@ def stage_tokens(key: str, spec_json: str, inputs: Path, progress: Progress) -> 
     return target
 
 
+def run(args: argparse.Namespace, progress: Progress) -> Path:
+    if args.kind == "tokens":
+        return stage_tokens(args.repo_id, args.spec or "{}", args.inputs, progress)
+    if args.kind == "file":
+        from trainer.dataset_import import stage_file
+
+        return stage_file(args.repo_id, args.spec or "{}", args.inputs, progress.update)
+    return stage(args.kind, args.repo_id, args.revision, args.inputs, progress)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.initializer",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=["model", "dataset", "tokens"])
-    parser.add_argument("repo_id", help="a hub repository; for tokens, the spec's tokens key")
+    parser.add_argument("kind", choices=["model", "dataset", "tokens", "file"])
+    parser.add_argument("repo_id", help="a hub repository; for tokens and file, their key")
     parser.add_argument("--revision", default=DEFAULT_REVISION)
     parser.add_argument("--inputs", type=Path, required=True)
     parser.add_argument("--progress", type=Path)
-    parser.add_argument("--spec", help="tokens: the job spec, as JSON")
+    parser.add_argument("--spec", help="as JSON: the job spec (tokens), the import (file)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    progress = Progress(args.progress or progress_file(
-        args.inputs, staging_id(args.kind, args.repo_id, args.revision)))
+    staging = staging_id(args.kind, args.repo_id, args.revision)
+    progress = Progress(args.progress or progress_file(args.inputs, staging))
     progress.update()
+    lock = args.inputs / HUB_DIR / PARTIAL_DIR / f"{staging}.lock"
     try:
-        directory = (stage_tokens(args.repo_id, args.spec or "{}", args.inputs, progress)
-                     if args.kind == "tokens" else
-                     stage(args.kind, args.repo_id, args.revision, args.inputs, progress))
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        with lock.open("w") as handle:
+            # One initializer of a staging at a time (one left running by a control plane that
+            # stopped, and the one its successor started): the second finds it staged.
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            directory = run(args, progress)
     except Exception as exc:  # the hub client raises many types; each ends the staging alike
         logger.error("staging %s %s@%s failed: %s", args.kind, args.repo_id, args.revision, exc)
         progress.update(state="failed", error=f"{type(exc).__name__}: {exc}"[:2000])

@@ -129,15 +129,16 @@ class StagingRequest:
     works, and ends with the outcome in it."""
 
     staging_id: str
-    kind: Literal["model", "dataset", "tokens"]
+    kind: Literal["model", "dataset", "tokens", "file"]
     repo_id: str
-    """A hub repository; for `tokens`, the spec's tokens key (trainer.contract.staged)."""
+    """A hub repository; for `tokens` and `file`, their key (trainer.contract.staged)."""
     revision: str
     inputs_dir: Path
     log_file: Path
     """Where a local initializer's output goes (a Kubernetes one's is its pod's log)."""
     spec: str | None = None
-    """`tokens`: the job spec whose splits to tokenize, as JSON (`--spec`)."""
+    """As JSON (`--spec`): for `tokens`, the job spec whose splits to tokenize; for `file`, the
+    import (source, name, columns)."""
 
 
 class Backend(Protocol):

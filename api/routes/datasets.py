@@ -1,22 +1,25 @@
-"""Datasets: upload (the file as the request body), list, read, delete."""
+"""Datasets: upload (the file as the request body), import by URL, list, read, delete."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response, status
+from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 
-from api.asset_models import Dataset, DatasetPublic, DatasetsPublic
+from api.asset_models import Dataset, DatasetPublic, DatasetsPublic, StagingPublic
 from api.auth import AdminRoute
 from api.db import session_scope
-from api.deps import EngineDep, SessionDep, SettingsDep
+from api.deps import BackendDep, EngineDep, SessionDep, SettingsDep
 from api.errors import error_responses
 from api.routes import API_PREFIX
 from api.services import datasets as service
-from api.services.tables import MEDIA_TYPES
+from api.services import staging
 from trainer.contract.spec import MAX_INT
+from trainer.contract.staged import IMPORT_SCHEMES
+from trainer.contract.tables import MEDIA_TYPES
 
 router = APIRouter(prefix=API_PREFIX + "/datasets", tags=["datasets"],
                    route_class=AdminRoute, responses=error_responses(401, 403, 422))
@@ -61,6 +64,33 @@ async def upload_dataset(request: Request, response: Response, engine: EngineDep
     if not created:
         response.status_code = status.HTTP_200_OK
     return dataset
+
+
+class DatasetImport(BaseModel):
+    """A dataset file to import by its URL; the columns as for an upload."""
+
+    source: str = Field(max_length=2000, pattern=f"^({'|'.join(IMPORT_SCHEMES)})://[^/]+/.+",
+                        examples=["s3://reviews/2026/imdb.parquet"],
+                        description="https://, http://, s3:// or az://; S3's and Azure's "
+                                    "credentials come from the control plane's environment.")
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    text_column: str | None = Field(default=None, min_length=1, max_length=200)
+    label_column: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+@router.post("/imports", status_code=status.HTTP_202_ACCEPTED, response_model=StagingPublic,
+             responses={200: {"model": StagingPublic, "description": "Imported already."}})
+def import_dataset(body: DatasetImport, response: Response, session: SessionDep,
+                   settings: SettingsDep, backend: BackendDep) -> StagingPublic:
+    """Fetch the file with an initializer, check it and keep it as an upload is: 202 with the
+    staging (its progress at its Location; its `dataset_id` once done, or its `error` saying
+    why the file cannot train a classifier); 200 where it was imported already."""
+    row, already = staging.import_file(session, settings, backend, body.source, body.name,
+                                       body.text_column, body.label_column)
+    response.headers["Location"] = f"{API_PREFIX}/stagings/{row.id}"
+    if already:
+        response.status_code = status.HTTP_200_OK
+    return staging.public(row)
 
 
 @router.get("", response_model=DatasetsPublic)

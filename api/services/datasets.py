@@ -14,8 +14,9 @@ import hashlib
 import shutil
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
@@ -23,18 +24,14 @@ from sqlmodel import Session, col, func, select
 from api.asset_models import Dataset, DatasetPublic, DatasetsPublic
 from api.errors import Conflict, DomainError, NotFound
 from api.models import FINISHED_STATUSES, Job
-from api.services import tables
 from api.settings import Settings
+from trainer.contract import tables
 from trainer.contract.datasets import (
-    DATA_FILE,
     DATASETS_DIR,
     INCOMING_DIR,
-    META_FILE,
     dataset_dir,
     is_dataset_id,
 )
-
-SNIFF_BYTES = 8192
 
 
 class UnusableTable(DomainError):
@@ -54,7 +51,6 @@ class Received:
     path: Path
     sha256: str
     size: int
-    head: bytes
 
     def discard(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -87,73 +83,46 @@ async def receive(chunks: AsyncIterator[bytes], settings: Settings) -> Received:
     directory = incoming(settings)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{uuid.uuid4().hex}.upload"
-    digest, size, head = hashlib.sha256(), 0, b""
+    digest, size = hashlib.sha256(), 0
     try:
         with path.open("wb") as handle:
             async for chunk in chunks:
                 handle.write(chunk)
                 digest.update(chunk)
                 size += len(chunk)
-                if len(head) < SNIFF_BYTES:
-                    head += chunk[:SNIFF_BYTES - len(head)]
     except BaseException:
         path.unlink(missing_ok=True)
         raise
-    return Received(path, digest.hexdigest(), size, head)
-
-
-def _format(name: str | None, content_type: str | None, head: bytes) -> str:
-    fmt = tables.detect_format(name, media_type(content_type), head)
-    utf16 = head[:2] in tables.UTF16_MARKS  # whose text holds NUL bytes
-    if fmt != "parquet" and not utf16 and b"\0" in head:
-        raise UnusableTable(f"not a table: the file is binary, not {fmt.upper()} text (upload "
-                            "CSV, TSV, JSONL or Parquet)")
-    return fmt
+    return Received(path, digest.hexdigest(), size)
 
 
 def store(session: Session, settings: Settings, received: Received, name: str | None,
           content_type: str | None, text_column: str | None,
           label_column: str | None) -> tuple[Dataset, bool]:
     """Check the upload and keep its normal form: (the dataset, whether it is new). The same
-    bytes read with the same columns are the same dataset, kept once."""
-    if received.size == 0:
-        raise UnusableTable("the file is empty")
-    fmt = _format(name, content_type, received.head)
+    bytes read with the same columns are the same dataset, kept once (tables.keep)."""
     try:
-        text, label = tables.choose_columns(received.path, fmt, text_column, label_column)
+        record, _ = tables.keep(received.path, received.sha256, name, media_type(content_type),
+                                text_column, label_column, settings.resolved_inputs_dir)
     except tables.TableError as exc:
         raise UnusableTable(str(exc)) from None
-    dataset_id = "ds-" + hashlib.sha256(
-        f"{received.sha256}\0{fmt}\0{text}\0{label}".encode()).hexdigest()[:16]
-    existing = session.get(Dataset, dataset_id)
+    return register(session, record)
+
+
+def register(session: Session, record: dict[str, Any]) -> tuple[Dataset, bool]:
+    """The dataset whose normal form `record` describes, recorded unless it is already: (it,
+    whether it is new)."""
+    existing = session.get(Dataset, record["id"])
     if existing is not None:
         return existing, False
-    staging = received.path.with_suffix(".d")
-    staging.mkdir()
+    dataset = Dataset.model_validate(record)
+    session.add(dataset)
     try:
-        try:
-            summary = tables.normalise(received.path, fmt, text, label, staging / DATA_FILE)
-        except tables.TableError as exc:
-            raise UnusableTable(str(exc)) from None
-        dataset = Dataset(id=dataset_id, name=name or dataset_id, upload_bytes=received.size,
-                          sha256=received.sha256, size_bytes=(staging / DATA_FILE).stat().st_size,
-                          **asdict(summary))
-        (staging / META_FILE).write_text(dataset.model_dump_json(indent=2))
-        target = dataset_dir(settings.resolved_inputs_dir, dataset_id)
-        try:
-            staging.rename(target)
-        except OSError:  # the same upload, finished first by another request: theirs stands
-            if not (target / DATA_FILE).is_file():
-                raise
-        session.add(dataset)
-        try:
-            session.commit()
-        except IntegrityError:
-            session.rollback()
-            return get_dataset(session, dataset_id), False
-        return dataset, True
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        session.commit()
+    except IntegrityError:  # recorded meanwhile by another request: theirs stands
+        session.rollback()
+        return get_dataset(session, dataset.id), False
+    return dataset, True
 
 
 def get_dataset(session: Session, dataset_id: str) -> Dataset:

@@ -28,6 +28,7 @@ from api.errors import Conflict, NotFound
 from api.models import FINISHED_STATUSES, Job, utc_now
 from api.services.job_inputs import hub_repositories
 from api.settings import Settings
+from trainer.contract.datasets import META_FILE, dataset_dir
 from trainer.contract.staged import (
     DEFAULT_REVISION,
     HUB_DIR,
@@ -35,6 +36,7 @@ from trainer.contract.staged import (
     STAGED_FILE,
     TOKENS_DIR,
     Kind,
+    file_key,
     progress_file,
     read_staged,
     staged,
@@ -89,12 +91,17 @@ def advance(session: Session, settings: Settings, backend: Backend, kind: Kind, 
     found = session.get(Staging, staging_id(kind, repo_id, revision))
     row = found or Staging(id=staging_id(kind, repo_id, revision), kind=kind, repo_id=repo_id,
                            revision=revision)
+    if spec is not None:
+        row.options = json.loads(spec)
+    spec = json.dumps(row.options) if row.options is not None else None
     directory = staged(settings.resolved_inputs_dir, kind, repo_id, revision)
     if directory is not None:
         if row.status != StagingStatus.succeeded or found is None:
             meta = read_staged(directory)
             row.commit, row.files = meta.get("commit"), len(meta.get("files", ()))
             row.bytes_done = row.bytes_total = int(meta.get("bytes", 0))
+            if kind == "file":
+                row.dataset_id = _register(session, settings, meta["dataset_id"])
             _finish(row, StagingStatus.succeeded)
     elif row.status == StagingStatus.failed and not retry:
         pass
@@ -123,8 +130,18 @@ def advance(session: Session, settings: Settings, backend: Backend, kind: Kind, 
     return row
 
 
+def _register(session: Session, settings: Settings, dataset_id: str) -> str:
+    """Record the dataset an imported file became, as an upload's is."""
+    from api.services.datasets import register
+
+    meta = dataset_dir(settings.resolved_inputs_dir, dataset_id) / META_FILE
+    register(session, json.loads(meta.read_text()))
+    return dataset_id
+
+
 def public(row: Staging) -> StagingPublic:
     shown = StagingPublic.model_validate(row)
+    shown.source = (row.options or {}).get("source") if row.kind == "file" else None
     if row.status == StagingStatus.running and row.bytes_total and row.bytes_done and (
             row.started_at is not None):
         elapsed = (utc_now() - _aware(row.started_at)).total_seconds()
@@ -166,11 +183,23 @@ def import_repository(session: Session, settings: Settings, backend: Backend, ki
     return advance(session, settings, backend, kind, repo_id, revision, retry=True), already
 
 
+def import_file(session: Session, settings: Settings, backend: Backend, source: str,
+                name: str | None, text_column: str | None,
+                label_column: str | None) -> tuple[Staging, bool]:
+    """Import a dataset file by its URL (trainer.dataset_import): (the staging, whether it was
+    imported already). A failed import is tried again."""
+    key = file_key(source, text_column, label_column)
+    already = staged(settings.resolved_inputs_dir, "file", key) is not None
+    options = {"source": source, "name": name, "text_column": text_column,
+               "label_column": label_column}
+    return advance(session, settings, backend, "file", key, retry=True,
+                   spec=json.dumps(options)), already
+
+
 def advance_all(session: Session, settings: Settings, backend: Backend) -> None:
-    """Move every running repository staging on (imports no job waits for among them; a job's
-    tokens are moved on by the job, which holds the spec they need)."""
-    running = session.exec(select(Staging).where(Staging.status == StagingStatus.running,
-                                                 Staging.kind != "tokens")).all()
+    """Move every running staging on: imports, which no job waits for, among them (a job's
+    are moved on by the job as well)."""
+    running = session.exec(select(Staging).where(Staging.status == StagingStatus.running)).all()
     for row in running:
         advance(session, settings, backend, cast(Kind, row.kind), row.repo_id, row.revision)
 

@@ -10,6 +10,10 @@ commit, the files, their bytes) beside the repository's files. Pods run with the
 offline (`OFFLINE_ENV`) and load the staged directory as a local model or dataset, so after
 staging no pod fetches a byte from the hub, however often it is recreated.
 
+A dataset file named by its URL (kind `file`: `https://`, `s3://`, `az://`) is fetched by an
+initializer, checked and kept as an upload is (trainer.contract.tables), with
+`hub/files/<key>/main/staged.json` naming the dataset it became.
+
 The job's tokenized splits are staged too (kind `tokens`), once per `tokens_key` (the spec's
 fields that decide them: the model's tokenizer, the dataset, the split, max_length): into
 `hub/tokens/`, where pods find them before tokenizing (trainer.data.tokenize), with
@@ -45,8 +49,10 @@ TOKENS_FIELDS = ("model", "dataset", "text_column", "label_column", "seed", "pre
                  "validation_fraction", "max_train_samples", "max_eval_samples", "max_length")
 """The spec's fields that decide its tokenized splits."""
 
-Kind = Literal["model", "dataset", "tokens"]
-KIND_DIRS = {"model": "models", "dataset": "datasets", "tokens": TOKENS_DIR}
+Kind = Literal["model", "dataset", "tokens", "file"]
+KIND_DIRS = {"model": "models", "dataset": "datasets", "tokens": TOKENS_DIR, "file": "files"}
+IMPORT_SCHEMES = ("https", "http", "s3", "az")
+"""Where a dataset file may be imported from (kind `file`): the web, S3, Azure Blob."""
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 REVISION = re.compile(r"^[\w.-]{1,100}$")
 
@@ -58,6 +64,13 @@ def staged_dir(inputs: Path, kind: Kind, repo_id: str, revision: str = DEFAULT_R
     if not REVISION.match(revision) or revision.strip(".") == "":
         raise ValueError(f"'{revision}' is not a revision (a branch, tag or commit)")
     return inputs / HUB_DIR / KIND_DIRS[kind] / repo_id / revision
+
+
+def file_key(source: str, text_column: str | None, label_column: str | None) -> str:
+    """The id of a dataset file's import (a `file` staging's repository id): the same file read
+    with the same columns is imported once."""
+    key = json.dumps([source, text_column, label_column])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def tokens_key(spec: Any) -> str:

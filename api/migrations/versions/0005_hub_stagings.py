@@ -1,4 +1,5 @@
-"""Hub repositories staged for jobs (api.asset_models.Staging), and the job status `preparing`.
+"""Stagings for jobs (api.asset_models.Staging: hub repositories, tokenized splits, imported
+dataset files), and the job status `preparing`.
 
 Revision ID: 0005
 Revises: 0004
@@ -37,6 +38,8 @@ def upgrade() -> None:
         sa.Column("bytes_total", sa.BigInteger(), nullable=True),
         sa.Column("error", text(), nullable=True),
         sa.Column("attempts", sa.Integer(), nullable=False),
+        sa.Column("options", sa.JSON(), nullable=True),
+        sa.Column("dataset_id", text(), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),

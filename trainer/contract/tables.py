@@ -1,5 +1,5 @@
-"""An uploaded table (CSV, TSV, JSONL or Parquet) read in batches, checked, and written once in
-the normal form pods train on (trainer.contract.datasets).
+"""A table (CSV, TSV, JSONL or Parquet: uploaded, or imported by an initializer) read in batches,
+checked, and written once in the normal form pods train on (trainer.contract.datasets).
 
 Memory stays flat whatever the file's size: the file is read twice, a block at a time. The
 first pass keeps 12 bytes per usable row (a hash of its text and its label's code) to find
@@ -10,10 +10,12 @@ few rows, not UTF-8.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -24,7 +26,16 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from trainer.contract.datasets import LABEL, SENTIMENT_WORDS, TEXT, JsonLineError, json_objects
+from trainer.contract.datasets import (
+    DATA_FILE,
+    LABEL,
+    META_FILE,
+    SENTIMENT_WORDS,
+    TEXT,
+    JsonLineError,
+    dataset_dir,
+    json_objects,
+)
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
            ".parquet": "parquet"}
@@ -280,3 +291,50 @@ def _write(path: Path, fmt: str, columns: list[str], first: np.ndarray, every_co
         if pending:
             writer.write_table(pa.Table.from_batches(pending, schema))
     return preview
+
+
+SNIFF_BYTES = 8192
+"""How much of a file's start decides its format, where its name and media type do not."""
+
+
+def keep(path: Path, sha256: str, name: str | None, media_type: str, text: str | None,
+         label: str | None, inputs: Path) -> tuple[dict[str, Any], bool]:
+    """Check the file at `path` and keep its normal form under `inputs`, unless the same bytes
+    read with the same columns are kept already: (the dataset's record, as dataset.json holds
+    it; whether it is new). The record lacks `created_at`, which its reader adds. The same
+    dataset is kept once, whoever keeps it first (an upload, an import)."""
+    size = path.stat().st_size
+    if size == 0:
+        raise TableError("the file is empty")
+    with path.open("rb") as handle:
+        head = handle.read(SNIFF_BYTES)
+    fmt = detect_format(name, media_type, head)
+    if fmt != "parquet" and head[:2] not in UTF16_MARKS and b"\0" in head:  # UTF-16 has NULs
+        raise TableError(f"not a table: the file is binary, not {fmt.upper()} text (upload "
+                         "CSV, TSV, JSONL or Parquet)")
+    text, label = choose_columns(path, fmt, text, label)
+    key = f"{sha256}\0{fmt}\0{text}\0{label}".encode()
+    dataset_id = "ds-" + hashlib.sha256(key).hexdigest()[:16]
+    target = dataset_dir(inputs, dataset_id)
+    if (target / META_FILE).is_file():
+        kept: dict[str, Any] = json.loads((target / META_FILE).read_text())
+        return kept, False
+    staging = path.parent / f"{path.name}.d"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        summary = normalise(path, fmt, text, label, staging / DATA_FILE)
+        record = {"id": dataset_id, "name": name or dataset_id, "upload_bytes": size,
+                  "sha256": sha256, "size_bytes": (staging / DATA_FILE).stat().st_size,
+                  **asdict(summary)}
+        (staging / META_FILE).write_text(json.dumps(record, indent=2))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            staging.rename(target)
+        except OSError:  # the same file, kept first by another upload or import: theirs stands
+            if not (target / META_FILE).is_file():
+                raise
+            return json.loads((target / META_FILE).read_text()), False
+        return record, True
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
