@@ -91,3 +91,22 @@ def test_a_model_with_safetensors_weights_is_staged_without_other_formats(
         files: list[str], kept: list[str]) -> None:
     assert initializer.wanted("model", files) == kept
     assert initializer.wanted("dataset", files) == files
+
+
+def test_two_initializers_of_one_staging_fetch_it_once(hub_mirror: HubMirror, tmp_path: Path,
+                                                       tiny_model_dir: Path) -> None:
+    """One left running by a control plane that stopped, one its successor started."""
+    hub_mirror.add_model(MODEL, tiny_model_dir)
+    inputs = tmp_path / "inputs"
+    env = {"PATH": "/usr/bin:/bin", "HF_ENDPOINT": hub_mirror.endpoint,
+           "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+    both = [subprocess.Popen([sys.executable, "-m", "trainer.initializer", "model", MODEL,
+                              "--inputs", str(inputs)], env=env, stderr=subprocess.PIPE)
+            for _ in range(2)]
+    assert [process.wait(timeout=120) for process in both] == [0, 0]
+    for process in both:
+        assert process.stderr is not None
+        process.stderr.close()
+    assert staged(inputs, "model", MODEL) is not None
+    counts = collections.Counter(hub_mirror.fetches())
+    assert counts and set(counts.values()) == {1}
