@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, get_args
 
+from api.asset_models import StagingStatus
 from api.backends.base import PodPhase
 from api.models import FINISHED_STATUSES, EventType, JobStatus
 from api.services.jobs import REMOVED
@@ -34,6 +35,8 @@ GROUPS: dict[str, tuple[str, tuple[Any, ...]]] = {
               "(EVENT_TYPES, CONTROL_EVENT_TYPES).", (*EVENT_TYPES, *CONTROL_EVENT_TYPES)),
     "SPLIT": ("An evaluation's split (trainer.contract.records.EvalSplit).", get_args(EvalSplit)),
     "JOB_STATUS": ("A job's status (api.models.JobStatus).", tuple(JobStatus)),
+    "STAGING_STATUS": ("A staging's status (api.asset_models.StagingStatus).",
+                       tuple(StagingStatus)),
     "POD_PHASE": ("A pod's phase (api.backends.base.PodPhase), and `Removed`: scaled away.",
                   (*get_args(PodPhase), REMOVED)),
     "FAULT_TOLERANCE": ("The spec's `fault_tolerance`.", spec_choices("fault_tolerance")),

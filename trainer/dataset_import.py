@@ -50,7 +50,7 @@ def fetch(source: str, target: Path, report: Report) -> tuple[str, str]:
             response.raise_for_status()
             length = response.headers.get("content-length")
             report(bytes_total=int(length) if length else None)
-            sha256 = _copy(response.iter_bytes(CHUNK), target, report)
+            sha256 = _copy(response.iter_bytes(), target, report)  # as it arrives
             return sha256, response.headers.get("content-type", "").split(";")[0].strip()
     path = artifact_store.location(source)
     report(bytes_total=path.stat().st_size)

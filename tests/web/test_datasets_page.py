@@ -1,9 +1,11 @@
 """The datasets page in real Chromium: upload, what the checks found, the new-job form's choice,
-a refused file, delete."""
+a refused file, delete; imports shown with their progress."""
 
 from __future__ import annotations
 
 import csv
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -74,55 +76,70 @@ def test_a_dataset_uploaded_in_the_browser_is_shown_offered_and_deleted(
     assert control_plane.http.get(f"/api/v1/datasets/{dataset_id}").status_code == 404
 
 
-def test_stagings_are_shown_with_their_progress_until_they_end(control_plane: ControlPlane,
-                                                              page: Any) -> None:
-    from datetime import timedelta
+class HeldBack(BaseHTTPRequestHandler):
+    """A CSV of reviews sent half at once, the rest once `release` is set; 404 elsewhere."""
 
-    from sqlmodel import Session, create_engine
+    body = b""
+    release = threading.Event()
 
-    from api.asset_models import Staging, StagingStatus
-    from api.models import utc_now
+    def do_GET(self) -> None:
+        if self.path != "/reviews.csv":
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        half = len(self.body) // 2
+        self.wfile.write(self.body[:half])
+        self.wfile.flush()
+        self.release.wait(60)
+        self.wfile.write(self.body[half:])
 
-    engine = create_engine(f"sqlite:///{control_plane.data_dir / 'migrator.db'}")
-    running = Staging(id="st-00000000000000aa", kind="model", repo_id="acme/bert",
-                      revision="main", status=StagingStatus.running, bytes_done=100_000_000,
-                      bytes_total=400_000_000, started_at=utc_now() - timedelta(seconds=10))
-    with Session(engine) as session:
-        session.add(running)
-        session.add(Staging(id="st-00000000000000bb", kind="dataset", repo_id="acme/reviews",
-                            revision="main", status=StagingStatus.failed,
-                            error="RepositoryNotFoundError: 404"))
-        session.commit()
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_an_import_is_shown_with_its_progress_until_it_ends(
+        control_plane: ControlPlane, page: Any, tmp_path: Path) -> None:
+    """A real import (an initializer fetching from a web server the test holds back), shown
+    running with a progress bar and an ETA, then done; a failed one with its reason, deleted."""
+    HeldBack.body = three_classes(tmp_path / "held.csv").read_bytes()
+    HeldBack.release.clear()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), HeldBack)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
+        running = control_plane.http.post("/api/v1/datasets/imports",
+                                          json={"source": f"{url}/reviews.csv",
+                                                "label_column": "mood"}).json()
+        failed = control_plane.http.post("/api/v1/datasets/imports",
+                                         json={"source": f"{url}/absent.csv"}).json()
         login(page, control_plane, "#/datasets")
-        row = page.locator("table.stagings tr[data-staging='st-00000000000000aa']")
-        row.wait_for()
-        assert row.locator("progress").get_attribute("value") == "100000000"
-        assert "running" in row.inner_text() and "s left" in row.inner_text()
-        failed = page.locator("table.stagings tr[data-staging='st-00000000000000bb']")
-        assert "RepositoryNotFoundError: 404" in failed.inner_text()
-        with Session(engine) as session:
-            done = session.get(Staging, running.id)
-            assert done is not None
-            done.status, done.bytes_done, done.finished_at = (
-                StagingStatus.succeeded, 400_000_000, utc_now())
-            session.commit()
-        wait_for(lambda: "succeeded" in row.inner_text(), timeout=20,
-                 what="the page to show the staging done")
+        row = page.locator(f"table.stagings tr[data-staging='{running['id']}']")
+        wait_for(lambda: row.count() and row.locator("progress").count()
+                 and "s left" in row.inner_text(), timeout=60,
+                 what="the import shown running, with its progress and ETA")
+        assert f"{url}/reviews.csv" in row.inner_text()
+        assert int(row.locator("progress").get_attribute("max") or 0) == len(HeldBack.body)
+        refused = page.locator(f"table.stagings tr[data-staging='{failed['id']}']")
+        wait_for(lambda: "404" in refused.inner_text(), timeout=60,
+                 what="the failed import's reason")
+        HeldBack.release.set()
+        wait_for(lambda: "succeeded" in row.inner_text(), timeout=60,
+                 what="the page to show the import done")
         assert row.locator("progress").count() == 0
-        # Ended: it can be deleted (the control plane's own initializers are not involved).
-        failed.locator("button", has_text="Delete").click()
+        # Ended: it can be deleted.
+        refused.locator("button", has_text="Delete").click()
         page.click("#confirm-ok")
-        failed.wait_for(state="detached")
+        refused.wait_for(state="detached")
         # An import that the API refuses says why, next to the form.
         page.fill("#import-repo", "../etc")
         page.click("form.import button[type=submit]")
         wait_for(lambda: "repo_id" in page.inner_text("section.stagings p.notice"), timeout=20,
                  what="the refusal of a repository id that is not one")
     finally:
-        with Session(engine) as session:
-            for staging_id in ("st-00000000000000aa", "st-00000000000000bb"):
-                if (left := session.get(Staging, staging_id)) is not None:
-                    session.delete(left)
-            session.commit()
-        engine.dispose()
+        HeldBack.release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join()

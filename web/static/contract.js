@@ -26,6 +26,9 @@ export const SPLIT = names('SPLIT', ['validation', 'test']);
 /** A job's status (api.models.JobStatus). */
 export const JOB_STATUS = names('JOB_STATUS', ['pending', 'preparing', 'starting', 'running', 'degraded', 'succeeded', 'failed', 'cancelled']);
 
+/** A staging's status (api.asset_models.StagingStatus). */
+export const STAGING_STATUS = names('STAGING_STATUS', ['running', 'succeeded', 'failed']);
+
 /** A pod's phase (api.backends.base.PodPhase), and `Removed`: scaled away. */
 export const POD_PHASE = names('POD_PHASE', ['Pending', 'Running', 'Succeeded', 'Failed', 'Removed']);
 

@@ -2,12 +2,19 @@
 // refreshed while any is running (a job naming a hub model or dataset waits for them); a form
 // that imports one ahead of the jobs, and a Delete button for those that have ended.
 import { api } from './api.js';
+import { STAGING_STATUS } from './contract.js';
 import { ago, bytes, confirmDialog, fill, h, notice } from './dom.js';
 
 const REFRESH_MS = 2000;
 
+/** What it stages: a hub repository at its revision, a job's tokens, an imported file's URL. */
+function named(staging) {
+  if (staging.source) return staging.source;
+  return staging.kind === 'tokens' ? `splits ${staging.repo_id}` : `${staging.repo_id}@${staging.revision}`;
+}
+
 function stagingRow(staging, onDelete) {
-  const running = staging.status === 'running';
+  const running = staging.status === STAGING_STATUS.running;
   const total = staging.bytes_total;
   const progress = running && total
     ? h('progress', { max: total, value: staging.bytes_done, 'aria-label': `${staging.repo_id} staged` })
@@ -16,7 +23,7 @@ function stagingRow(staging, onDelete) {
   const eta = running && staging.eta_seconds != null ? ` · ${Math.round(staging.eta_seconds)} s left` : '';
   return h('tr', { dataset: { staging: staging.id } },
     h('td', {}, staging.kind),
-    h('td', {}, h('span.mono', {}, `${staging.repo_id}@${staging.revision}`)),
+    h('td', {}, h('span.mono', {}, named(staging))),
     h('td', {}, h('span.badge', { dataset: { status: staging.status } }, staging.status)),
     h('td', {}, progress, ' ', h('span.small', {}, amount + eta)),
     h('td', {}, staging.error ? h('span.small.error', {}, staging.error)
@@ -28,6 +35,12 @@ function deleteButton(staging, onDelete) {
   const button = h('button.small.danger', { type: 'button' }, 'Delete');
   button.addEventListener('click', () => onDelete(staging));
   return button;
+}
+
+/** A 422's problems, each with the field it is about; else the error's message. */
+function refusal(error) {
+  if (!Array.isArray(error.detail)) return error.message;
+  return error.detail.map((problem) => `${(problem.loc || []).at(-1)}: ${problem.msg}`).join('; ');
 }
 
 function importForm(onStarted, status) {
@@ -50,7 +63,7 @@ function importForm(onStarted, status) {
       notice(status, `${staging.repo_id}@${staging.revision}: ${staging.status}.`);
       onStarted();
     } catch (error) {
-      if (!error.unauthorized) notice(status, error.message, 'error');
+      if (!error.unauthorized) notice(status, refusal(error), 'error');
     }
   });
   return form;
@@ -71,11 +84,11 @@ export function stagingsSection() {
   let timer = null;
 
   async function remove(staging) {
-    const named = `${staging.repo_id}@${staging.revision}`;
-    if (!await confirmDialog('Delete staging', `Delete the staged ${staging.kind} ${named}?`, 'Delete')) return;
+    const what = named(staging);
+    if (!await confirmDialog('Delete staging', `Delete the staged ${staging.kind} ${what}?`, 'Delete')) return;
     try {
       await api(`/api/v1/stagings/${encodeURIComponent(staging.id)}`, { method: 'DELETE' });
-      notice(status, `Deleted ${named}.`);
+      notice(status, `Deleted ${what}.`);
       refresh();
     } catch (error) {
       if (!error.unauthorized) notice(status, error.message, 'error');
@@ -89,7 +102,7 @@ export function stagingsSection() {
       if (stopped) return;
       fill(body, ...page.data.map((staging) => stagingRow(staging, remove)));
       table.hidden = page.data.length === 0;
-      if (page.data.some((staging) => staging.status === 'running')) {
+      if (page.data.some((staging) => staging.status === STAGING_STATUS.running)) {
         timer = setTimeout(refresh, REFRESH_MS);
       }
     } catch (error) {
