@@ -1,5 +1,5 @@
-"""`migrator datasets upload|list|show|delete`: the datasets jobs train on; `migrator stagings
-[list|import|delete]`: the hub models and datasets staged for jobs."""
+"""`migrator datasets upload|import|list|show|delete`: the datasets jobs train on;
+`migrator stagings [list|import|delete]`: the hub models and datasets staged for jobs."""
 
 from __future__ import annotations
 
@@ -27,6 +27,11 @@ def add_parser(commands: Any) -> None:
     upload.add_argument("--name", help="the name it is listed by (default: the file's)")
     upload.add_argument("--text-column", help="default: text, review, sentence, ...")
     upload.add_argument("--label-column", help="default: label, sentiment, class, ...")
+    imported = verbs.add_parser("import", help="import a file by its URL (https, s3, az)")
+    imported.add_argument("source", help="https://..., s3://bucket/key or az://container/blob")
+    imported.add_argument("--name", help="the name it is listed by (default: the file's)")
+    imported.add_argument("--text-column")
+    imported.add_argument("--label-column")
     verbs.add_parser("list", help="list datasets")
     verbs.add_parser("show", help="a dataset's classes and first rows").add_argument("dataset_id")
     verbs.add_parser("delete", help="delete a dataset no running job uses").add_argument(
@@ -37,6 +42,11 @@ def run(client: Client, args: argparse.Namespace) -> int:
     if args.verb == "upload":
         show(upload(client, args.file, args.name or args.file.name, args.text_column,
                     args.label_column))
+    elif args.verb == "import":
+        print_stagings([client.request("POST", "/api/v1/datasets/imports", json={
+            "source": args.source, "name": args.name, "text_column": args.text_column,
+            "label_column": args.label_column})])
+        echo("follow it with: migrator stagings")
     elif args.verb == "list":
         rows = [[d["id"], d["name"], str(d["rows"]), "/".join(map(str, d["class_counts"])),
                  ", ".join(d["labels"]), human_size(d["size_bytes"])]
@@ -128,6 +138,7 @@ def print_stagings(stagings: list[dict[str, Any]]) -> None:
         done, total = row["bytes_done"], row["bytes_total"]
         progress = human_size(done) + (f" of {human_size(total)}" if total else "")
         eta = f"{row['eta_seconds']:.0f} s" if row.get("eta_seconds") is not None else ""
-        rows.append([row["id"], row["kind"], f"{row['repo_id']}@{row['revision']}",
+        named = row.get("source") or f"{row['repo_id']}@{row['revision']}"
+        rows.append([row["id"], row["kind"], named,
                      row["status"], progress, eta, printable(row["error"] or "")[:80]])
     echo(*table(["ID", "KIND", "REPOSITORY", "STATUS", "PROGRESS", "ETA", "ERROR"], rows))

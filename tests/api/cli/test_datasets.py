@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,16 @@ def test_stagings_import_and_delete(client: TestClient, capsys: pytest.CaptureFi
     assert run_stagings("delete", request.staging_id)[:2] == (0, f"deleted {request.staging_id}\n")
     code, out, _ = run_stagings()
     assert code == 0 and out.splitlines()[1:] == []
+
+
+def test_datasets_import_starts_one_and_says_how_to_follow_it(
+        client: TestClient, capsys: pytest.CaptureFixture[str], backend: FakeBackend) -> None:
+    code, out, err = run(client, capsys, "import", "s3://reviews/2026/imdb.csv",
+                         "--label-column", "sentiment")
+    assert code == 0, err
+    assert "s3://reviews/2026/imdb.csv" in out and "running" in out
+    assert "migrator stagings" in out
+    options = json.loads(backend.stagings[0].spec or "")
+    assert (backend.stagings[0].kind, options["label_column"]) == ("file", "sentiment")
+    code, _, err = run(client, capsys, "import", "ftp://reviews/imdb.csv")
+    assert code == 1 and "source" in err
