@@ -118,7 +118,7 @@ def rejoin(mirror: HubMirror, root: Path, models: dict[str, Path], rounds: int) 
         staging = {"model": initialize(mirror, inputs, "model", repo),
                    "dataset": initialize(mirror, inputs, "dataset", IMDB)}
         staging["tokens"] = initialize(mirror, inputs, "tokens",
-                                       tokens_key(JobSpec.model_validate(spec)),
+                                       tokens_key(JobSpec.model_validate(spec), inputs),
                                        "--spec", json.dumps(spec))
         local = {**spec, "model": str(source)}
         warm_cache = root / "warm-cache"

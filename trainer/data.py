@@ -339,6 +339,12 @@ def token_file(split: Split, tokenizer: TokenizerLike, max_length: int) -> str:
     return f"{digest.hexdigest()[:32]}.npz"
 
 
+def load_tokens(path: Path, pad_id: int) -> TokenizedSplit:
+    """A split tokenize() wrote."""
+    with np.load(path) as cached:
+        return TokenizedSplit(cached["ids"], cached["offsets"], cached["labels"], pad_id)
+
+
 def tokenize(split: Split, tokenizer: TokenizerLike, max_length: int,
              cache_dir: Path | None, staged: Path | None = None) -> TokenizedSplit:
     """Tokenize once per (texts, tokenizer, max_length); later runs and pods read the cache,
@@ -348,8 +354,7 @@ def tokenize(split: Split, tokenizer: TokenizerLike, max_length: int,
     path = cache_dir / "tokens" / name if cache_dir is not None else None
     for found in (staged / name if staged is not None else None, path):
         if found is not None and found.is_file():
-            with np.load(found) as cached:
-                return TokenizedSplit(cached["ids"], cached["offsets"], cached["labels"], pad_id)
+            return load_tokens(found, pad_id)
     encoded = tokenizer(split.texts, truncation=True, max_length=max_length)["input_ids"]
     lengths = np.fromiter((len(e) for e in encoded), dtype=np.int64, count=len(encoded))
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)

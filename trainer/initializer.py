@@ -73,7 +73,7 @@ class Progress:
     def update(self, **changes: Any) -> None:
         self.state |= changes | {"updated": time.time()}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.path.with_suffix(".tmp")
+        partial = self.path.with_suffix(f".{os.getpid()}.tmp")  # one per writer
         partial.write_text(json.dumps(self.state))
         partial.replace(self.path)
 
@@ -161,8 +161,8 @@ def stage_tokens(key: str, spec_json: str, inputs: Path, progress: Progress) -> 
     from trainer.model import load_tokenizer, resolve_model
 
     spec = JobSpec.model_validate_json(spec_json)
-    if tokens_key(spec) != key:
-        raise ValueError(f"the spec's tokens key is {tokens_key(spec)}, not {key}")
+    if tokens_key(spec, inputs) != key:
+        raise ValueError(f"the spec's tokens key is {tokens_key(spec, inputs)}, not {key}")
     folder = inputs / HUB_DIR / TOKENS_DIR
     tokenizer = load_tokenizer(resolve_model(spec.model, inputs))
     with tempfile.TemporaryDirectory() as scratch:  # the datasets library's own cache

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -11,8 +12,15 @@ from torch import nn
 from trainer import lora
 from trainer.config import TrainConfig
 from trainer.contract.spec import JobSpec
-from trainer.contract.staged import HUB_DIR, TOKENS_DIR
-from trainer.data import TokenizedSplit, label_names, load_source, make_splits, tokenize
+from trainer.contract.staged import HUB_DIR, TOKENS_DIR, read_staged, staged, tokens_key
+from trainer.data import (
+    TokenizedSplit,
+    label_names,
+    load_source,
+    load_tokens,
+    make_splits,
+    tokenize,
+)
 from trainer.model import load_model, load_tokenizer, resolve_model
 
 
@@ -48,16 +56,40 @@ def prepare(config: TrainConfig, device: torch.device) -> Prepared:
                             else quantized)
     name_or_path = resolve_model(spec.model, runtime.inputs_dir)
     tokenizer = load_tokenizer(name_or_path)
-    splits = make_splits(load_source(spec, runtime.inputs_dir, runtime.cache_dir), spec)
-    staged = runtime.inputs_dir / HUB_DIR / TOKENS_DIR  # where the control plane staged them
-    train, validation, test = (tokenize(split, tokenizer, spec.max_length, runtime.cache_dir,
-                                        staged)
-                               for split in (splits.train, splits.validation, splits.test))
+    train, validation, test = staged_splits(spec, runtime.inputs_dir, tokenizer) or (
+        tokenized_splits(spec, runtime.inputs_dir, runtime.cache_dir, tokenizer))
     model = adapt(load_model(name_or_path, spec.seed, spec.quantization, device,
                              label_names(spec, runtime.inputs_dir)), spec)
     if spec.quantization == "none":  # a quantized model was loaded onto the device
         model = model.to(device)
     return Prepared(_prepared_key(config), tokenizer, train, validation, test, model)
+
+
+Splits = tuple[TokenizedSplit, TokenizedSplit, TokenizedSplit]
+
+
+def staged_splits(spec: JobSpec, inputs: Path, tokenizer: Any) -> Splits | None:
+    """The splits the control plane tokenized for the spec (trainer.contract.staged), read
+    without the dataset; None where it did not."""
+    found = staged(inputs, "tokens", tokens_key(spec, inputs))
+    if found is None:
+        return None
+    files = read_staged(found)["files"]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    folder = inputs / HUB_DIR / TOKENS_DIR
+    return (load_tokens(folder / files["train"], pad_id),
+            load_tokens(folder / files["validation"], pad_id),
+            load_tokens(folder / files["test"], pad_id))
+
+
+def tokenized_splits(spec: JobSpec, inputs: Path, cache: Path, tokenizer: Any) -> Splits:
+    """The dataset read, split and tokenized: each split from the staged tokens, else this
+    pod's cache, else tokenized now (and cached)."""
+    splits = make_splits(load_source(spec, inputs, cache), spec)
+    staged_tokens = inputs / HUB_DIR / TOKENS_DIR
+    return (tokenize(splits.train, tokenizer, spec.max_length, cache, staged_tokens),
+            tokenize(splits.validation, tokenizer, spec.max_length, cache, staged_tokens),
+            tokenize(splits.test, tokenizer, spec.max_length, cache, staged_tokens))
 
 
 def adapt(model: nn.Module, spec: JobSpec) -> nn.Module:

@@ -92,7 +92,7 @@ def prepared(session: Session, settings: Settings, backend: Backend, events: Eve
             return False
     if repositories or is_dataset_id(job.spec.dataset):
         tokens = _advance(session, settings, backend, events, job,
-                          [("tokens", tokens_key(job.spec))], retry)
+                          [("tokens", tokens_key(job.spec, inputs))], retry)
         if tokens is None:
             return False
         if tokens[0].status == StagingStatus.running:

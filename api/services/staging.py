@@ -210,7 +210,7 @@ def users(session: Session, settings: Settings, row: Staging) -> list[str]:
     found = []
     for job in session.exec(select(Job).where(col(Job.status).not_in(FINISHED_STATUSES))):
         if row.kind == "tokens":
-            reads = tokens_key(job.spec) == row.repo_id
+            reads = tokens_key(job.spec, inputs) == row.repo_id
         else:
             reads = row.revision == DEFAULT_REVISION and (
                 row.kind, row.repo_id) in hub_repositories(job.spec, inputs)

@@ -58,11 +58,12 @@ def test_a_hub_model_and_dataset_are_staged_once_for_every_job_and_pod(
         hub_mirror: HubMirror, tmp_path: Path, inputs_dir: Path, processes: Processes,
         tiny_model_dir: Path) -> None:
     hub_mirror.add_model(MODEL, tiny_model_dir)
-    # Long enough (about 600 steps) for the killed pod to rejoin before the job ends.
-    hub_mirror.add_dataset("stanfordnlp/imdb", make_imdb_like(tmp_path / "imdb", rows=800))
+    # The seed recipe (preset seed: a quarter of IMDB's 50,000 reviews, split anew): here a
+    # quarter of 6,000, long enough (about 700 steps) for the killed pod to rejoin.
+    hub_mirror.add_dataset("stanfordnlp/imdb", make_imdb_like(tmp_path / "imdb", rows=3000))
     plane = hub_plane(processes, tmp_path, inputs_dir, hub_mirror.endpoint)
     try:
-        spec = tiny_spec(model=MODEL, dataset="imdb", replicas=2, epochs=12,
+        spec = tiny_spec(model=MODEL, dataset="imdb", preset="seed", replicas=2, epochs=12,
                          max_eval_samples=100, fault_tolerance="live", checkpoint_every_steps=10)
         job = Job(plane, spec)
         assert plane.job(job.id)["status"] == "preparing"

@@ -110,3 +110,34 @@ def test_two_initializers_of_one_staging_fetch_it_once(hub_mirror: HubMirror, tm
     assert staged(inputs, "model", MODEL) is not None
     counts = collections.Counter(hub_mirror.fetches())
     assert counts and set(counts.values()) == {1}
+
+
+def test_a_pod_reads_the_staged_splits_without_the_dataset(tmp_path: Path,
+                                                           tiny_model_dir: Path) -> None:
+    """What the initializer tokenized for a spec is all a pod reads of its data: with the
+    dataset's file gone, a pod still prepares, with the same splits."""
+    import torch
+
+    from tests.factories import make_uploaded_dataset
+    from trainer.config import JobSpec, Runtime, TrainConfig
+    from trainer.contract.datasets import DATA_FILE, dataset_dir
+    from trainer.contract.staged import read_staged, tokens_key
+    from trainer.prepare import prepare
+
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    (inputs / "tiny").symlink_to(tiny_model_dir)
+    spec = JobSpec(model="tiny", dataset=make_uploaded_dataset(inputs), max_eval_samples=50)
+    key = tokens_key(spec, inputs)
+    done = subprocess.run([sys.executable, "-m", "trainer.initializer", "tokens", key, "--spec",
+                           spec.model_dump_json(), "--inputs", str(inputs)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    rows = read_staged(staged(inputs, "tokens", key) or Path())["rows"]
+    (dataset_dir(inputs, spec.dataset) / DATA_FILE).unlink()
+    runtime = Runtime(inputs_dir=inputs, cache_dir=tmp_path / "empty-cache",
+                      checkpoint_dir=tmp_path / "ckpt")
+    prepared = prepare(TrainConfig(spec, runtime), torch.device("cpu"))
+    assert (len(prepared.train), len(prepared.validation), len(prepared.test)) == (
+        rows["train"], rows["validation"], rows["test"])
+    assert not (tmp_path / "empty-cache").exists()  # nothing tokenized, nothing cached

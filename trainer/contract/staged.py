@@ -29,6 +29,8 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
+from trainer.contract.spec import HUB_SOURCES
+
 HUB_DIR = "hub"
 """The inputs dir's folder of staged hub repositories."""
 PARTIAL_DIR = ".partial"
@@ -73,9 +75,19 @@ def file_key(source: str, text_column: str | None, label_column: str | None) -> 
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def tokens_key(spec: Any) -> str:
-    """The id of a spec's tokenized splits (a `tokens` staging's repository id)."""
-    fields = {name: getattr(spec, name) for name in TOKENS_FIELDS}
+def tokens_key(spec: Any, inputs: Path) -> str:
+    """The id of a spec's tokenized splits (a `tokens` staging's repository id): its fields
+    that decide them, and the commits of the hub model and dataset it names as staged under
+    `inputs`, so that a repository staged anew at another commit is tokenized anew."""
+    fields: dict[str, Any] = {name: getattr(spec, name) for name in TOKENS_FIELDS}
+    named: list[tuple[Kind, str]] = (
+        [("dataset", HUB_SOURCES[spec.dataset][0])] if spec.dataset in HUB_SOURCES else [])
+    if REPO_ID.match(spec.model) and ".." not in spec.model:
+        named.append(("model", spec.model))
+    commits = [read_staged(found).get("commit") for kind, repo in named
+               if (found := staged(inputs, kind, repo)) is not None]
+    if commits:
+        fields["commits"] = commits
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
