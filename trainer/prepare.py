@@ -54,7 +54,7 @@ def prepare(config: TrainConfig, device: torch.device) -> Prepared:
     quantized = lora.QUANTIZED_DEVICES
     lora.check_quantization(spec, device, (*quantized, "cpu") if runtime.quantize_on_cpu
                             else quantized)
-    name_or_path = resolve_model(spec.model, runtime.inputs_dir)
+    name_or_path = resolve_model(spec.model, runtime.inputs_dir, spec.model_revision)
     tokenizer = load_tokenizer(name_or_path)
     train, validation, test = staged_splits(spec, runtime.inputs_dir, tokenizer) or (
         tokenized_splits(spec, runtime.inputs_dir, runtime.cache_dir, tokenizer))

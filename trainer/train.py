@@ -65,8 +65,9 @@ def build_part(model: nn.Module, group: Group, config: TrainConfig) -> ModelPart
     spec, inputs_dir, labels = config.spec, config.runtime.inputs_dir, model_labels(model)
     return PipelineModel(model, group, spec.schedule, spec.microbatches, spec.batch_size,
                          spec.max_length,
-                         lambda: load_model(resolve_model(spec.model, inputs_dir), spec.seed,
-                                            labels=labels))
+                         lambda: load_model(resolve_model(spec.model, inputs_dir,
+                                                          spec.model_revision),
+                                            spec.seed, labels=labels))
 
 
 class Trainer:

@@ -106,5 +106,5 @@ class WholeModel:
             return self.module, None
         spec = self.config.spec
         model = unwrap(self.module)
-        return lora.merged(model, spec, resolve_model(spec.model,
-                                                      self.config.runtime.inputs_dir)), model
+        base = resolve_model(spec.model, self.config.runtime.inputs_dir, spec.model_revision)
+        return lora.merged(model, spec, base), model

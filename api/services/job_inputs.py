@@ -71,18 +71,19 @@ def validate_sources(spec: JobCreate, inputs: Path) -> None:
 
 def hub_model(spec: JobSpec, inputs: Path) -> Path | None:
     """The staged copy of the hub model the spec names, if it names one and it is staged."""
-    return staged(inputs, "model", spec.model) if HUB_ID.match(spec.model) else None
+    return (staged(inputs, "model", spec.model, spec.model_revision)
+            if HUB_ID.match(spec.model) else None)
 
 
-def hub_repositories(spec: JobSpec, inputs: Path) -> list[tuple[Kind, str]]:
-    """The hub repositories a valid spec names: its model unless it is a local directory or
-    the offline alias, its dataset if it is a hub alias."""
-    named: list[tuple[Kind, str]] = []
+def hub_repositories(spec: JobSpec, inputs: Path) -> list[tuple[Kind, str, str]]:
+    """The hub repositories a valid spec names, each at its revision: its model unless it is a
+    local directory or the offline alias, its dataset if it is a hub alias."""
+    named: list[tuple[Kind, str, str]] = []
     if spec.model != OFFLINE_MODEL and not Path(spec.model).is_absolute() and not (
             inputs / spec.model).exists() and HUB_ID.match(spec.model):
-        named.append(("model", spec.model))
+        named.append(("model", spec.model, spec.model_revision))
     if spec.dataset in HUB_SOURCES:
-        named.append(("dataset", HUB_SOURCES[spec.dataset][0]))
+        named.append(("dataset", HUB_SOURCES[spec.dataset][0], spec.dataset_revision))
     return named
 
 

@@ -24,7 +24,7 @@ from api.services.job_inputs import check_against_model, hub_model, hub_reposito
 from api.settings import Settings
 from api.sizes import human_size
 from trainer.contract.datasets import is_dataset_id
-from trainer.contract.staged import Kind, tokens_key
+from trainer.contract.staged import DEFAULT_REVISION, Kind, tokens_key
 
 
 def _fail(session: Session, events: EventLog, job: Job, reason: str) -> None:
@@ -38,14 +38,14 @@ def _size(row: Staging) -> str:
 
 
 def _advance(session: Session, settings: Settings, backend: Backend, events: EventLog,
-             job: Job, wanted: list[tuple[Kind, str]], retry: bool) -> list[Staging] | None:
+             job: Job, wanted: list[tuple[Kind, str, str]], retry: bool) -> list[Staging] | None:
     """Move these stagings on; None where one failed (the job failed with it)."""
     rows = []
-    for kind, repo_id in wanted:
+    for kind, repo_id, revision in wanted:
         spec = job.spec.model_dump_json() if kind == "tokens" else None
         try:
-            rows.append(staging.advance(session, settings, backend, kind, repo_id, retry=retry,
-                                        spec=spec))
+            rows.append(staging.advance(session, settings, backend, kind, repo_id, revision,
+                                        retry=retry, spec=spec))
         except BackendError as exc:
             _fail(session, events, job, f"cannot stage {kind} {repo_id}: {exc}")
             return None
@@ -92,7 +92,7 @@ def prepared(session: Session, settings: Settings, backend: Backend, events: Eve
             return False
     if repositories or is_dataset_id(job.spec.dataset):
         tokens = _advance(session, settings, backend, events, job,
-                          [("tokens", tokens_key(job.spec, inputs))], retry)
+                          [("tokens", tokens_key(job.spec, inputs), DEFAULT_REVISION)], retry)
         if tokens is None:
             return False
         if tokens[0].status == StagingStatus.running:

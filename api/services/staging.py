@@ -212,8 +212,7 @@ def users(session: Session, settings: Settings, row: Staging) -> list[str]:
         if row.kind == "tokens":
             reads = tokens_key(job.spec, inputs) == row.repo_id
         else:
-            reads = row.revision == DEFAULT_REVISION and (
-                row.kind, row.repo_id) in hub_repositories(job.spec, inputs)
+            reads = (row.kind, row.repo_id, row.revision) in hub_repositories(job.spec, inputs)
         if reads:
             found.append(job.id)
     return found

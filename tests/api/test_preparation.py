@@ -175,3 +175,17 @@ def test_an_import_of_something_else_is_a_422(client: TestClient, backend: FakeB
                                               body: dict) -> None:
     assert client.post("/api/v1/stagings", json=body, headers=AUTH).status_code == 422
     assert backend.stagings == []
+
+
+def test_a_job_names_the_revisions_it_trains_on(client: TestClient, backend: FakeBackend,
+                                                settings: Settings) -> None:
+    job = create_job(client, model=MODEL, model_revision="v2", dataset="imdb",
+                     dataset_revision="refs-pr-3")
+    assert job["status"] == "preparing"
+    assert [(r.kind, r.repo_id, r.revision) for r in backend.stagings] == [
+        ("model", MODEL, "v2"), ("dataset", "stanfordnlp/imdb", "refs-pr-3")]
+    for revision, field in (("..", "model_revision"), ("a/b", "dataset_revision")):
+        refused = client.post("/api/v1/jobs", json={"model": MODEL, field: revision},
+                              headers=AUTH)
+        assert refused.status_code == 422
+        assert refused.json()["detail"][0]["loc"][:2] == ["body", field]

@@ -141,3 +141,17 @@ def test_a_pod_reads_the_staged_splits_without_the_dataset(tmp_path: Path,
     assert (len(prepared.train), len(prepared.validation), len(prepared.test)) == (
         rows["train"], rows["validation"], rows["test"])
     assert not (tmp_path / "empty-cache").exists()  # nothing tokenized, nothing cached
+
+
+def test_a_pod_resolves_a_hub_model_at_the_revision_its_spec_names(tmp_path: Path) -> None:
+    from trainer.contract.staged import staged_dir
+
+    inputs = tmp_path / "inputs"
+    for revision in ("main", "v2"):
+        directory = staged_dir(inputs, "model", MODEL, revision)
+        directory.mkdir(parents=True)
+        (directory / "config.json").write_text("{}")
+        (directory / STAGED_FILE).write_text("{}")
+    assert resolve_model(MODEL, inputs, "v2") == str(staged_dir(inputs, "model", MODEL, "v2"))
+    assert resolve_model(MODEL, inputs) == str(staged_dir(inputs, "model", MODEL, "main"))
+    assert resolve_model(MODEL, inputs, "v3") == MODEL  # not staged: the hub id

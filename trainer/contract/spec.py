@@ -71,7 +71,15 @@ def _not_blank(value: str) -> str:
     return value
 
 
+def _not_dots(value: str) -> str:
+    if not value.strip("."):
+        raise ValueError("must name a branch, tag or commit")
+    return value
+
+
 Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_not_blank)]
+Revision = Annotated[str, Field(pattern=r"^[\w.-]{1,100}$"), AfterValidator(_not_dots)]
+"""A hub repository's branch, tag or commit."""
 Column = Annotated[str, Field(min_length=1, max_length=100), AfterValidator(_not_blank)]
 
 
@@ -122,6 +130,13 @@ class JobSpec(BaseModel):
     dataset: Name = OFFLINE_DATASET
     """`rotten_tomatoes` (offline), `imdb`, `sst2`, `yelp_polarity`, an uploaded dataset's id
     (`ds-...`, `POST /api/v1/datasets`), or a CSV/JSONL/Parquet file under the inputs dir."""
+
+    model_revision: Revision = "main"
+    """The hub model's branch, tag or commit, staged before the pods start (a local model has
+    none)."""
+
+    dataset_revision: Revision = "main"
+    """The hub dataset's (`imdb`, `sst2`, `yelp_polarity`) branch, tag or commit."""
 
     preset: Literal["seed"] | None = None
     """`seed`: 80/20 train/test split, a 25% sample of each, 20% of train kept for validation."""

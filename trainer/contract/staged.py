@@ -47,8 +47,9 @@ ONLINE_ENV = {name: "0" for name in OFFLINE_ENV}
 
 TOKENS_DIR = "tokens"
 """Inside HUB_DIR: tokenized splits (trainer.data.tokenize's cache files)."""
-TOKENS_FIELDS = ("model", "dataset", "text_column", "label_column", "seed", "preset",
-                 "validation_fraction", "max_train_samples", "max_eval_samples", "max_length")
+TOKENS_FIELDS = ("model", "model_revision", "dataset", "dataset_revision", "text_column",
+                 "label_column", "seed", "preset", "validation_fraction", "max_train_samples",
+                 "max_eval_samples", "max_length")
 """The spec's fields that decide its tokenized splits."""
 
 Kind = Literal["model", "dataset", "tokens", "file"]
@@ -80,12 +81,13 @@ def tokens_key(spec: Any, inputs: Path) -> str:
     that decide them, and the commits of the hub model and dataset it names as staged under
     `inputs`, so that a repository staged anew at another commit is tokenized anew."""
     fields: dict[str, Any] = {name: getattr(spec, name) for name in TOKENS_FIELDS}
-    named: list[tuple[Kind, str]] = (
-        [("dataset", HUB_SOURCES[spec.dataset][0])] if spec.dataset in HUB_SOURCES else [])
+    named: list[tuple[Kind, str, str]] = (
+        [("dataset", HUB_SOURCES[spec.dataset][0], spec.dataset_revision)]
+        if spec.dataset in HUB_SOURCES else [])
     if REPO_ID.match(spec.model) and ".." not in spec.model:
-        named.append(("model", spec.model))
-    commits = [read_staged(found).get("commit") for kind, repo in named
-               if (found := staged(inputs, kind, repo)) is not None]
+        named.append(("model", spec.model, spec.model_revision))
+    commits = [read_staged(found).get("commit") for kind, repo, revision in named
+               if (found := staged(inputs, kind, repo, revision)) is not None]
     if commits:
         fields["commits"] = commits
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
