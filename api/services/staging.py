@@ -1,11 +1,13 @@
-"""Hub repositories staged once for every job that names them (trainer.contract.staged).
+"""Stagings (trainer.contract.staged): hub repositories, a job's tokenized splits and dataset
+files imported by URL, each staged once under the inputs dir for every job that reads it.
 
-A job that names a hub model or a hub dataset alias waits in `preparing` while the backend runs
-an initializer (trainer.initializer) for each repository not staged yet; the reconciler moves
-each staging on every pass (`advance`): it reads the initializer's progress file, and when the
-initializer has ended, records the outcome. A staging is one row per (kind, repository,
-revision), shared by every job that names the same: a second job on the same assets finds them
-staged and starts at once. A failed staging is tried again by the next job that needs it.
+A job that names hub assets waits in `preparing` (api.services.preparation) while the backend
+runs an initializer (trainer.initializer) for each staging not done yet; an import starts one
+with no job waiting. The reconciler moves every running staging on each pass (`advance`): it
+reads the initializer's progress file, and when the initializer has ended, records the outcome
+(an imported file's dataset among it). A staging is one row per (kind, repository, revision),
+shared by every job that names the same: a second job on the same assets finds them staged and
+starts at once. A failed staging is tried again by the next job or import that needs it.
 """
 
 from __future__ import annotations
@@ -66,8 +68,7 @@ def _progress(settings: Settings, staging: str) -> dict[str, Any]:
     return progress
 
 
-def _start(session: Session, settings: Settings, backend: Backend, row: Staging,
-           spec: str | None) -> None:
+def _start(settings: Settings, backend: Backend, row: Staging, spec: str | None) -> None:
     progress_file(settings.resolved_inputs_dir, row.id).unlink(missing_ok=True)
     row.status, row.error, row.finished_at = StagingStatus.running, None, None
     row.attempts, row.started_at, row.bytes_done = row.attempts + 1, utc_now(), 0
@@ -98,10 +99,10 @@ def advance(session: Session, settings: Settings, backend: Backend, kind: Kind, 
     if directory is not None:
         if row.status != StagingStatus.succeeded or found is None:
             meta = read_staged(directory)
+            if kind == "file":  # first: recording the dataset commits (or rolls back) the session
+                row.dataset_id = _register(session, settings, meta["dataset_id"])
             row.commit, row.files = meta.get("commit"), len(meta.get("files", ()))
             row.bytes_done = row.bytes_total = int(meta.get("bytes", 0))
-            if kind == "file":
-                row.dataset_id = _register(session, settings, meta["dataset_id"])
             _finish(row, StagingStatus.succeeded)
     elif row.status == StagingStatus.failed and not retry:
         pass
@@ -120,7 +121,7 @@ def advance(session: Session, settings: Settings, backend: Backend, kind: Kind, 
             _finish(row, StagingStatus.failed, f"the initializer ended {row.attempts} times "
                                                "without an outcome")
         else:
-            _start(session, settings, backend, row, spec)
+            _start(settings, backend, row, spec)
     session.add(row)
     try:
         session.commit()
