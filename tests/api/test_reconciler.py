@@ -373,5 +373,7 @@ def test_a_pass_reads_as_much_for_fifty_jobs_as_for_five(client: TestClient,
     for _ in range(45):
         create_job(client)
     fifty = statements_of_a_quiet_pass()
-    assert len(fifty) == len(five) <= 6, fifty
+    # Five for the active jobs, their pods and migrations; one for the jobs `preparing`, one for
+    # the stagings running (api.services.preparation, api.services.staging).
+    assert len(fifty) == len(five) <= 7, fifty
     assert not [s for s in fifty if s.lstrip().upper().startswith(("INSERT", "UPDATE"))]

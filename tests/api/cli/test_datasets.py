@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from api.cli.commands import main
 from tests.api.conftest import ADMIN_TOKEN
 from tests.api.fakes import FakeBackend
-from trainer.contract.staged import STAGED_FILE, staged_dir
+from trainer.contract.staged import STAGED_FILE, staged_dir, staging_id
 
 
 @pytest.fixture
@@ -61,7 +61,7 @@ def test_a_file_that_cannot_train_or_cannot_be_read_says_why(
 
 
 def test_stagings_lists_each_repository_with_its_progress(
-        client: TestClient, capsys: pytest.CaptureFixture[str]) -> None:
+        client: TestClient, capsys: pytest.CaptureFixture[str], backend: FakeBackend) -> None:
     from datetime import timedelta
 
     from sqlmodel import Session
@@ -69,12 +69,15 @@ def test_stagings_lists_each_repository_with_its_progress(
     from api.asset_models import Staging, StagingStatus
     from api.models import utc_now
 
+    started = staging_id("model", "acme/bert")
+    backend.initializing.add(started)  # its initializer runs: the reconciler leaves it be
     with Session(client.app.state.engine) as session:  # type: ignore[attr-defined]
-        session.add(Staging(id="st-0000000000000001", kind="model", repo_id="acme/bert",
+        session.add(Staging(id=started, kind="model", repo_id="acme/bert",
                             revision="main", status=StagingStatus.running, bytes_done=104_857_600,
                             bytes_total=419_430_400,
                             started_at=utc_now() - timedelta(seconds=1000)))
-        session.add(Staging(id="st-0000000000000002", kind="dataset", repo_id="acme/reviews",
+        session.add(Staging(id=staging_id("dataset", "acme/reviews", "v1"), kind="dataset",
+                            repo_id="acme/reviews",
                             revision="v1", status=StagingStatus.failed, error="401 Unauthorized"))
         session.commit()
     code = main(["--token", ADMIN_TOKEN, "stagings"], http=client)
@@ -90,7 +93,7 @@ def test_stagings_lists_each_repository_with_its_progress(
     assert 3000 <= eta <= 3100
     failed = next(row for row in rows if "acme/reviews@v1" in row)
     assert "failed" in failed and "401 Unauthorized" in failed
-    shown = client.get("/api/v1/stagings/st-0000000000000001",
+    shown = client.get(f"/api/v1/stagings/{started}",
                        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).json()
     assert shown["status"] == "running" and shown["bytes_total"] == 419_430_400
     assert client.get("/api/v1/stagings/st-absent",
