@@ -129,18 +129,18 @@ class Reconciler:
                 self.prune_checkpoints(session, self.settings.checkpoint_ttl)
 
     def advance_preparing(self, session: Session) -> None:
-        """Move the stagings of jobs that wait for them on, and launch the jobs whose are done;
-        then every other running staging (imports)."""
+        """Move every running staging on (those jobs wait for, and imports), once; then launch
+        the jobs whose stagings are all done, or start the next ones they need."""
+        try:
+            staging.advance_all(session, self.settings, self.backend)
+        except BackendError as exc:
+            logger.warning("cannot move the stagings on: %s", exc)
         for job in session.exec(select(Job).where(Job.status == JobStatus.preparing)).all():
             try:
                 if preparation.prepared(session, self.settings, self.backend, self.events, job):
                     jobs.launch_job(session, self.settings, self.backend, self.events, job)
             except BackendUnavailable as exc:  # the job failed, with the reason
                 logger.warning("job %s: %s", job.id, exc)
-        try:
-            staging.advance_all(session, self.settings, self.backend)
-        except BackendError as exc:
-            logger.warning("cannot move the stagings on: %s", exc)
 
     def prune_checkpoints(self, session: Session, ttl: float) -> None:
         """Keep only the final and the best checkpoint of each job finished over `ttl` s ago."""

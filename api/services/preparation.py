@@ -39,13 +39,14 @@ def _size(row: Staging) -> str:
 
 def _advance(session: Session, settings: Settings, backend: Backend, events: EventLog,
              job: Job, wanted: list[tuple[Kind, str, str]], retry: bool) -> list[Staging] | None:
-    """Move these stagings on; None where one failed (the job failed with it)."""
+    """These stagings, started where they are neither staged nor running (the reconciler moves
+    running ones on); None where one failed (the job failed with it)."""
     rows = []
     for kind, repo_id, revision in wanted:
         spec = job.spec.model_dump_json() if kind == "tokens" else None
         try:
-            rows.append(staging.advance(session, settings, backend, kind, repo_id, revision,
-                                        retry=retry, spec=spec))
+            rows.append(staging.ensure(session, settings, backend, kind, repo_id, revision,
+                                       retry=retry, spec=spec))
         except BackendError as exc:
             _fail(session, events, job, f"cannot stage {kind} {repo_id}: {exc}")
             return None

@@ -17,7 +17,6 @@ import json
 import logging
 import shutil
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -28,6 +27,7 @@ from api.asset_models import Staging, StagingPublic, StagingsPublic, StagingStat
 from api.backends.base import Backend, StagingRequest
 from api.errors import Conflict, NotFound
 from api.models import FINISHED_STATUSES, Job, utc_now
+from api.services.datasets import register
 from api.services.job_inputs import hub_repositories
 from api.settings import Settings
 from trainer.contract.datasets import META_FILE, dataset_dir
@@ -68,12 +68,13 @@ def _progress(settings: Settings, staging: str) -> dict[str, Any]:
     return progress
 
 
-def _start(settings: Settings, backend: Backend, row: Staging, spec: str | None) -> None:
+def _start(settings: Settings, backend: Backend, row: Staging) -> None:
     progress_file(settings.resolved_inputs_dir, row.id).unlink(missing_ok=True)
     row.status, row.error, row.finished_at = StagingStatus.running, None, None
     row.attempts, row.started_at, row.bytes_done = row.attempts + 1, utc_now(), 0
     backend.stage(StagingRequest(row.id, cast(Kind, row.kind), row.repo_id, row.revision,
-                                 settings.resolved_inputs_dir, _log(settings, row.id), spec))
+                                 settings.resolved_inputs_dir, _log(settings, row.id),
+                                 json.dumps(row.options) if row.options is not None else None))
     logger.info("staging %s: %s %s@%s, attempt %d", row.id, row.kind, row.repo_id, row.revision,
                 row.attempts)
 
@@ -83,45 +84,63 @@ def _finish(row: Staging, status: StagingStatus, error: str | None = None) -> No
     logger.info("staging %s: %s%s", row.id, status.value, f" ({error})" if error else "")
 
 
-def advance(session: Session, settings: Settings, backend: Backend, kind: Kind, repo_id: str,
-            revision: str = DEFAULT_REVISION, retry: bool = False,
-            spec: str | None = None) -> Staging:
-    """Move the repository's staging on: record it staged, read its progress, start its
-    initializer (again) where none runs; `retry` starts a failed one again; `spec`: the job
-    spec (JSON) whose splits a `tokens` staging tokenizes. Commits."""
+def ensure(session: Session, settings: Settings, backend: Backend, kind: Kind, repo_id: str,
+           revision: str = DEFAULT_REVISION, retry: bool = False,
+           spec: str | None = None) -> Staging:
+    """The repository's staging, started where it is neither staged nor running (again where
+    it failed and `retry`, or where what it staged is gone), recorded staged where it is; a
+    running one is otherwise left to `advance`. `spec`: what its initializer needs besides the
+    repository (a job's spec for `tokens`, an import for `file`), as JSON. Commits."""
     found = session.get(Staging, staging_id(kind, repo_id, revision))
     row = found or Staging(id=staging_id(kind, repo_id, revision), kind=kind, repo_id=repo_id,
                            revision=revision)
     if spec is not None:
         row.options = json.loads(spec)
-    spec = json.dumps(row.options) if row.options is not None else None
+    if found is not None and found.status == StagingStatus.failed and not retry:
+        return found
     directory = staged(settings.resolved_inputs_dir, kind, repo_id, revision)
+    if directory is None and found is not None and found.status == StagingStatus.running:
+        return found
+    if directory is None:
+        _start(settings, backend, row)
+    elif row.status != StagingStatus.succeeded or found is None:
+        _succeed(session, settings, row, directory)
+    return _commit(session, row)
+
+
+def advance(session: Session, settings: Settings, backend: Backend, row: Staging) -> Staging:
+    """Move a running staging on: record it staged, or read its progress while its
+    initializer runs; where none runs, record the failure it wrote, or start it again (at
+    most ATTEMPTS in all). Commits."""
+    directory = staged(settings.resolved_inputs_dir, cast(Kind, row.kind), row.repo_id,
+                       row.revision)
+    progress = _progress(settings, row.id) if directory is None else {}
     if directory is not None:
-        if row.status != StagingStatus.succeeded or found is None:
-            meta = read_staged(directory)
-            if kind == "file":  # first: recording the dataset commits (or rolls back) the session
-                row.dataset_id = _register(session, settings, meta["dataset_id"])
-            row.commit, row.files = meta.get("commit"), len(meta.get("files", ()))
-            row.bytes_done = row.bytes_total = int(meta.get("bytes", 0))
-            _finish(row, StagingStatus.succeeded)
-    elif row.status == StagingStatus.failed and not retry:
-        pass
-    elif found is not None and row.status == StagingStatus.running and backend.staging(row.id):
-        progress = _progress(settings, row.id)
+        _succeed(session, settings, row, directory)
+    elif backend.staging(row.id):
         row.bytes_done = int(progress.get("bytes_done") or row.bytes_done)
         row.bytes_total = progress.get("bytes_total") or row.bytes_total
         row.files, row.commit = progress.get("files") or row.files, progress.get("commit")
+    elif progress.get("state") == "failed":
+        _finish(row, StagingStatus.failed, progress.get("error") or "the initializer failed")
+    elif row.attempts >= ATTEMPTS:
+        _finish(row, StagingStatus.failed, f"the initializer ended {row.attempts} times "
+                                           "without an outcome")
     else:
-        progress = _progress(settings, row.id)
-        if (found is not None and row.status == StagingStatus.running
-                and progress.get("state") == "failed"):
-            _finish(row, StagingStatus.failed, progress.get("error") or "the initializer failed")
-        elif found is not None and row.status == StagingStatus.running and (
-                row.attempts >= ATTEMPTS):
-            _finish(row, StagingStatus.failed, f"the initializer ended {row.attempts} times "
-                                               "without an outcome")
-        else:
-            _start(settings, backend, row, spec)
+        _start(settings, backend, row)
+    return _commit(session, row)
+
+
+def _succeed(session: Session, settings: Settings, row: Staging, directory: Path) -> None:
+    meta = read_staged(directory)
+    if row.kind == "file":  # first: recording the dataset commits (or rolls back) the session
+        row.dataset_id = _register(session, settings, meta["dataset_id"])
+    row.commit, row.files = meta.get("commit"), len(meta.get("files", ()))
+    row.bytes_done = row.bytes_total = int(meta.get("bytes", 0))
+    _finish(row, StagingStatus.succeeded)
+
+
+def _commit(session: Session, row: Staging) -> Staging:
     session.add(row)
     try:
         session.commit()
@@ -133,8 +152,6 @@ def advance(session: Session, settings: Settings, backend: Backend, kind: Kind, 
 
 def _register(session: Session, settings: Settings, dataset_id: str) -> str:
     """Record the dataset an imported file became, as an upload's is."""
-    from api.services.datasets import register
-
     meta = dataset_dir(settings.resolved_inputs_dir, dataset_id) / META_FILE
     register(session, json.loads(meta.read_text()))
     return dataset_id
@@ -143,17 +160,12 @@ def _register(session: Session, settings: Settings, dataset_id: str) -> str:
 def public(row: Staging) -> StagingPublic:
     shown = StagingPublic.model_validate(row)
     shown.source = (row.options or {}).get("source") if row.kind == "file" else None
-    if row.status == StagingStatus.running and row.bytes_total and row.bytes_done and (
-            row.started_at is not None):
-        elapsed = (utc_now() - _aware(row.started_at)).total_seconds()
-        rate = row.bytes_done / max(elapsed, 1e-3)
-        shown.eta_seconds = round(max(row.bytes_total - row.bytes_done, 0) / rate, 1)
+    if shown.status == StagingStatus.running and shown.bytes_total and shown.bytes_done and (
+            shown.started_at is not None):  # UTC, once validated (SQLite's are naive)
+        elapsed = (utc_now() - shown.started_at).total_seconds()
+        rate = shown.bytes_done / max(elapsed, 1e-3)
+        shown.eta_seconds = round(max(shown.bytes_total - shown.bytes_done, 0) / rate, 1)
     return shown
-
-
-def _aware(moment: datetime) -> datetime:
-    """SQLite gives back naive times, PostgreSQL aware ones; both are UTC."""
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def get_staging(session: Session, staging: str) -> Staging:
@@ -181,7 +193,7 @@ def import_repository(session: Session, settings: Settings, backend: Backend, ki
     """Stage a hub repository ahead of the jobs that will name it: (the staging, whether it was
     staged already). A failed one is tried again."""
     already = staged(settings.resolved_inputs_dir, kind, repo_id, revision) is not None
-    return advance(session, settings, backend, kind, repo_id, revision, retry=True), already
+    return ensure(session, settings, backend, kind, repo_id, revision, retry=True), already
 
 
 def import_file(session: Session, settings: Settings, backend: Backend, source: str,
@@ -193,16 +205,15 @@ def import_file(session: Session, settings: Settings, backend: Backend, source: 
     already = staged(settings.resolved_inputs_dir, "file", key) is not None
     options = {"source": source, "name": name, "text_column": text_column,
                "label_column": label_column}
-    return advance(session, settings, backend, "file", key, retry=True,
-                   spec=json.dumps(options)), already
+    return ensure(session, settings, backend, "file", key, retry=True,
+                  spec=json.dumps(options)), already
 
 
 def advance_all(session: Session, settings: Settings, backend: Backend) -> None:
-    """Move every running staging on: imports, which no job waits for, among them (a job's
-    are moved on by the job as well)."""
+    """Move every running staging on, once a pass: those jobs wait for, and imports."""
     running = session.exec(select(Staging).where(Staging.status == StagingStatus.running)).all()
     for row in running:
-        advance(session, settings, backend, cast(Kind, row.kind), row.repo_id, row.revision)
+        advance(session, settings, backend, row)
 
 
 def users(session: Session, settings: Settings, row: Staging) -> list[str]:

@@ -3,13 +3,12 @@ the control plane and watched by it alone; no supervisor takes part."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
 
 from api.backends.base import BackendError, StagingRequest
-from api.backends.local.watchdog import SOURCE_ROOT
+from api.backends.local.watchdog import child_env
 from trainer.contract.process import PRIVATE_UMASK
 from trainer.contract.staged import ONLINE_ENV, progress_file
 
@@ -26,8 +25,7 @@ class Initializers:
         with self._lock:
             if self._alive(request.staging_id):
                 return
-            env = {**os.environ, **ONLINE_ENV, "PYTHONPATH": os.pathsep.join(
-                filter(None, [str(SOURCE_ROOT), os.environ.get("PYTHONPATH")]))}
+            env = child_env(**ONLINE_ENV)
             argv = [sys.executable, "-m", "trainer.initializer", request.kind, request.repo_id,
                     "--revision", request.revision, "--inputs", str(request.inputs_dir),
                     "--progress", str(progress_file(request.inputs_dir, request.staging_id)),

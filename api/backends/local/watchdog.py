@@ -46,6 +46,13 @@ KILL_TIMEOUT = 10.0
 SOURCE_ROOT = Path(__file__).resolve().parents[3]
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """The control plane's environment for a process it starts (`extra` on top), finding this
+    source tree's packages however the control plane was started."""
+    return {**os.environ, **extra, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(SOURCE_ROOT), os.environ.get("PYTHONPATH")]))}
+
+
 class Watchdog:
     """The supervisors of one jobs directory, as one API process sees them."""
 
@@ -151,8 +158,7 @@ class Watchdog:
 
     def _start(self, job_dir: JobDir, adopt: bool) -> subprocess.Popen[bytes]:
         """Start the job's supervisor (the caller holds self._lock)."""
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(SOURCE_ROOT), os.environ.get("PYTHONPATH")]))}
+        env = child_env()
         argv = [sys.executable, "-m", "api.backends.local.supervisor", str(job_dir.path)]
         try:
             with job_dir.supervisor_log.open("ab") as log:
