@@ -340,22 +340,24 @@ def token_file(split: Split, tokenizer: TokenizerLike, max_length: int) -> str:
     return f"{digest.hexdigest()[:32]}.npz"
 
 
-def load_tokens(path: Path, pad_id: int) -> TokenizedSplit:
-    """A split tokenize() wrote."""
+def _pad_id(tokenizer: TokenizerLike) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+
+def load_tokens(path: Path, tokenizer: TokenizerLike) -> TokenizedSplit:
+    """A split tokenize() wrote (into a cache, or the staged tokens)."""
     with np.load(path) as cached:
-        return TokenizedSplit(cached["ids"], cached["offsets"], cached["labels"], pad_id)
+        return TokenizedSplit(cached["ids"], cached["offsets"], cached["labels"],
+                              _pad_id(tokenizer))
 
 
 def tokenize(split: Split, tokenizer: TokenizerLike, max_length: int,
-             cache_dir: Path | None, staged: Path | None = None) -> TokenizedSplit:
-    """Tokenize once per (texts, tokenizer, max_length); later runs and pods read the cache,
-    or `staged` (a read-only folder of the same files: trainer.contract.staged's tokens)."""
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    name = token_file(split, tokenizer, max_length)
-    path = cache_dir / "tokens" / name if cache_dir is not None else None
-    for found in (staged / name if staged is not None else None, path):
-        if found is not None and found.is_file():
-            return load_tokens(found, pad_id)
+             cache_dir: Path | None) -> TokenizedSplit:
+    """Tokenize once per (texts, tokenizer, max_length); later runs and pods read the cache."""
+    path = cache_dir / "tokens" / token_file(split, tokenizer, max_length) \
+        if cache_dir is not None else None
+    if path is not None and path.is_file():
+        return load_tokens(path, tokenizer)
     encoded = tokenizer(split.texts, truncation=True, max_length=max_length)["input_ids"]
     lengths = np.fromiter((len(e) for e in encoded), dtype=np.int64, count=len(encoded))
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
@@ -365,4 +367,4 @@ def tokenize(split: Split, tokenizer: TokenizerLike, max_length: int,
         temporary = path.with_suffix(f".{os.getpid()}.tmp.npz")
         np.savez(temporary, ids=ids, offsets=offsets, labels=split.labels)
         temporary.replace(path)  # pods tokenizing at once: the last rename wins, all equal
-    return TokenizedSplit(ids, offsets, split.labels, pad_id)
+    return TokenizedSplit(ids, offsets, split.labels, _pad_id(tokenizer))

@@ -75,21 +75,18 @@ def staged_splits(spec: JobSpec, inputs: Path, tokenizer: Any) -> Splits | None:
     if found is None:
         return None
     files = read_staged(found)["files"]
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     folder = inputs / HUB_DIR / TOKENS_DIR
-    return (load_tokens(folder / files["train"], pad_id),
-            load_tokens(folder / files["validation"], pad_id),
-            load_tokens(folder / files["test"], pad_id))
+    return (load_tokens(folder / files["train"], tokenizer),
+            load_tokens(folder / files["validation"], tokenizer),
+            load_tokens(folder / files["test"], tokenizer))
 
 
 def tokenized_splits(spec: JobSpec, inputs: Path, cache: Path, tokenizer: Any) -> Splits:
-    """The dataset read, split and tokenized: each split from the staged tokens, else this
-    pod's cache, else tokenized now (and cached)."""
+    """The dataset read, split and tokenized (or read from this pod's cache)."""
     splits = make_splits(load_source(spec, inputs, cache), spec)
-    staged_tokens = inputs / HUB_DIR / TOKENS_DIR
-    return (tokenize(splits.train, tokenizer, spec.max_length, cache, staged_tokens),
-            tokenize(splits.validation, tokenizer, spec.max_length, cache, staged_tokens),
-            tokenize(splits.test, tokenizer, spec.max_length, cache, staged_tokens))
+    return (tokenize(splits.train, tokenizer, spec.max_length, cache),
+            tokenize(splits.validation, tokenizer, spec.max_length, cache),
+            tokenize(splits.test, tokenizer, spec.max_length, cache))
 
 
 def adapt(model: nn.Module, spec: JobSpec) -> nn.Module:

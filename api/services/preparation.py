@@ -37,7 +37,7 @@ def _size(row: Staging) -> str:
     return human_size(row.bytes_done) if row.bytes_done else "size unknown"
 
 
-def _advance(session: Session, settings: Settings, backend: Backend, events: EventLog,
+def _ensure(session: Session, settings: Settings, backend: Backend, events: EventLog,
              job: Job, wanted: list[tuple[Kind, str, str]], retry: bool) -> list[Staging] | None:
     """These stagings, started where they are neither staged nor running (the reconciler moves
     running ones on); None where one failed (the job failed with it)."""
@@ -71,13 +71,14 @@ def _wait(session: Session, events: EventLog, job: Job, waiting: list[Staging]) 
 
 def prepared(session: Session, settings: Settings, backend: Backend, events: EventLog,
              job: Job, retry: bool = False) -> bool:
-    """Move the job's stagings on; True once the job may launch. First the hub repositories
-    it names; once they are, and its spec fits the model, its tokenized splits (for a job on
-    hub or uploaded assets). A job created now passes `retry`, so that a staging that failed
-    before is tried again for it."""
+    """Start the job's stagings where they are neither staged nor running (the reconciler moves
+    running ones on); True once the job may launch. First the hub repositories it names; once
+    they are, and its spec fits the model, its tokenized splits (for a job on hub or uploaded
+    assets). A job created now passes `retry`, so that a staging that failed before is tried
+    again for it."""
     inputs = settings.resolved_inputs_dir
     repositories = hub_repositories(job.spec, inputs)
-    rows = _advance(session, settings, backend, events, job, repositories, retry)
+    rows = _ensure(session, settings, backend, events, job, repositories, retry)
     if rows is None:
         return False
     if waiting := [row for row in rows if row.status == StagingStatus.running]:
@@ -92,7 +93,7 @@ def prepared(session: Session, settings: Settings, backend: Backend, events: Eve
             _fail(session, events, job, f"{field}: {problem.get('msg', exc)}")
             return False
     if repositories or is_dataset_id(job.spec.dataset):
-        tokens = _advance(session, settings, backend, events, job,
+        tokens = _ensure(session, settings, backend, events, job,
                           [("tokens", tokens_key(job.spec, inputs), DEFAULT_REVISION)], retry)
         if tokens is None:
             return False
