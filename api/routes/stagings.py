@@ -17,7 +17,7 @@ from api.errors import error_responses
 from api.routes import API_PREFIX
 from api.services import staging as service
 from trainer.contract.spec import MAX_INT
-from trainer.contract.staged import DEFAULT_REVISION, REPO_ID, REVISION, staged_dir
+from trainer.contract.staged import DEFAULT_REVISION, REPO_ID, REVISION, Kind, staged_dir
 
 router = APIRouter(prefix=API_PREFIX + "/stagings", tags=["stagings"],
                    route_class=AdminRoute, responses=error_responses(401, 403, 422))
@@ -25,9 +25,11 @@ router = APIRouter(prefix=API_PREFIX + "/stagings", tags=["stagings"],
 
 @router.get("", response_model=StagingsPublic)
 def list_stagings(session: SessionDep, offset: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
-                  limit: Annotated[int, Query(ge=1, le=200)] = 50) -> StagingsPublic:
-    """Newest first: each one's status, bytes done and in all, and while running its ETA."""
-    return service.list_stagings(session, offset, limit)
+                  limit: Annotated[int, Query(ge=1, le=200)] = 50,
+                  kind: Kind | None = None) -> StagingsPublic:
+    """Newest first: each one's status, bytes done and in all, and while running its ETA; of
+    one kind when given (`model`: the base models staged for jobs)."""
+    return service.list_stagings(session, offset, limit, kind)
 
 
 @router.get("/{staging_id}", response_model=StagingPublic, responses=error_responses(404))

@@ -175,10 +175,14 @@ def get_staging(session: Session, staging: str) -> Staging:
     return row
 
 
-def list_stagings(session: Session, offset: int, limit: int) -> StagingsPublic:
-    rows = session.exec(select(Staging).order_by(col(Staging.created_at).desc(),
-                                                 col(Staging.id)).offset(offset).limit(limit))
-    count = session.exec(select(func.count()).select_from(Staging)).one()
+def list_stagings(session: Session, offset: int, limit: int,
+                  kind: Kind | None = None) -> StagingsPublic:
+    query, counted = select(Staging), select(func.count()).select_from(Staging)
+    if kind is not None:
+        query, counted = query.where(Staging.kind == kind), counted.where(Staging.kind == kind)
+    rows = session.exec(query.order_by(col(Staging.created_at).desc(),
+                                       col(Staging.id)).offset(offset).limit(limit))
+    count = session.exec(counted).one()
     return StagingsPublic(data=[public(row) for row in rows], count=count)
 
 
