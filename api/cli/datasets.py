@@ -8,13 +8,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 
 from api.cli.client import BadInput, Client
 from api.cli.terminal import echo, printable, table
 from api.sizes import human_size
+from trainer.contract.staged import Kind
 
 CHUNK = 1 << 20
 
@@ -109,8 +110,10 @@ def show(dataset: dict[str, Any]) -> None:
 def add_stagings_parser(commands: Any) -> None:
     stagings = commands.add_parser("stagings", help="hub models and datasets staged for jobs: "
                                                     "list (the default), import, delete")
+    stagings.set_defaults(kind=None)  # `migrator stagings` alone lists every kind
     verbs = stagings.add_subparsers(dest="verb", metavar="VERB")
-    verbs.add_parser("list", help="each staging with its progress")
+    verbs.add_parser("list", help="each staging with its progress").add_argument(
+        "--kind", choices=get_args(Kind), help="only this kind (model: the base models)")
     staged = verbs.add_parser("import", help="stage a hub repository ahead of the jobs")
     staged.add_argument("kind", choices=["model", "dataset"])
     staged.add_argument("repo_id", help="org/name")
@@ -128,7 +131,8 @@ def run_stagings(client: Client, args: argparse.Namespace) -> int:
         client.request("DELETE", f"/api/v1/stagings/{args.staging_id}")
         echo(f"deleted {args.staging_id}")
     else:
-        print_stagings(client.request("GET", "/api/v1/stagings")["data"])
+        params = {"kind": args.kind} if args.kind else {}
+        print_stagings(client.request("GET", "/api/v1/stagings", params=params)["data"])
     return 0
 
 

@@ -1,5 +1,6 @@
 // Entry point: log in with the token, route between the jobs list, the new-job form and a job.
 import { adoptLogin, forgetToken, saveToken } from './api.js';
+import { showBaseModels } from './base-models.js';
 import { showDataset, showDatasets } from './datasets.js';
 import { fill, h } from './dom.js';
 import { showJob } from './job.js';
@@ -23,6 +24,7 @@ function route() {
   if (job) state.leave = showJob(main, decodeURIComponent(job[1]));
   else if (dataset) state.leave = showDataset(main, decodeURIComponent(dataset[1]));
   else if (path === '/datasets') state.leave = showDatasets(main);
+  else if (path === '/models/base') state.leave = showBaseModels(main);
   else if (page === '/new') state.leave = showNewJob(main, new URLSearchParams(query ?? ''));
   else state.leave = showJobs(main);
 }

@@ -138,7 +138,7 @@ export function showDatasets(main) {
   const status = h('p.notice', { role: 'status' });
   const empty = h('p.muted', { hidden: true }, 'No datasets yet: upload one above.');
   const shown = h('div');
-  const stagings = stagingsSection();
+  const stagings = stagingsSection({ title: 'Hub models and datasets staged for jobs' });
   let stopped = false;
 
   async function refresh() {

@@ -1,5 +1,6 @@
 // The jobs list (polled) and the new-job form (built from the API's JobCreate schema).
 import { api } from './api.js';
+import { offerModels } from './base-models.js';
 import { offerDatasets } from './datasets.js';
 import { JOB_STATUS, PARALLELISM, POD_PHASE } from './contract.js';
 import { ago, badge, fill, h, notice, percent, setBadge, setText } from './dom.js';
@@ -232,7 +233,7 @@ function clearErrors(form) {
   for (const input of form.querySelectorAll('[aria-invalid]')) input.removeAttribute('aria-invalid');
 }
 
-/** The new-job form; `params` may name its dataset (`#/new?dataset=ds-...`). */
+/** The new-job form; `params` fill in its fields (`#/new?dataset=ds-...`, `?model=org/name`). */
 export function showNewJob(main, params = new URLSearchParams()) {
   const general = h('p.notice', { role: 'status' });
   const fields = h('div.fields');
@@ -249,11 +250,15 @@ export function showNewJob(main, params = new URLSearchParams()) {
       const target = objectOf(property, schema.schemas);
       fields.append(target ? group(name, property, target) : field(name, property));
     }
-    const dataset = fields.querySelector('[name="dataset"]');
-    if (dataset) {
-      if (params.get('dataset')) dataset.value = params.get('dataset');
-      offerDatasets(dataset).catch(() => {}); // the field takes any name without them
+    for (const [name, value] of params) {
+      const input = fields.querySelector(`[name="${CSS.escape(name)}"]`);
+      if (input) input.value = value;
     }
+    // The fields take any name without their choices.
+    const dataset = fields.querySelector('[name="dataset"]');
+    if (dataset) offerDatasets(dataset).catch(() => {});
+    const model = fields.querySelector('[name="model"]');
+    if (model) offerModels(model, schema.properties.model.default).catch(() => {});
     fields.querySelector('input, select')?.focus();
   }).catch((error) => notice(general, `Could not load the job schema: ${error.message}`, 'error'));
 

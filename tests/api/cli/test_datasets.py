@@ -133,3 +133,25 @@ def test_datasets_import_starts_one_and_says_how_to_follow_it(
     assert (backend.stagings[0].kind, options["label_column"]) == ("file", "sentiment")
     code, _, err = run(client, capsys, "import", "ftp://reviews/imdb.csv")
     assert code == 1 and "source" in err
+
+
+def test_stagings_list_of_one_kind(client: TestClient, capsys: pytest.CaptureFixture[str],
+                                   backend: FakeBackend) -> None:
+    def run_stagings(*argv: str) -> tuple[int, str, str]:
+        code = main(["--token", ADMIN_TOKEN, "stagings", *argv], http=client)
+        return code, *capsys.readouterr()
+
+    assert run_stagings("import", "model", "acme/bert")[0] == 0
+    assert run_stagings("import", "dataset", "acme/reviews")[0] == 0
+    code, out, err = run_stagings("list", "--kind", "model")
+    assert code == 0, err
+    header, *rows = out.splitlines()
+    assert header.split()[:3] == ["ID", "KIND", "REPOSITORY"]
+    assert [row.split()[1:3] for row in rows] == [["model", "acme/bert@main"]]
+    code, out, _ = run_stagings("list", "--kind", "dataset")
+    assert [row.split()[1:3] for row in out.splitlines()[1:]] == [["dataset", "acme/reviews@main"]]
+    code, out, _ = run_stagings("list")
+    assert code == 0 and len(out.splitlines()[1:]) == 2
+    with pytest.raises(SystemExit) as refused:
+        run_stagings("list", "--kind", "weights")
+    assert refused.value.code == 2 and "invalid choice: 'weights'" in capsys.readouterr().err
