@@ -35,7 +35,7 @@ from api.models import (
     Pod,
     utc_now,
 )
-from api.services import checkpoints, jobs, pod_migrations, preparation, staging
+from api.services import checkpoints, hub_pushes, jobs, pod_migrations, preparation, staging
 from api.services.artifacts import checkpoints_dir, model_dir
 from api.services.events import EventLog, completions, new_event
 from api.services.job_credentials import Renewals
@@ -132,9 +132,13 @@ class Reconciler:
         """Move every running staging on (those jobs wait for, and imports), once; then launch
         the jobs whose stagings are all done, or start the next ones they need."""
         try:
-            staging.advance_all(session, self.settings, self.backend)
+            ended = staging.advance_all(session, self.settings, self.backend)
         except BackendError as exc:
             logger.warning("cannot move the stagings on: %s", exc)
+            ended = []
+        for row in ended:
+            if row.kind == "push":
+                hub_pushes.report(session, self.events, row)
         for job in session.exec(select(Job).where(Job.status == JobStatus.preparing)).all():
             try:
                 if preparation.prepared(session, self.settings, self.backend, self.events, job):
@@ -204,7 +208,7 @@ class Reconciler:
         the whole pass at once)."""
         events = self._sync_pods(session, job, status, pods) + pod_migrations.fail_overdue(
             session, job.id, status, pending)
-        model_dir = self._finished_model_dir(session, job, status)
+        model_dir, model = self._finished_model_dir(session, job, status), None
         if model_dir is not None:
             self._delete_workload(job.id)
             for pod in pods:
@@ -237,6 +241,8 @@ class Reconciler:
             synced.add(*events)
         if not synced.committed:
             logger.info("job %s finished meanwhile; this pass's view of it is dropped", job.id)
+        elif model is not None:  # succeeded: its model goes to the hub where its spec asks
+            hub_pushes.start(session, self.settings, self.backend, self.events, job, model)
 
     @staticmethod
     def _update_degraded(job: Job, status: WorkloadStatus) -> list[Event]:

@@ -13,6 +13,7 @@ import pytest
 
 from tests.factories import make_reviews_csv, make_tiny_model, tiny_spec
 from tests.hub.mirror import HubMirror
+from tests.hub.uploads import UploadHub
 from tests.postgres import PostgresServer, server_bin
 from tests.stores import SERVERS, Store
 from tests.support import ReportServer
@@ -98,6 +99,15 @@ def hub_mirror(tmp_path: Path) -> Iterator[HubMirror]:
     mirror = HubMirror(tmp_path / "hub").start()
     yield mirror
     mirror.stop()
+
+
+@pytest.fixture
+def upload_hub(tmp_path: Path) -> Iterator[UploadHub]:
+    """A hub that takes uploads (tests/hub/uploads.py), for this test: started at `endpoint`,
+    taking `token`; what was pushed under tmp_path/upload-hub."""
+    hub = UploadHub(tmp_path / "upload-hub").start()
+    yield hub
+    hub.stop()
 
 
 @pytest.fixture(scope="session")

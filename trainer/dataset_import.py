@@ -22,11 +22,11 @@ from trainer.contract.staged import (
     HUB_DIR,
     IMPORT_SCHEMES,
     PARTIAL_DIR,
-    STAGED_FILE,
     file_key,
     staged,
     staged_dir,
     staging_id,
+    write_staged,
 )
 
 CHUNK = 1 << 20
@@ -98,11 +98,8 @@ def stage_file(key: str, options_json: str, inputs: Path, report: Report) -> Pat
     finally:
         partial.unlink(missing_ok=True)
     target = staged_dir(inputs, "file", key)
-    target.mkdir(parents=True, exist_ok=True)
-    meta = {"kind": "file", "repo_id": key, "source": source, "dataset_id": record["id"],
-            "files": [record["name"]], "bytes": record["upload_bytes"], "staged_at": time.time()}
-    written = target / f"{STAGED_FILE}.tmp"
-    written.write_text(json.dumps(meta, indent=2))
-    written.replace(target / STAGED_FILE)
+    write_staged(target, {"kind": "file", "repo_id": key, "source": source,
+                          "dataset_id": record["id"], "files": [record["name"]],
+                          "bytes": record["upload_bytes"], "staged_at": time.time()})
     report(state="succeeded", bytes_done=record["upload_bytes"], dataset_id=record["id"])
     return target

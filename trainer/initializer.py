@@ -1,9 +1,11 @@
 """Stage one hub repository, a job's tokenized splits, or a dataset file imported by its URL,
-under the inputs dir, once, for every job and pod that names them.
+under the inputs dir, once, for every job and pod that names them; or push a succeeded job's
+model to the hub (trainer.hub_push).
 
     python -m trainer.initializer model org/name --revision main --inputs DIR [--progress FILE]
     python -m trainer.initializer tokens KEY --spec JSON --inputs DIR [--progress FILE]
     python -m trainer.initializer file KEY --spec '{"source": URL, ...}' --inputs DIR
+    python -m trainer.initializer push org/name --revision JOB --spec '{"model_dir": ...}' ...
 
 The control plane runs this before a job's pods start (a process of its own on the local
 backend; on Kubernetes an initializer Job, the only pod allowed to reach the hub). It lists the
@@ -44,6 +46,7 @@ from trainer.contract.staged import (
     staged_dir,
     staging_id,
     tokens_key,
+    write_staged,
 )
 
 logger = logging.getLogger("trainer.initializer")
@@ -175,13 +178,9 @@ def stage_tokens(key: str, spec_json: str, inputs: Path, progress: Progress) -> 
         files[name] = token_file(split, tokenizer, spec.max_length)
     size = sum((folder / file).stat().st_size for file in files.values())
     target = staged_dir(inputs, "tokens", key)
-    target.mkdir(parents=True, exist_ok=True)
-    meta = {"kind": "tokens", "repo_id": key, "files": files, "bytes": size,
-            "rows": {name: len(split) for name, split in parts.items()},
-            "staged_at": time.time()}
-    partial = target / f"{STAGED_FILE}.{os.getpid()}.tmp"
-    partial.write_text(json.dumps(meta, indent=2))
-    partial.replace(target / STAGED_FILE)
+    write_staged(target, {"kind": "tokens", "repo_id": key, "files": files, "bytes": size,
+                          "rows": {name: len(split) for name, split in parts.items()},
+                          "staged_at": time.time()})
     progress.update(state="succeeded", bytes_done=size, bytes_total=size)
     return target
 
@@ -193,18 +192,24 @@ def run(args: argparse.Namespace, progress: Progress) -> Path:
         from trainer.dataset_import import stage_file
 
         return stage_file(args.repo_id, args.spec or "{}", args.inputs, progress.update)
+    if args.kind == "push":
+        from trainer.hub_push import push
+
+        return push(args.repo_id, args.revision, args.spec or "{}", args.inputs, progress.update)
     return stage(args.kind, args.repo_id, args.revision, args.inputs, progress)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.initializer",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=["model", "dataset", "tokens", "file"])
+    parser.add_argument("kind", choices=["model", "dataset", "tokens", "file", "push"])
     parser.add_argument("repo_id", help="a hub repository; for tokens and file, their key")
-    parser.add_argument("--revision", default=DEFAULT_REVISION)
+    parser.add_argument("--revision", default=DEFAULT_REVISION,
+                        help="a branch, tag or commit; for push, the job's id")
     parser.add_argument("--inputs", type=Path, required=True)
     parser.add_argument("--progress", type=Path)
-    parser.add_argument("--spec", help="as JSON: the job spec (tokens), the import (file)")
+    parser.add_argument("--spec", help="as JSON: the job spec (tokens), the import (file), the "
+                                       "model and its repository's visibility (push)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     staging = staging_id(args.kind, args.repo_id, args.revision)

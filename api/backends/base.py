@@ -8,6 +8,7 @@ from typing import Literal, Protocol
 
 from trainer.contract.artifact_store import Location
 from trainer.contract.spec import JobSpec
+from trainer.contract.staged import Kind
 
 PodPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
 
@@ -129,16 +130,18 @@ class StagingRequest:
     works, and ends with the outcome in it."""
 
     staging_id: str
-    kind: Literal["model", "dataset", "tokens", "file"]
+    kind: Kind
     repo_id: str
     """A hub repository; for `tokens` and `file`, their key (trainer.contract.staged)."""
     revision: str
+    """A branch, tag or commit; for `push`, the job's id."""
     inputs_dir: Path
     log_file: Path
     """Where a local initializer's output goes (a Kubernetes one's is its pod's log)."""
     spec: str | None = None
     """As JSON (`--spec`): for `tokens`, the job spec whose splits to tokenize; for `file`, the
-    import (source, name, columns)."""
+    import (source, name, columns); for `push`, the model's files and the repository's
+    visibility."""
 
 
 class Backend(Protocol):

@@ -189,6 +189,8 @@ def list_stagings(session: Session, offset: int, limit: int,
 def describe(row: Staging) -> str:
     if row.kind == "tokens":
         return f"tokenized splits {row.repo_id}"
+    if row.kind == "push":
+        return f"push of {row.revision}'s model to {row.repo_id}"
     return f"{row.kind} {row.repo_id}@{row.revision}"
 
 
@@ -213,11 +215,12 @@ def import_file(session: Session, settings: Settings, backend: Backend, source: 
                   spec=json.dumps(options)), already
 
 
-def advance_all(session: Session, settings: Settings, backend: Backend) -> None:
-    """Move every running staging on, once a pass: those jobs wait for, and imports."""
+def advance_all(session: Session, settings: Settings, backend: Backend) -> list[Staging]:
+    """Move every running staging on, once a pass: those jobs wait for, imports and pushes;
+    those that ended."""
     running = session.exec(select(Staging).where(Staging.status == StagingStatus.running)).all()
-    for row in running:
-        advance(session, settings, backend, row)
+    return [row for row in running
+            if advance(session, settings, backend, row).status != StagingStatus.running]
 
 
 def users(session: Session, settings: Settings, row: Staging) -> list[str]:

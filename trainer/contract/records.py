@@ -339,6 +339,6 @@ EVENT_TYPES: tuple[str, ...] = tuple(
     value for cls in get_args(get_args(EventData)[0])
     for value in get_args(cls.model_fields["type"].annotation))
 """Every `data.type` an event record may carry."""
-CONTROL_EVENT_TYPES = ("scaled", "migrated", "migration_failed")
+CONTROL_EVENT_TYPES = ("scaled", "migrated", "migration_failed", "pushed", "push_failed")
 """The `data.type` of job events the control plane itself records (membership changes it
-made: a scale, a migration)."""
+made: a scale, a migration; a succeeded job's model pushed to the hub, or why not)."""

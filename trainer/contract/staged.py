@@ -14,6 +14,10 @@ A dataset file named by its URL (kind `file`: `https://`, `s3://`, `az://`) is f
 initializer, checked and kept as an upload is (trainer.contract.tables), with
 `hub/files/<key>/main/staged.json` naming the dataset it became.
 
+A succeeded job's model pushed to the hub (kind `push`, `export.hub_repo` in its spec) is an
+outbound staging: once per (repository, job), by an initializer, the one process that holds the
+hub token, with `hub/pushes/<org>/<name>/<job>/staged.json` naming the commit it made.
+
 The job's tokenized splits are staged too (kind `tokens`), once per `tokens_key` (the spec's
 fields that decide them: the model's tokenizer, the dataset, the split, max_length): into
 `hub/tokens/`, where pods find them before tokenizing (trainer.data.tokenize), with
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -52,8 +57,9 @@ TOKENS_FIELDS = ("model", "model_revision", "dataset", "dataset_revision", "text
                  "max_eval_samples", "max_length")
 """The spec's fields that decide its tokenized splits."""
 
-Kind = Literal["model", "dataset", "tokens", "file"]
-KIND_DIRS = {"model": "models", "dataset": "datasets", "tokens": TOKENS_DIR, "file": "files"}
+Kind = Literal["model", "dataset", "tokens", "file", "push"]
+KIND_DIRS = {"model": "models", "dataset": "datasets", "tokens": TOKENS_DIR, "file": "files",
+             "push": "pushes"}
 IMPORT_SCHEMES = ("https", "http", "s3", "az")
 """Where a dataset file may be imported from (kind `file`): the web, S3, Azure Blob."""
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
@@ -108,6 +114,14 @@ def staged(inputs: Path, kind: Kind, repo_id: str,
     """The staged directory, if the repository is staged whole."""
     directory = staged_dir(inputs, kind, repo_id, revision)
     return directory if (directory / STAGED_FILE).is_file() else None
+
+
+def write_staged(directory: Path, meta: dict[str, Any]) -> None:
+    """Record `directory` (created) staged, with `meta`: written whole, then renamed."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = directory / f"{STAGED_FILE}.{os.getpid()}.tmp"  # one per writer
+    written.write_text(json.dumps(meta, indent=2))
+    written.replace(directory / STAGED_FILE)
 
 
 def read_staged(directory: Path) -> dict[str, Any]:

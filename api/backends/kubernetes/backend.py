@@ -45,6 +45,7 @@ from api.backends.kubernetes.anchor_state import Anchors
 from api.backends.kubernetes.calls import REQUEST_TIMEOUT, api_client, describe, raw
 from api.backends.kubernetes.cluster import ClusterConfig, Manifest
 from api.backends.kubernetes.controller import PodController, placed, shown
+from api.backends.kubernetes.initializer_job import pod_request
 from api.backends.kubernetes.initializers import Initializers
 from api.backends.kubernetes.labels import (
     ALL_TRAINERS,
@@ -335,7 +336,7 @@ class KubernetesBackend:
         return self.anchors.active()
 
     def stage(self, request: StagingRequest) -> None:
-        self.initializers.start(request)
+        self.initializers.start(pod_request(request, self.volumes_dir))
 
     def staging(self, staging_id: str) -> bool:
         return self.initializers.running(staging_id)

@@ -3,6 +3,7 @@ and initializer_job.py) against the fake API server, and the namespace's policy 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from kubernetes.client.exceptions import ApiException
 from api.backends.base import StagingRequest
 from api.backends.kubernetes.backend import KubernetesBackend, cluster_config
 from api.backends.kubernetes.cluster import USER_ID, ClusterConfig
-from api.backends.kubernetes.initializer_job import initializer_job, job_name
+from api.backends.kubernetes.initializer_job import initializer_job, job_name, pod_request
 from api.backends.kubernetes.labels import LIGHTHOUSE, STORE, TRAINER, labels, staging_labels
 from api.backends.kubernetes.template import pod_template
 from api.settings import Settings
@@ -130,6 +131,39 @@ def test_the_apis_hub_endpoint_and_token_secret_reach_the_job(
     assert not trainer_env & {"HF_ENDPOINT", "HF_TOKEN"}
     monkeypatch.setenv("MIGRATOR_K8S_HUB_ENDPOINT", "https://other.example")  # over the API's
     assert cluster_config(Settings()).hub_endpoint == "https://other.example"
+
+
+def test_a_push_job_reads_the_model_from_the_models_volume_with_the_stores_credentials(
+        settings: Settings, kubeconfig: Path, fake_k8s: FakeApiServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MIGRATOR_K8S_ARTIFACTS_SECRET", "migrator-artifacts")
+    configured = Settings(data_dir=settings.data_dir, backend="kubernetes",
+                          k8s_kubeconfig=kubeconfig, k8s_watch_timeout=2)
+    model = configured.resolved_volumes_dir / "models" / "job-1" / "model"
+    staging = staging_id("push", "acme/reviews", "job-1")
+    backend = KubernetesBackend.from_settings(configured)
+    try:  # created through the fake API server, which checks it against the schemas
+        backend.stage(StagingRequest(staging, "push", "acme/reviews", "job-1",
+                                     configured.resolved_inputs_dir, Path("/x.log"),
+                                     spec=json.dumps({"model_dir": str(model),
+                                                      "private": True})))
+    finally:
+        backend.close()
+    job = fake_k8s.cluster.job(job_name(staging))
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    # The API's path to the model becomes the pod's, under its read-only mount of the volume.
+    spec = json.loads(container["command"][container["command"].index("--spec") + 1])
+    assert spec == {"model_dir": "/models/job-1/model", "private": True}
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in container[
+        "volumeMounts"]
+    assert {"name": "models", "persistentVolumeClaim": {"claimName": "migrator-models",
+                                                         "readOnly": True}} in pod["volumes"]
+    assert container["envFrom"] == [{"secretRef": {"name": "migrator-artifacts"}}]
+    # A model kept in the object store is named by its URL, the same for the pod.
+    request = StagingRequest(staging, "push", "acme/reviews", "job-1", Path("/data"),
+                             Path("/x.log"), spec='{"model_dir": "s3://bucket/job-1/model"}')
+    assert pod_request(request, configured.resolved_volumes_dir) == request
 
 
 def test_staging_is_true_while_the_job_runs_and_false_once_it_ended(

@@ -229,6 +229,7 @@ def test_delete_mid_training_stops_everything_and_keeps_checkpoints(
     backend = LocalBackend(jobs_dir, fork_pods=False)
     make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
     monkeypatch.setenv("MIGRATOR_ADMIN_TOKEN", "the-admin-token")
+    monkeypatch.setenv("HF_TOKEN", "the-hub-token")  # for initializers alone
     backend.launch(make_launch("job-del", epochs=5))
     checkpoints = jobs_dir / "job-del" / "checkpoints"
     wait_for(lambda: (checkpoints / "step-5" / MARKER).exists(), what="the step-5 checkpoint")
@@ -240,7 +241,8 @@ def test_delete_mid_training_stops_everything_and_keeps_checkpoints(
     assert env[0]["REPORT_TOKEN"] == "secret-token"
     store = psutil.Process(json.loads((jobs_dir / "job-del" / "state.json").read_text())[
         "coordinator"]["pid"])
-    assert not any("MIGRATOR_ADMIN_TOKEN" in e for e in [*env, store.environ()])
+    assert not any("MIGRATOR_ADMIN_TOKEN" in e or "HF_TOKEN" in e
+                   for e in [*env, store.environ()])
     # Each pod is a torchrun agent whose worker joined one elastic world of two.
     workers = [pod.children()[0].environ() for pod in pods]
     assert sorted((w["RANK"], w["WORLD_SIZE"]) for w in workers) == [("0", "2"), ("1", "2")]

@@ -9,6 +9,8 @@ from api.backends import programs
 from trainer.contract.artifact_store import STORE_VARIABLES
 
 SETTINGS_PREFIX = "MIGRATOR_"  # api.settings.Settings' env prefix
+HUB_TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+"""The hub token (and the name older clients read): for initializers, never a job's pods."""
 
 
 def free_port() -> int:
@@ -20,7 +22,9 @@ def free_port() -> int:
 
 def inherited_env(store_credentials: bool) -> dict[str, str]:
     """This supervisor's environment without the control plane's own settings (its admin
-    token, database URL): a job's processes hold only their job's secrets; without the artifact
-    store's credentials unless `store_credentials` (a job with its own gets that instead)."""
-    withheld = (SETTINGS_PREFIX, *(() if store_credentials else STORE_VARIABLES))
+    token, database URL) and the hub token: a job's processes hold only their job's secrets;
+    without the artifact store's credentials unless `store_credentials` (a job with its own
+    gets that instead)."""
+    withheld = (SETTINGS_PREFIX, *HUB_TOKEN_VARIABLES,
+                *(() if store_credentials else STORE_VARIABLES))
     return {k: v for k, v in os.environ.items() if not k.startswith(withheld)}
