@@ -34,7 +34,10 @@ class Save:
     keep: int
     """Complete checkpoints to keep (retention)."""
     emergency: bool
-    """Written at once by every survivor of a failure, not in the background by the primary."""
+    """Saved by the survivors of a failure (reported as such)."""
+    everyone: bool
+    """Written at once by every participant (after a failure, before a stop), not in the
+    background by the primary."""
     trainer_state: Callable[[], dict[str, Any]]
     done: Callable[[CheckpointInfo], None]
     """Reports the checkpoint once complete."""
@@ -69,9 +72,9 @@ class Checkpointer:
         return self.part.load_checkpoint(info.path)
 
     def save(self, step: int, sampler: GlobalSampler, metrics: dict[str, Any], epoch_end: bool,
-             emergency: bool = False) -> None:
+             emergency: bool = False, everyone: bool = False) -> None:
         """Checkpoint the committed state: by the primary in the background, or at once by every
-        survivor in an emergency."""
+        participant (`everyone`; always in an emergency)."""
         # The epoch of the last committed step, counted from 1: after an epoch's last step the
         # sampler is at the next one's start already (an emergency save may come before the
         # epoch end is done).
@@ -92,14 +95,26 @@ class Checkpointer:
             self.reporter.flush()
 
         self.part.save_checkpoint(Save(self.config.runtime.checkpoint_dir, step, meta,
-                                       spec.keep_checkpoints, emergency, self.trainer_state,
-                                       reported), self.writer)
+                                       spec.keep_checkpoints, emergency, everyone or emergency,
+                                       self.trainer_state, reported), self.writer)
 
     def save_final(self, step: int, sampler: GlobalSampler, metrics: dict[str, Any]) -> None:
         """After the last step: the final checkpoint, where this pod must write the one the
         primary normally writes (it may have died)."""
         if self.recovery.writes_final_checkpoint(step, self.group.is_primary):
             self.save(step, sampler, metrics, epoch_end=True, emergency=True)
+
+    def save_at_stop(self, step: int, sampler: GlobalSampler, metrics: dict[str, Any],
+                     epoch_end: bool) -> None:
+        """Before stopping (a SIGTERM here or at a peer): the state it stops at, unless the
+        primary's copy is under way (`epoch_end`: the epoch end's). Where a failure would call
+        for every survivor's copy (a static group), every participant writes it before its
+        process exits: the next round may form before the primary's copy is complete (a round
+        needs one pod), and must resume from here, not redo the steps since an older
+        checkpoint."""
+        everyone = self.recovery.saves_on_failure(self.group.participants)
+        if everyone or not epoch_end:
+            self.save(step, sampler, metrics, epoch_end=epoch_end, everyone=everyone)
 
     def save_after_failure(self, step: int, sampler: GlobalSampler,
                            metrics: dict[str, Any]) -> None:

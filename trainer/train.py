@@ -340,13 +340,15 @@ class Trainer:
             if self._stop_requested and self.group.can_leave():
                 self._leave(assignment)
                 return True
-            if self.sampler.epoch != assignment.epoch:
+            epoch_ended = self.sampler.epoch != assignment.epoch
+            if epoch_ended:
                 self.epoch_end_pending = True
                 self._end_epoch(assignment.epoch)
                 self.progress.start_window()
-            elif result.stop_requested or self.checkpointer.due(self.step):
+            elif self.checkpointer.due(self.step) and not result.stop_requested:
                 self.checkpointer.save(self.step, self.sampler, self.metrics, epoch_end=False)
             if result.stop_requested:
+                self.checkpointer.save_at_stop(self.step, self.sampler, self.metrics, epoch_ended)
                 self.stop_reason = "sigterm" if self._stop_requested else "peer"
                 self.reporter.emit(records.Stopped(message="stopped on SIGTERM after a checkpoint"
                                            if self._stop_requested else

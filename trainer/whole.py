@@ -81,9 +81,10 @@ class WholeModel:
         self.load_model_state(state)
 
     def save_checkpoint(self, save: Save, writer: checkpoint.CheckpointWriter) -> None:
-        """The primary saves in the background, from a snapshot; in an emergency every survivor
-        saves at once (the same content: the first one complete stays)."""
-        if save.emergency:
+        """The primary saves in the background, from a snapshot; where every participant must
+        (an emergency, a stop), each saves at once (the same content: the first one complete
+        stays)."""
+        if save.everyone:
             writer.wait()
             save.done(checkpoint.save_checkpoint(
                 save.directory, save.step, self.model_state(), save.trainer_state(), save.meta,

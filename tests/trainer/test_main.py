@@ -5,6 +5,7 @@ import signal
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -125,6 +126,32 @@ def test_two_processes_under_torchrun_match_one_with_twice_the_batch(
         pair_losses = [m["data"]["loss"] for m in events(pair, "metric") if m["pod"] == pod]
         torch.testing.assert_close(torch.tensor(pair_losses), torch.tensor(single_losses),
                                    atol=1e-4, rtol=1e-4)
+
+
+def test_a_sigterm_in_a_static_group_leaves_the_stop_step_saved_by_every_participant(
+        inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
+    """The next round may form before the primary's copy is complete (a restart-mode round
+    needs one pod): each participant writes the state it stops at before it exits, so none
+    resumes from an older checkpoint and redoes the steps since."""
+    make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
+    args = trainer_args(inputs_dir, tmp_path, "--epochs", "20", "--checkpoint-every-steps",
+                        "1000")
+    process = processes.start(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "trainer", *args], {"OMP_NUM_THREADS": "1"}, tmp_path / "pair.log")
+    reports = tmp_path / "reports.jsonl"
+    wait_for(lambda: reports.exists() and '"kind":"metric"' in reports.read_text(),
+             process=process, timeout=120)
+    workers = psutil.Process(process.pid).children()
+    (follower,) = [w for w in workers if w.environ().get("RANK") == "1"]
+    follower.send_signal(signal.SIGTERM)  # the primary stops with it, after the same step
+    finish(process)  # failed: the primary's worker is not done (ExitCode.PEER_STOPPED)
+    assert f"exitcode  : {ExitCode.PEER_STOPPED.value}" in (tmp_path / "pair.log").read_text()
+    last = {m["pod"]: m["data"]["step"] for m in events(tmp_path, "metric")}
+    assert last["local-0"] == last["local-1"]
+    saved = {(c["pod"], c["data"]["step"]) for c in events(tmp_path, "checkpoint")}
+    assert saved == {("local-0", last["local-0"]), ("local-1", last["local-1"])}
+    assert latest_checkpoint(tmp_path / "checkpoints").step == last["local-0"]
 
 
 def test_a_nan_loss_fails_the_job_with_the_step_and_the_value(
