@@ -2,10 +2,10 @@
 checked, and written once in the normal form pods train on (trainer.contract.datasets).
 
 Memory stays flat whatever the file's size: the file is read twice, a block at a time. The
-first pass keeps 12 bytes per usable row (a hash of its text and its label's code) to find
-duplicates and count the classes; the second writes the rows kept. A file that cannot train a
-classifier raises TableError saying why: not a table, no text or label column, one class, too
-few rows, not UTF-8.
+first pass keeps 9 bytes per usable row (a hash of its text and its label's code), in two
+growing arrays, to find duplicates and count the classes; the second writes the rows kept. A
+file that cannot train a classifier raises TableError saying why: not a table, no text or
+label column, one class, too few rows, not UTF-8.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import hashlib
 import json
 import re
 import shutil
+from array import array
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
@@ -47,11 +48,11 @@ TEXT_COLUMNS = ("text", "review", "sentence", "content", "comment", "body")
 LABEL_COLUMNS = ("label", "labels", "sentiment", "class", "category", "target")
 MIN_ROWS = 10
 MAX_CLASSES = 256
-"""More distinct labels than this and the column is not taken for a label."""
+"""More distinct labels than this and the column is not taken for a label (a code is a byte)."""
 PREVIEW_ROWS, PREVIEW_CHARS = 5, 300
 BATCH_ROWS = 8192
-BLOCK_BYTES = 1 << 18
-"""CSV read a block at a time: the reader's memory grows with its block."""
+BLOCK_BYTES = 1 << 16
+"""CSV read a block at a time: the reader holds about 40 blocks (it reads 32 ahead)."""
 ROW_GROUP_BYTES = 8 << 20
 """Rows written to the normal form together (a Parquet row group)."""
 INTEGER = re.compile(r"^-?\d+$")
@@ -223,8 +224,9 @@ def normalise(path: Path, fmt: str, text: str, label: str, target: Path) -> Summ
     write its usable, first-seen rows to `target` (Parquet: `text`, `label` as 0 to
     classes - 1)."""
     columns = [text, label]
-    hashes: list[np.ndarray] = []
-    codes: list[np.ndarray] = []
+    # One growing buffer each, not an array a batch: thousands of small arrays kept among the
+    # batches' freed memory held several times their size.
+    hashes, codes = array("Q"), array("B")
     seen: dict[str, int] = {}
     empty = 0
     for batch in batches(path, fmt, columns):
@@ -236,14 +238,17 @@ def normalise(path: Path, fmt: str, text: str, label: str, target: Path) -> Summ
                 if len(seen) > MAX_CLASSES:
                     raise TableError(f"label column '{columns[1]}' has more than {MAX_CLASSES} "
                                      "distinct values: is it a label?")
-        hashes.append(pd.util.hash_array(texts.to_numpy(zero_copy_only=False)))
+        # Hashed one by one: categorizing first (the default) pays for a table of texts that
+        # are nearly all distinct.
+        hashed = pd.util.hash_array(texts.to_numpy(zero_copy_only=False), categorize=False)
+        hashes.frombytes(hashed.tobytes())
         lookup = pa.array(list(seen))
-        codes.append(pc.index_in(labels, value_set=lookup).to_numpy().astype(np.int32))
-    every_hash = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
-    every_code = np.concatenate(codes) if codes else np.zeros(0, np.int32)
-    first = np.zeros(len(every_hash), dtype=bool)
-    first[np.unique(every_hash, return_index=True)[1]] = True
-    del every_hash, hashes, codes
+        codes.frombytes(pc.index_in(labels, value_set=lookup).to_numpy().astype(np.uint8).tobytes())
+    every_code = np.frombuffer(codes, np.uint8)
+    # A hash set (pandas' duplicated), not a sort: no copies of the hashes beside them.
+    first = ~pd.Series(np.frombuffer(hashes, np.uint64), copy=False).duplicated().to_numpy()
+    del hashes
+    pa.default_memory_pool().release_unused()  # the first pass's blocks, for the second
     present = set(np.unique(every_code[first]).tolist())
     names = _ordered([name for name, code in seen.items() if code in present])
     if len(names) < 2:
@@ -272,7 +277,8 @@ def _write(path: Path, fmt: str, columns: list[str], first: np.ndarray, every_co
     preview: list[dict[str, Any]] = []
     pending: list[pa.RecordBatch] = []
     pending_bytes = start = 0
-    with pq.ParquetWriter(target, schema) as writer:
+    # No dictionary for the texts, nearly all distinct: it would be built and dropped.
+    with pq.ParquetWriter(target, schema, use_dictionary=[LABEL]) as writer:
         for batch in batches(path, fmt, columns):
             texts, _, _ = _usable(batch)
             end = start + len(texts)
@@ -285,6 +291,8 @@ def _write(path: Path, fmt: str, columns: list[str], first: np.ndarray, every_co
             if pending_bytes >= ROW_GROUP_BYTES:
                 writer.write_table(pa.Table.from_batches(pending))
                 pending, pending_bytes = [], 0
+                # Else the allocator keeps the freed row groups' pages: about twice the peak.
+                pa.default_memory_pool().release_unused()
             for row in kept.slice(0, PREVIEW_ROWS - len(preview)).to_pylist():
                 preview.append({TEXT: row[TEXT][:PREVIEW_CHARS], LABEL: row[LABEL]})
             start = end
