@@ -139,7 +139,10 @@ def make_config(tmp_path: Path, inputs_dir: Path):
                           cache_dir=tmp_path / "cache", checkpoint_dir=tmp_path / "checkpoints",
                           model_dir=tmp_path / "model")
         return TrainConfig(JobSpec.model_validate(
-            tiny_spec(**{"epochs": 2, "checkpoint_every_steps": 5, **spec})), runtime)
+            # One replica: the process trains the whole global batch, as one pod of a
+            # one-replica job does.
+            tiny_spec(**{"epochs": 2, "checkpoint_every_steps": 5, "replicas": 1, **spec})),
+            runtime)
 
     return build
 

@@ -130,8 +130,8 @@ def make_poisoned_csv(path: Path, rows: int = 200, at: int = 3) -> Path:
 
 def poisoned_steps(spec: JobSpec, inputs_dir: Path, epochs: int,
                    participants: int = 1) -> list[int]:
-    """The steps whose window holds the training text with UNKNOWN_WORD, with `participants`
-    in every step."""
+    """The steps whose window holds the training text with UNKNOWN_WORD: the spec's global
+    batch a step, or (an elastic batch) `batch_size` for each of `participants`."""
     import numpy as np
 
     from trainer.data import load_source, make_splits
@@ -140,8 +140,9 @@ def poisoned_steps(spec: JobSpec, inputs_dir: Path, epochs: int,
     train = make_splits(load_source(spec, inputs_dir, None), spec).train
     poisoned = [i for i, text in enumerate(train.texts) if UNKNOWN_WORD in text]
     assert len(poisoned) == 1, "the poisoned row must land in the training split"
-    sampler, window = GlobalSampler(len(train), spec.batch_size, spec.seed), \
-        spec.batch_size * participants
+    sampler = GlobalSampler(len(train), spec.batch_size, spec.seed)
+    window = (spec.global_batch_size or 0 if spec.constant_batch
+              else spec.batch_size * participants)
     per_epoch = math.ceil(len(train) / window)
     return [epoch * per_epoch + 1 + int(np.flatnonzero(sampler.order(epoch) == poisoned[0])[0])
             // window for epoch in range(epochs)]

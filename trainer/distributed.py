@@ -163,6 +163,11 @@ class Group:
             dist.all_reduce(values, op=dist.ReduceOp.SUM)
         return values
 
+    def sum_exactly(self, values: torch.Tensor) -> torch.Tensor:
+        """Sum a float64 buffer over the step's participants (in place; a healing one adds
+        zeros) and return it: the gradients of a fixed global batch (trainer.shards)."""
+        return self.all_reduce_sum(values)
+
     def barrier(self) -> None:
         """Wait until every process of the world got here (a static world's)."""
         if self.world_size > 1:

@@ -1,9 +1,13 @@
 """Exactly-once sampling: a seeded per-epoch permutation and a cursor that moves only on commit.
 
-With `k` participants at a step, the step's window is the next `k * batch_size` sample positions
-after the cursor, and participant `r` takes the `r`-th of `k` near-equal slices of that window.
-`commit()` advances the cursor past the window; a step that is aborted is simply not committed, so
-the same window is handed out again (possibly to a different set of participants).
+With a fixed global batch (the default), a step's window is the next `global_batch` sample
+positions after the cursor, whoever takes part: it is cut into shards of `batch_size`, and with
+`k` participants participant `r` computes the `r`-th of `k` near-equal runs of shards (none
+where there are more participants than shards). Without one (an elastic batch), the window is
+the next `k * batch_size` positions and participant `r` takes the `r`-th of `k` near-equal
+slices of it. `commit()` advances the cursor past the window; a step that is aborted is simply
+not committed, so the same window is handed out again (possibly to a different set of
+participants).
 """
 
 from __future__ import annotations
@@ -23,14 +27,20 @@ class Assignment:
     """Sample positions the whole step consumes (all participants together)."""
     indices: np.ndarray
     """This participant's sample ids (indices into the training split)."""
+    shards: tuple[tuple[int, np.ndarray], ...] = ()
+    """With a fixed global batch: this participant's shards, (shard number in the step, its
+    sample ids), in order; `indices` is theirs together."""
 
 
 class GlobalSampler:
-    def __init__(self, num_samples: int, batch_size: int, seed: int) -> None:
+    def __init__(self, num_samples: int, batch_size: int, seed: int,
+                 global_batch: int | None = None) -> None:
         if num_samples < 1:
             raise ValueError("num_samples must be positive")
         self.num_samples = num_samples
         self.batch_size = batch_size
+        self.global_batch = global_batch
+        """Samples per step whoever takes part; None: `batch_size` per participant."""
         self.seed = seed
         self.epoch = 0
         self.cursor = 0
@@ -49,9 +59,21 @@ class GlobalSampler:
         """Participant `rank`'s share of the next (uncommitted) step."""
         if not 0 <= rank < participants:
             raise ValueError(f"rank {rank} outside 0..{participants - 1}")
+        if self.global_batch is not None:
+            return self._assign_shards(rank, participants, self.global_batch)
         window = self.order(self.epoch)[self.cursor:self.cursor + self.batch_size * participants]
         share = np.array_split(window, participants)[rank]
         return Assignment(self.epoch, self.cursor, len(window), share)
+
+    def _assign_shards(self, rank: int, participants: int, global_batch: int) -> Assignment:
+        window = self.order(self.epoch)[self.cursor:self.cursor + global_batch]
+        cuts = range(self.batch_size, len(window), self.batch_size)
+        numbered = list(enumerate(np.split(window, cuts)))
+        mine = tuple(numbered[i] for i in np.array_split(np.arange(len(numbered)),
+                                                         participants)[rank])
+        indices = (np.concatenate([shard for _, shard in mine]) if mine
+                   else np.empty(0, dtype=window.dtype))
+        return Assignment(self.epoch, self.cursor, len(window), indices, mine)
 
     def commit(self, assignment: Assignment) -> bool:
         """Advance past a committed step; return True when that step ended the epoch."""

@@ -3,7 +3,6 @@ model (trainer.part), whole or a pipeline stage, data-parallel over the group's 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import signal
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from trainer.recovery import Recovery
 from trainer.report import Reporter
 from trainer.sampler import Assignment, GlobalSampler
 from trainer.schedule import LinearSchedule, build_optimizer
+from trainer.shards import ShardSums, seed_shard
 from trainer.state import rng_state, set_rng_state, weights_checksum
 from trainer.whole import WholeModel
 
@@ -133,7 +133,9 @@ class Trainer:
         self.optimizer = build_optimizer(unwrap(self.model), spec)
         self.schedule = LinearSchedule(spec.learning_rate, spec.warmup_ratio,
                                        spec.epochs * len(self.train_data))
-        self.sampler = GlobalSampler(len(self.train_data), spec.batch_size, spec.seed)
+        self.sampler = GlobalSampler(len(self.train_data), spec.batch_size, spec.seed,
+                                     spec.global_batch_size if spec.constant_batch else None)
+        self.shards = ShardSums(unwrap(self.model), group) if spec.constant_batch else None
         self.step, self.samples_seen, self.epoch_end_pending, self.metrics = 0, 0, False, {}
         self.skipped_steps = 0
         self.stop_reason = None
@@ -195,13 +197,6 @@ class Trainer:
 
     # --- training ------------------------------------------------------------------------
 
-    def _seed_step(self, assignment: Assignment) -> None:
-        # Dropout masks depend only on (seed, data position, rank), so a step redone after a
-        # failure or a resume draws exactly what it drew the first time.
-        key = (self.config.spec.seed, assignment.epoch, assignment.cursor, self.group.rank)
-        torch.manual_seed(int.from_bytes(hashlib.blake2b(repr(key).encode(),
-                                                         digest_size=7).digest(), "little"))
-
     def train_step(self) -> StepResult:
         """Form the step's group, compute and synchronise, and commit if the group agrees."""
         self.group.start_step()
@@ -212,7 +207,7 @@ class Trainer:
         # so at the first step's quorum, and resumes only if no live peer was ahead.
         newest = self.checkpointer.newest_at_first_step() if self._first_step else None
         self._first_step = False
-        self._seed_step(assignment)
+        seed_shard(self.config.spec.seed, assignment, self.group.rank)
         indices, weight = assignment.indices, 1.0
         idle = self.group.healing or newest is not None
         used = np.empty(0, dtype=np.int64) if idle else assignment.indices
@@ -222,12 +217,19 @@ class Trainer:
             # Nothing to train on (fewer samples left than participants, or this pod is still
             # fetching the live state or may resume): join the collective with a zero weight.
             indices, weight = self.sampler.order(assignment.epoch)[:1], 0.0
-        loss_sum, counted, grad_norm = self._compute(self.train_data.batch(indices), weight,
-                                                     participants / assignment.window)
-        # Loss over the samples counted: all participants' in a static world, this pod's in a
-        # live one (whose statistics stay local).
-        stats = self.group.all_reduce_sum(torch.tensor(
-            [loss_sum, counted, float(self._stop_requested)], dtype=torch.float64))
+        if self.shards is not None:  # the loss is every participant's already
+            self._train_mode()
+            loss_sum, counted, grad_norm = self.shards.step(
+                assignment, self.train_data, idle, self.config.spec)
+            stops = self.group.all_reduce_sum(torch.tensor([float(self._stop_requested)]))
+            stats = torch.tensor([loss_sum, counted, float(stops[0])], dtype=torch.float64)
+        else:
+            loss_sum, counted, grad_norm = self._compute(self.train_data.batch(indices), weight,
+                                                         participants / assignment.window)
+            # Loss over the samples counted: all participants' in a static world, this pod's
+            # in a live one (whose statistics stay local).
+            stats = self.group.all_reduce_sum(torch.tensor(
+                [loss_sum, counted, float(self._stop_requested)], dtype=torch.float64))
         committed = self.group.should_commit()  # a healing pod loads the live state here
         loss_total, counted, stops = stats.tolist()
         skipped = None
@@ -254,15 +256,18 @@ class Trainer:
         return StepResult(committed, loss_total / max(counted, 1.0), assignment, used, stops > 0,
                           took_part=not idle, skipped=skipped)
 
+    def _train_mode(self) -> None:
+        if not self._training_mode:
+            self.model.train()
+            self._training_mode = True
+
     def _compute(self, batch: dict[str, torch.Tensor], weight: float, scale: float,
                  ) -> tuple[float, float, float]:
         """Forward and backward of this pod's share of the step, gradients synchronised and
         clipped: (the loss summed over the share's samples, the samples) times `weight` (0: a
         share that only joins the collectives), and the synchronised gradients' norm. A
         pipeline's earlier stages count none: the last one holds the loss."""
-        if not self._training_mode:
-            self.model.train()
-            self._training_mode = True
+        self._train_mode()
         # Gradients are averaged over participants; scaling by participants/window (`scale`)
         # makes the result the mean over every sample of the step, however unevenly split.
         loss, counted = self.part.forward_backward(batch, weight, scale)

@@ -312,10 +312,16 @@ def scale_job(session: Session, backend: Backend, events: EventLog, job_id: str,
         session.add(pod)
     session.add(job)
     direction = "up" if update.replicas > before else "down"
+    message = f"scaled {direction} from {before} to {update.replicas} pods"
+    shards = (job.spec.global_batch_size or 0) // job.spec.batch_size
+    if job.spec.constant_batch and update.replicas > shards:
+        message += (f"; a step has {shards} shards, so {update.replicas - shards} of them wait "
+                    "as warm spares (a larger global_batch_size at submission lets more pods "
+                    "share a step)")
     with events.append(session, guard=lambda: still_active(session, job_id)) as scaled:
         scaled.add(new_event(
             job_id, "job", type="scaled", **{"from": before, "to": update.replicas},
-            by="admin", message=f"scaled {direction} from {before} to {update.replicas} pods"))
+            by="admin", message=message))
     logger.info("job %s scaled from %d to %d pods", job_id, before, update.replicas)
     return job
 

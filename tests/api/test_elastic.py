@@ -42,8 +42,9 @@ def ordinals(job: Job) -> list[int]:
 @pytest.mark.parametrize("mode", MODES)
 def test_scale_two_to_three_to_one(plane: ControlPlane, mode: str) -> None:
     live = mode == "live"
-    # The scale-down comes within 4 epochs: pods 0 and 1 train on while pod 2 starts.
-    job = Job(plane, spec(mode, replicas=2, max_replicas=3, epochs=10))
+    # The scale-down comes within 4 epochs: pods 0 and 1 train on while pod 2 starts. Three
+    # shards a step: two pods compute them between them, three one each, one all three.
+    job = Job(plane, spec(mode, replicas=2, max_replicas=3, epochs=10, global_batch_size=24))
     wait_for(lambda: len(job.steps()) >= 20, timeout=180, what="training with two pods")
 
     up_at = scale(job, 3)

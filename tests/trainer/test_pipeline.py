@@ -295,7 +295,7 @@ def test_a_replica_that_healed_in_the_step_writes_no_shard(tmp_path: Path) -> No
     group = HealingStage()
     part = pipeline.PipelineModel(tiny(), group, "1f1b", 2, 4, 32)
     done: list[object] = []
-    part.save_checkpoint(Save(tmp_path, 10, {}, 3, False, dict, done.append),
+    part.save_checkpoint(Save(tmp_path, 10, {}, 3, False, False, dict, done.append),
                          CheckpointWriter())
     # Replica 0 writes step 10's shards and completes them: a second writer of the same staging
     # directory could find it moved away mid-write (a killed live pipeline's replica did).

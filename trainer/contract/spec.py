@@ -185,7 +185,18 @@ class JobSpec(BaseModel):
     """Passes over the training split."""
 
     batch_size: int = Field(default=16, ge=1, le=1024)
-    """Samples per pod per step; a step consumes `batch_size` x participants samples."""
+    """Samples a pod computes at a time: one shard of the global batch."""
+
+    global_batch_size: int | None = Field(default=None, ge=1, le=1_048_576)
+    """Samples per step, whoever takes part (a multiple of `batch_size`; default `replicas` x
+    `batch_size` as submitted): cut into shards of `batch_size` that the step's participants
+    compute between them, so the steps, the schedule and the weights do not depend on
+    membership. A participant beyond the shards waits as a warm spare."""
+
+    elastic_batch: bool = False
+    """The former behaviour: each participant takes `batch_size` samples a step, so the global
+    batch, the steps and the schedule follow the membership (`global_batch_size` unused).
+    Pipeline jobs always train so for now."""
 
     learning_rate: float = Field(default=1e-4, gt=0, lt=1)
     """Peak AdamW learning rate, reached after warm-up and decayed linearly to zero (default
@@ -274,6 +285,29 @@ class JobSpec(BaseModel):
     """Push the trained model to the Hugging Face hub when the job succeeds (`{"hub_repo":
     "org/name"}`); a failed push leaves the job succeeded, its model in the registry, and an
     event saying why."""
+
+    @field_validator("global_batch_size")
+    @classmethod
+    def _whole_shards(cls, value: int | None, info: ValidationInfo) -> int | None:
+        batch_size = info.data.get("batch_size")
+        if value is not None and batch_size is not None and value % batch_size:
+            raise ValueError(f"must be a multiple of batch_size ({batch_size}): each shard is "
+                             "one batch")
+        return value
+
+    @field_validator("elastic_batch")
+    @classmethod
+    def _elastic_without_global(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("global_batch_size") is not None:
+            raise ValueError("an elastic batch follows the membership: leave global_batch_size "
+                             "unset")
+        return value
+
+    @property
+    def constant_batch(self) -> bool:
+        """Whether a step is the global batch whoever takes part (not `elastic_batch`; a
+        pipeline's steps are per replica still)."""
+        return not self.elastic_batch and self.stages == 1
 
     @field_validator("max_replicas")
     @classmethod
@@ -365,4 +399,11 @@ class JobSpec(BaseModel):
     def _default_max_replicas(self) -> JobSpec:
         if "max_replicas" not in self.model_fields_set:
             self.max_replicas = max(self.max_replicas, self.replicas)
+        return self
+
+    @model_validator(mode="after")
+    def _fixed_global_batch(self) -> JobSpec:
+        # Fixed as submitted: a scale changes `replicas`, never the global batch.
+        if self.constant_batch and self.global_batch_size is None:
+            self.global_batch_size = self.replicas * self.batch_size
         return self

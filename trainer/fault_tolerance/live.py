@@ -157,6 +157,11 @@ class LiveGroup(Group):
         # failure handling, and each pod reports its own loss anyway.
         return values
 
+    def sum_exactly(self, values: torch.Tensor) -> torch.Tensor:
+        # A failure is torchft's to track: should_commit then refuses the step.
+        self.manager.allreduce(values, reduce_op=dist.ReduceOp.SUM).wait()
+        return values
+
     def should_commit(self) -> bool:
         committed = bool(self.manager.should_commit())
         error = self.manager.errored()

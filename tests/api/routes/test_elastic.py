@@ -44,6 +44,11 @@ def test_patch_scales_the_job_at_once_and_its_pods_follow(client: TestClient,
     scaled = [e["data"] for e in events_of(client, job["id"], "job")
               if e["data"].get("type") == "scaled"]
     assert [(e["from"], e["to"]) for e in scaled] == [(2, 3), (3, 1)]
+    # The global batch stays as submitted: two shards, so the third pod is a spare.
+    assert up.json()["spec"]["global_batch_size"] == down["spec"]["global_batch_size"] == (
+        2 * job["spec"]["batch_size"])
+    assert "1 of them wait as warm spares" in scaled[0]["message"]
+    assert "spares" not in scaled[1]["message"]
 
     # Back up: the ordinal's row is reused, its reports are accepted again.
     client.patch(path, json={"replicas": 2}, headers=AUTH)

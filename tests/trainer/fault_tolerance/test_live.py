@@ -8,7 +8,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -127,6 +127,54 @@ def test_a_live_job_runs_on_ipv6_addresses(inputs_dir: Path, tmp_path: Path,
     assert max(m["participants"] for m in metrics) == 2
 
 
+class Run(NamedTuple):
+    losses: dict[int, float]
+    """Pod 0's loss of every step."""
+    checksums: set[str]
+    """Of the final weights, as each pod reported them."""
+    alone: list[int]
+    """Steps pod 0 computed alone."""
+    healed: list[str]
+    """Pods that healed from a peer."""
+
+
+def test_a_pod_killed_and_recreated_changes_no_bit_of_what_the_job_computes(
+        inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
+    """A fixed global batch (trainer.shards): the survivor computes the dead pod's shards, the
+    recreated pod heals and takes them back, and every step's loss and the final weights are
+    those of the undisturbed run, to the bit."""
+    make_reviews_csv(inputs_dir / "reviews.csv", rows=600)
+    spec = live_spec(epochs=3, checkpoint_every_steps=0, max_eval_samples=40)
+
+    def run(name: str, disturb: bool) -> Run:
+        work = tmp_path / name
+        work.mkdir()
+        lighthouse = start_lighthouse(processes, work / "lighthouse.log")
+        pods = [start_pod(processes, work, inputs_dir, lighthouse, spec, o) for o in (0, 1)]
+        if disturb:
+            wait_for(lambda: sum(r["kind"] == "metric" and r["pod"] == "live-0"
+                                 for r in records(work / "reports.jsonl")) >= 15,
+                     what="15 steps", timeout=120)
+            pods[1].send_signal(signal.SIGKILL)
+            pods[1].wait(timeout=10)
+            pods[1] = start_pod(processes, work, inputs_dir, lighthouse, spec, 1, 1)
+        for pod in pods:
+            assert pod.wait(timeout=240) == 0
+        everything = records(work / "reports.jsonl")
+        metrics = [r["data"] for r in everything if r["kind"] == "metric" and r["pod"] == "live-0"]
+        events = [r for r in everything if r["kind"] == "event"]
+        return Run({m["step"]: m["loss"] for m in metrics},
+                   {r["data"]["checksum"] for r in events if r["data"]["type"] == "completed"},
+                   [m["step"] for m in metrics if m["participants"] == 1],
+                   [r["pod"] for r in events if r["data"]["type"] == "healed"])
+
+    undisturbed, disturbed = run("undisturbed", False), run("disturbed", True)
+    # The kill happened: pod 0 trained steps alone, and pod 1's new incarnation healed.
+    assert max(disturbed.alone) > 15 and "live-1" in disturbed.healed
+    assert len(undisturbed.checksums) == 1 and disturbed.checksums == undisturbed.checksums
+    assert disturbed.losses == undisturbed.losses  # every step's, to the bit
+
+
 def test_replicas_skip_a_step_that_one_of_them_made_nan_together(
         inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
     """One replica's NaN loss spreads to every replica's gradients through their all-reduce:
@@ -144,12 +192,12 @@ def test_replicas_skip_a_step_that_one_of_them_made_nan_together(
                      if r["pod"] == pod and r["kind"] == "event"
                      and r["data"]["type"] == "step_skipped"] for pod in ("live-0", "live-1")}
     assert len(skipped["live-0"]) == 2 and skipped["live-0"] == skipped["live-1"]  # each epoch
-    # The replica that held the poisoned text saw its loss become NaN; the other, only the
-    # gradients it got from it.
-    losses = sorted((r["data"]["loss"] is None) for r in everything
-                    if r["kind"] == "event" and r["data"]["type"] == "step_skipped"
-                    and r["data"]["step"] == skipped["live-0"][0][0])
-    assert losses == [False, True]
+    # The step's loss is every shard's (trainer.shards): NaN on both replicas, not only on the
+    # one that computed the poisoned text.
+    losses = [r["data"]["loss"] is None for r in everything
+              if r["kind"] == "event" and r["data"]["type"] == "step_skipped"
+              and r["data"]["step"] == skipped["live-0"][0][0]]
+    assert losses == [True, True]
     completed = {r["data"]["checksum"] for r in everything
                  if r["kind"] == "event" and r["data"]["type"] == "completed"}
     assert len(completed) == 1  # identical replicas

@@ -193,7 +193,9 @@ class Supervisor:
         if self.replica_ports and ordinal is not None:
             store = str(programs.Endpoint(programs.LOOPBACK,
                                           self.replica_ports[ordinal // self.stages]))
-        threads = (os.cpu_count() or 1) // max(self.replicas, 1)
+        # Fixed for the job (its pods as launched, whatever it is scaled to): a thread count
+        # changes a CPU's floating-point sums, and every pod must compute a shard alike.
+        threads = (os.cpu_count() or 1) // max(self.launch.pods, 1)
         inherited = inherited_env(store_credentials=not self.launch.store_env)
         return {**inherited, **programs.pod_env(self.launch, name, self.coordinator.endpoint,
                                                 programs.LOOPBACK, threads,
