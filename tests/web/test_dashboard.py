@@ -172,6 +172,9 @@ def test_a_job_from_the_form_to_a_model(control_plane: ControlPlane, page: Any,
     first = wait_for(lambda: chart_points(page, "loss"), timeout=90, what="loss points")
     wait_for(lambda: chart_points(page, "loss") > first, timeout=30, what="more loss points, live")
     assert chart_points(page, "speed") > 0 and chart_points(page, "participants") > 0
+    # The global batch as submitted (2 pods x 2), in its shards.
+    batch = page.locator("dl.stats div:has(dt:text-is('Global batch')) dd")
+    assert batch.inner_text() == "4 (2 shards)"
 
     # Kill pod 1 from the keyboard: it goes down, comes back and rejoins.
     page.focus("tr[data-ordinal='1'] button")

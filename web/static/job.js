@@ -154,6 +154,7 @@ export function showJob(main, id) {
       stat('Loss', number(latest?.loss ?? job.metrics.loss, 4)),
       stat('Samples/s', number(latest?.samples_per_second ?? job.metrics.samples_per_second, 1)),
       stat('Participants', String(latest?.participants ?? job.metrics.participants ?? '–')),
+      stat('Global batch', globalBatch(job.spec)),
       stat('Val accuracy', percent(job.metrics.val_accuracy)),
       stat(view.finished ? 'Finished' : 'ETA', view.finished ? ago(job.finished_at) : duration(progress.eta_seconds)),
       stat('Mode', job.spec.parallelism === PARALLELISM.pipeline
@@ -370,4 +371,11 @@ export function showJob(main, id) {
   }, () => {}).then(() => { if (!stopped) connect(); });
   checkpoints.refresh(id);
   return stop;
+}
+
+/** A step's samples, whoever takes part (its shards), or an elastic batch's per-pod size. */
+function globalBatch(spec) {
+  if (!spec.global_batch_size) return `${spec.batch_size} per pod`;
+  const shards = spec.global_batch_size / spec.batch_size;
+  return `${spec.global_batch_size} (${shards} shard${shards === 1 ? '' : 's'})`;
 }
