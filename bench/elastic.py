@@ -134,9 +134,21 @@ class Run:
         print(f"  {self.mode}: {operation}: gap/median {result.gap_ratio:.2f} (gap "
               f"{gap:.2f} s, median {median:.3f} s; {result.contended_ratio:.2f} of the "
               f"median {contended:.3f} s with {processes} processes), lost {lost}"
-              + (f", new pod taking part after {result.joined:.2f} s" if new_pod else ""),
-              flush=True)
+              + (f", new pod taking part after {result.joined:.2f} s" if new_pod else "")
+              + self.heal_parts(called, finished), flush=True)
         return result
+
+    def heal_parts(self, called: float, finished: float) -> str:
+        """Where a new pod's time went, from its own `healed` event: the call to its heal's
+        start (a process, or the standby, and a quorum), the heal's transfer, and the heal's
+        end to the operation's end (its first step)."""
+        healed = [h for h in self.reports("healed", called) if h["time"] <= finished]
+        if not healed:
+            return ""
+        heal = healed[0]
+        start = heal["time"] - heal["seconds"]
+        return (f"; call to heal {start - called:.2f} s, heal {heal['seconds']:.2f} s "
+                f"({heal['bytes'] / 1e6:.0f} MB), heal to step {finished - heal['time']:.2f} s")
 
     def patch(self, replicas: int) -> None:
         self.http.patch(f"/api/v1/jobs/{self.id}", json={"replicas": replicas}

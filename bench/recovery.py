@@ -8,8 +8,9 @@ backend; every kill is a real SIGKILL through `POST .../pods/{ordinal}/kill`.
    in flight with the dead pod's gradients does not count), the committed steps computed again
    (pod 0's last step committed before that moment minus the one committed then, plus one), and the
    rejoin time (recreated pod's start -> its first committed step; live pods start as the
-   job's warm standby where one is loaded). Goals: live pause <= 1.0 s, live/restart pause
-   ratio <= 0.15, 0 steps lost, live rejoin <= 5 s (median).
+   job's warm standby where one is loaded), and where that time goes, from the pods' own
+   events (`breakdown`). Goals: live pause <= 1.0 s, live/restart pause ratio <= 0.15, 0 steps
+   lost, live rejoin <= 5 s (median).
 2. Chaos: the demo job (MiniLM, Rotten Tomatoes, 2,000 samples, 2 pods) once undisturbed, then
    with a pod killed every T seconds until it ends, same seed, for each T of --chaos-every from
    the longest down (60, 30, 20, 10, 5 s), until a run does not finish within --deadline
@@ -37,7 +38,7 @@ from typing import Any
 import httpx
 
 from api.cli.demo import DEMO_SPEC
-from bench.control_plane import serve, steps, wait
+from bench.control_plane import events, serve, steps, wait
 
 
 def job_state(data_dir: Path, job_id: str) -> dict[str, Any]:
@@ -77,6 +78,29 @@ def recovery(committed: list[tuple[float, str, int, int]], pod: str, killed_at: 
     raise SystemExit("no recovery seen after the kill")
 
 
+def breakdown(http: httpx.Client, job_id: str, victim: str, killed_at: float,
+              recovered_at: float, started: float, rejoined: float) -> dict[str, float]:
+    """Where a kill's time went, from the pods' own events: for the survivors, the kill to the
+    primary's report of the new quorum (detection and quorum) and from there to their first
+    commit (the group's reconfiguration and the step); for the recreated pod, its start to its
+    heal's start (the standby's hand-over, joining a quorum), the heal's transfer, and its end
+    to the pod's first commit. A part whose event is missing (restart mode has no quorums or
+    heals) is left out."""
+    reported = [e["data"] | {"time": e["time"]} for e in events(http, job_id, "job")]
+    parts: dict[str, float] = {}
+    quorum = min((e["time"] for e in reported if e.get("type") == "quorum"
+                  and killed_at < e["time"] <= recovered_at), default=None)
+    if quorum is not None:
+        parts |= {"detect+quorum": quorum - killed_at, "first step": recovered_at - quorum}
+    healed = next((e for e in reported if e.get("type") == "healed"
+                   and e.get("target") == victim and e["time"] > started), None)
+    if healed is not None:
+        heal_start = healed["time"] - healed["seconds"]
+        parts |= {"start to heal": heal_start - started, "heal": healed["seconds"],
+                  "heal to step": rejoined - healed["time"]}
+    return parts
+
+
 def run_kills(http: httpx.Client, data_dir: Path, spec: dict[str, Any],
               args: argparse.Namespace) -> list[dict[str, float]]:
     job_id = http.post("/api/v1/jobs", json=spec).json()["id"]
@@ -105,13 +129,16 @@ def run_kills(http: httpx.Client, data_dir: Path, spec: dict[str, Any],
             last_before = max(step for t, pod, step, _ in committed
                               if t < recovered_at and pod == survivor)
             rejoined = min(t for t, pod, _, _ in committed if t > started and pod == victim)
+            parts = breakdown(http, job_id, victim, killed_at, recovered_at, started, rejoined)
             kills.append({"pause": recovered_at - killed_at,
                           "lost": max(0, last_before - first_step + 1),
-                          "rejoin": rejoined - started})
+                          "rejoin": rejoined - started, **parts})
             print(f"  {spec['fault_tolerance']}: kill {len(kills)}: pause "
                   f"{kills[-1]['pause']:.2f} s, lost {kills[-1]['lost']}, rejoin "
                   f"{kills[-1]['rejoin']:.2f} s"
-                  + (" (the warm standby)" if warm else " (a new process)"), flush=True)
+                  + (" (the warm standby)" if warm else " (a new process)")
+                  + "".join(f"; {name} {value:.2f} s" for name, value in parts.items()),
+                  flush=True)
     finally:  # its pods outlive the API
         http.post(f"/api/v1/jobs/{job_id}/cancel")
     return kills
@@ -170,12 +197,19 @@ def report_kills(results: dict[str, list[dict[str, float]]]) -> None:
         print(f"| {mode} | {len(kills)} | {statistics.median(k['pause'] for k in kills):.2f} s | "
               f"{max(k['lost'] for k in kills)} | "
               f"{statistics.median(k['rejoin'] for k in kills):.2f} s |")
+    for mode, kills in results.items():
+        names = [name for name in BREAKDOWN if all(name in k for k in kills)]
+        if names:
+            print(f"\n{mode}, where the time goes (median of the kills): " + ", ".join(
+                f"{name} {statistics.median(k[name] for k in kills):.2f} s" for name in names))
     if {"live", "restart"} <= set(results):
         ratio = (statistics.median(k["pause"] for k in results["live"])
                  / statistics.median(k["pause"] for k in results["restart"]))
         print(f"\nlive/restart pause ratio: {ratio:.3f} (goal <= 0.15)")
 
 
+BREAKDOWN = ("detect+quorum", "first step", "start to heal", "heal", "heal to step")
+"""The parts of a kill's pause and of its rejoin (`breakdown`)."""
 GOALS = {"live": 10.0, "restart": 30.0}
 """The kill interval (s) at which each mode's demo job must still finish."""
 
