@@ -112,12 +112,18 @@ def advance(session: Session, settings: Settings, backend: Backend, row: Staging
     """Move a running staging on: record it staged, or read its progress while its
     initializer runs; where none runs, record the failure it wrote, or start it again (at
     most ATTEMPTS in all). Commits."""
-    directory = staged(settings.resolved_inputs_dir, cast(Kind, row.kind), row.repo_id,
-                       row.revision)
+    def done() -> Path | None:
+        return staged(settings.resolved_inputs_dir, cast(Kind, row.kind), row.repo_id,
+                      row.revision)
+
+    directory = done()
+    running = directory is None and backend.staging(row.id)
+    if directory is None and not running:  # it may have ended since the first look
+        directory = done()
     progress = _progress(settings, row.id) if directory is None else {}
     if directory is not None:
         _succeed(session, settings, row, directory)
-    elif backend.staging(row.id):
+    elif running:
         row.bytes_done = int(progress.get("bytes_done") or row.bytes_done)
         row.bytes_total = progress.get("bytes_total") or row.bytes_total
         row.files, row.commit = progress.get("files") or row.files, progress.get("commit")

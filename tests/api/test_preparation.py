@@ -115,6 +115,28 @@ def test_an_initializer_that_ends_without_an_outcome_is_started_again_then_given
     assert "ended 3 times without an outcome" in state["reason"]
 
 
+def test_an_initializer_that_ends_between_the_two_looks_is_staged_not_started_again(
+        client: TestClient, backend: FakeBackend, settings: Settings,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reconciler looks for the staged directory, then asks whether the initializer runs:
+    one that renamed its directory into place and ended in between succeeded."""
+    job = create_job(client, model=MODEL)
+    asked = backend.staging
+
+    def ends_while_asked(staging_id: str) -> bool:
+        if staging_id == backend.stagings[0].staging_id and not staged_dir(
+                settings.resolved_inputs_dir, "model", MODEL).exists():
+            stage(settings, backend, 0, ["config.json"])
+        return asked(staging_id)
+
+    monkeypatch.setattr(backend, "staging", ends_while_asked)
+    reconcile(client, backend)
+    rows = client.get("/api/v1/stagings", params={"kind": "model"}, headers=AUTH).json()["data"]
+    assert [(row["status"], row["attempts"]) for row in rows] == [("succeeded", 1)]
+    assert [r.kind for r in backend.stagings].count("model") == 1  # not started again
+    assert job_state(client, job["id"])["status"] == "preparing"  # now the tokens
+
+
 def test_cancelling_a_preparing_job(client: TestClient, backend: FakeBackend) -> None:
     job = create_job(client, model=MODEL)
     assert client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=AUTH).status_code == 202
