@@ -100,7 +100,7 @@ class Job:
             if e["data"].get("kind") == "metric":
                 losses.setdefault(e["data"]["step"], set()).add(e["data"]["loss"])
         weights = next(data_dir.rglob(f"{self.id}/**/model.safetensors"))
-        return Outcome(run, losses, load_file(weights), job["metrics"]["test"]["accuracy"],
+        return Outcome(run, losses, load_file(weights), job["metrics"]["test_accuracy"],
                        seconds)
 
 

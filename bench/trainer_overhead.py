@@ -170,7 +170,8 @@ def main() -> None:
             if args.bert_base:
                 model_dir, data = prepare_bert_base(Path("runs/bench-bert-base"), args.max_length)
                 model, dataset = str(model_dir.resolve()), str(data.resolve())
-            spec = JobSpec(model=model, dataset=dataset, batch_size=args.batch_size,
+            # One pod: its global batch is its batch (one shard a step), as the bare loop's.
+            spec = JobSpec(model=model, dataset=dataset, batch_size=args.batch_size, replicas=1,
                            max_length=args.max_length, torch_compile=args.torch_compile,
                            checkpoint_every_steps=args.checkpoint_every_steps)
             # A probe trainer provides the tokenized data and sample order the bare loop uses.

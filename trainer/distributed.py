@@ -163,6 +163,11 @@ class Group:
             dist.all_reduce(values, op=dist.ReduceOp.SUM)
         return values
 
+    @property
+    def alone(self) -> bool:
+        """Whether this process is the whole group: a step's sums need no collective."""
+        return self.world_size == 1
+
     def sum_exactly(self, values: torch.Tensor) -> torch.Tensor:
         """Sum a float64 buffer over the step's participants (in place; a healing one adds
         zeros) and return it: the gradients of a fixed global batch (trainer.shards)."""

@@ -42,21 +42,24 @@ class ShardSums:
     def __init__(self, model: nn.Module, group: Group) -> None:
         self.model, self.group = model, group
         self.parameters = [p for p in model.parameters() if p.requires_grad]
-        self.size = sum(p.numel() for p in self.parameters)
-        self._sum: torch.Tensor | None = None
+        self._sums: list[torch.Tensor] | None = None
+        """Per parameter: the shards' gradients summed in float64, or a lone shard's mean."""
         self._loss, self._counted = 0.0, 0.0
 
     def step(self, assignment: Assignment, data: TokenizedSplit, idle: bool,
              spec: JobSpec) -> tuple[float, float, float]:
         """This pod's shards of the step (none while idle) summed with the other participants'
-        (see `reduce`)."""
+        (see `reduce`). A step of one shard (a one-pod job's, an epoch's short last step) has
+        no sum to make exact: its mean is taken in float32, as plain training does."""
+        lone = assignment.window <= spec.batch_size
         for shard, indices in () if idle else assignment.shards:
             seed_shard(spec.seed, assignment, shard)
-            self.add(data.batch(indices))
-        return self.reduce(assignment.window, spec.max_grad_norm)
+            self.add(data.batch(indices), assignment.window if lone else None)
+        return self.reduce(assignment.window, spec.max_grad_norm, lone)
 
-    def add(self, batch: Mapping[str, torch.Tensor]) -> None:
-        """Forward and backward of one shard; its gradients and loss added to the step's."""
+    def add(self, batch: Mapping[str, torch.Tensor], lone_window: int | None = None) -> None:
+        """Forward and backward of one shard; its gradients and loss added to the step's (the
+        step's mean at once where it is the step's one shard of `lone_window` samples)."""
         device = self.group.device.device
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         with self.group.device.autocast():
@@ -64,31 +67,41 @@ class ShardSums:
                                 attention_mask=batch["attention_mask"]).logits
         loss = functional.cross_entropy(logits.float(), batch["labels"], reduction="sum")
         loss.backward()
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in self.parameters]).to(torch.float64)
-        self._sum = flat if self._sum is None else self._sum.add_(flat)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.parameters]
+        if lone_window is not None:
+            self._sums = [g.div_(lone_window) for g in grads]
+        elif self._sums is None:
+            self._sums = [g.to(torch.float64) for g in grads]
+        else:
+            for total, g in zip(self._sums, grads, strict=True):
+                total.add_(g)
         for p in self.parameters:
             p.grad = None
-        self._loss += float(loss)
+        self._loss += float(loss.detach())
         self._counted += len(batch["labels"])
 
-    def reduce(self, window: int, max_norm: float) -> tuple[float, float, float]:
-        """Sum every participant's shards (a pod that computed none adds zeros), set each
-        parameter's gradient to the step's mean, clip; (the step's loss summed over its
-        samples, its samples, the gradients' norm before clipping)."""
-        device = self.group.device.device
-        total = torch.cat([
-            self._sum if self._sum is not None else torch.zeros(self.size, dtype=torch.float64,
-                                                                device=device),
-            torch.tensor([self._loss, self._counted], dtype=torch.float64, device=device)])
-        self._sum, self._loss, self._counted = None, 0.0, 0.0
-        self.group.sum_exactly(total)
-        mean = total[:self.size] / max(window, 1)
-        offset = 0
-        for p in self.parameters:
-            p.grad = mean[offset:offset + p.numel()].view_as(p).to(p.dtype)
-            offset += p.numel()
+    def reduce(self, window: int, max_norm: float, lone: bool = False
+               ) -> tuple[float, float, float]:
+        """Sum every participant's shards (a pod that computed none adds zeros; a process that
+        is the whole group has nothing to add), set each parameter's gradient to the step's
+        mean, clip; (the step's loss summed over its samples, its samples, the gradients' norm
+        before clipping)."""
+        sums = self._sums or [torch.zeros_like(p, dtype=p.dtype if lone else torch.float64)
+                              for p in self.parameters]
+        loss, counted = self._loss, self._counted
+        self._sums, self._loss, self._counted = None, 0.0, 0.0
+        if not self.group.alone:  # one collective for all: float64 sums stay exact
+            total = torch.cat([*(s.reshape(-1).to(torch.float64) for s in sums),
+                               torch.tensor([loss, counted], dtype=torch.float64,
+                                            device=sums[0].device)])
+            self.group.sum_exactly(total)
+            sums = [part.view_as(p) for part, p in zip(
+                total[:-2].split([p.numel() for p in self.parameters]), self.parameters,
+                strict=True)]
+            loss, counted = total[-2:].tolist()
+        for p, total in zip(self.parameters, sums, strict=True):
+            p.grad = (total if lone else total / max(window, 1)).to(p.dtype)
+        grads = [p.grad for p in self.parameters if p.grad is not None]
         norm = (torch.nn.utils.clip_grad_norm_(self.parameters, max_norm) if max_norm > 0
-                else torch.nn.utils.get_total_norm([mean]))
-        loss, counted = total[self.size:].tolist()
+                else torch.nn.utils.get_total_norm(grads))
         return loss, counted, float(norm.item())

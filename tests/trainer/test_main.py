@@ -95,12 +95,14 @@ def test_bad_input_exits_2_with_a_clear_message(inputs_dir: Path, tmp_path: Path
     assert failed[0]["data"]["reason"] == "bad_input"
 
 
+@pytest.mark.parametrize("finetune", ["full", "lora"])
 def test_two_processes_under_torchrun_train_bitwise_what_one_trains_alone(
-        inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
+        inputs_dir: Path, tmp_path: Path, processes: Processes, finetune: str) -> None:
     """A fixed global batch (trainer.shards): two participants computing a shard each, and one
-    computing both in turn, with dropout, end with the same weights to the bit."""
+    computing both in turn, with dropout, end with the same weights to the bit (LoRA's
+    adapters and head too)."""
     common = ("--epochs", "2", "--checkpoint-every-steps", "0", "--batch-size", "4",
-              "--global-batch-size", "8")
+              "--global-batch-size", "8", "--finetune", finetune)
     pair, single = tmp_path / "pair", tmp_path / "single"
     process = processes.start(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",

@@ -157,6 +157,10 @@ class LiveGroup(Group):
         # failure handling, and each pod reports its own loss anyway.
         return values
 
+    @property
+    def alone(self) -> bool:
+        return False  # a healing peer gets the step's gradients through the collective
+
     def sum_exactly(self, values: torch.Tensor) -> torch.Tensor:
         # A failure is torchft's to track: should_commit then refuses the step.
         self.manager.allreduce(values, reduce_op=dist.ReduceOp.SUM).wait()
