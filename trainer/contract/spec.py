@@ -20,6 +20,8 @@ from pydantic import (
     model_validator,
 )
 
+from trainer.contract.hub_export import HubExport
+
 MAX_INT = 2**62
 """Largest integer a client may send where it reaches the database (SQLite's INTEGER: 64 bits)."""
 
@@ -77,12 +79,6 @@ def _not_dots(value: str) -> str:
     return value
 
 
-def _no_double_dots(value: str) -> str:
-    if ".." in value:
-        raise ValueError("must not contain '..'")
-    return value
-
-
 Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_not_blank)]
 Revision = Annotated[str, Field(pattern=r"^[\w.-]{1,100}$"), AfterValidator(_not_dots)]
 """A hub repository's branch, tag or commit."""
@@ -120,27 +116,6 @@ class LoraSpec(BaseModel):
                                              max_length=32)
     """Modules that get adapters: names (or the last part of names) of the model's linear or
     embedding layers, e.g. `query`, `value`, `dense`."""
-
-
-HubRepo = Annotated[str, Field(max_length=96,
-                               pattern=r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$"),
-                    AfterValidator(_no_double_dots)]
-"""A hub repository id with its namespace: `org/name`."""
-
-
-class HubExport(BaseModel):
-    """Where the trained model goes once the job succeeds, besides the model registry."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    hub_repo: HubRepo
-    """A Hugging Face hub model repository (`org/name`), created if missing; the model (and a
-    LoRA job's adapter) is pushed to it in one commit. The token is the control plane's
-    (HF_TOKEN; on Kubernetes the Secret MIGRATOR_K8S_HUB_TOKEN_SECRET names), never the
-    spec's."""
-    private: bool = True
-    """Whether a repository created for the push is private (an existing one keeps its
-    visibility)."""
 
 
 class JobSpec(BaseModel):
