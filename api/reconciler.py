@@ -131,12 +131,7 @@ class Reconciler:
     def advance_preparing(self, session: Session) -> None:
         """Move every running staging on (those jobs wait for, and imports), once; then launch
         the jobs whose stagings are all done, or start the next ones they need."""
-        try:
-            ended = staging.advance_all(session, self.settings, self.backend)
-        except BackendError as exc:
-            logger.warning("cannot move the stagings on: %s", exc)
-            ended = []
-        for row in ended:
+        for row in staging.advance_all(session, self.settings, self.backend):
             if row.kind == "push":
                 hub_pushes.report(session, self.events, row)
         for job in session.exec(select(Job).where(Job.status == JobStatus.preparing)).all():

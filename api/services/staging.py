@@ -24,7 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
 from api.asset_models import Staging, StagingPublic, StagingsPublic, StagingStatus
-from api.backends.base import Backend, StagingRequest
+from api.backends.base import Backend, BackendError, StagingRequest
 from api.errors import Conflict, NotFound
 from api.models import FINISHED_STATUSES, Job, utc_now
 from api.services.datasets import register
@@ -225,8 +225,14 @@ def advance_all(session: Session, settings: Settings, backend: Backend) -> list[
     """Move every running staging on, once a pass: those jobs wait for, imports and pushes;
     those that ended."""
     running = session.exec(select(Staging).where(Staging.status == StagingStatus.running)).all()
-    return [row for row in running
-            if advance(session, settings, backend, row).status != StagingStatus.running]
+    ended = []
+    for row in running:
+        try:  # one backend that cannot answer leaves the others to move on, and be reported
+            if advance(session, settings, backend, row).status != StagingStatus.running:
+                ended.append(row)
+        except BackendError as exc:
+            logger.warning("staging %s: cannot move it on yet: %s", row.id, exc)
+    return ended
 
 
 def users(session: Session, settings: Settings, row: Staging) -> list[str]:

@@ -9,6 +9,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
+from api.backends.base import BackendError
 from api.settings import Settings
 from tests.api.conftest import AUTH, create_job
 from tests.api.fakes import FakeBackend
@@ -170,6 +171,33 @@ def test_an_import_stages_a_repository_ahead_of_the_jobs_and_a_delete_frees_it(
     assert not directory.exists()
     assert client.get(f"/api/v1/stagings/{staging['id']}", headers=AUTH).status_code == 404
     assert client.delete(f"/api/v1/stagings/{staging['id']}", headers=AUTH).status_code == 404
+
+
+def test_a_staging_the_backend_cannot_answer_for_leaves_the_others_to_end(
+        client: TestClient, backend: FakeBackend, settings: Settings,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One initializer the backend cannot be asked about is left for the next pass; the
+    others are recorded as they end (a push's end is its job's event)."""
+    unreachable, staged = (client.post("/api/v1/stagings", headers=AUTH, json={
+        "kind": "model", "repo_id": MODEL, "revision": revision}).json()
+        for revision in ("v1", "v2"))
+    directory = staged_dir(settings.resolved_inputs_dir, "model", MODEL, "v2")
+    directory.mkdir(parents=True)
+    (directory / STAGED_FILE).write_text(json.dumps({"files": ["config.json"], "bytes": 10}))
+    backend.end_staging(staged["id"])
+    asked = backend.staging
+
+    def cannot_answer(staging_id: str) -> bool:
+        if staging_id == unreachable["id"]:
+            raise BackendError("the API server did not answer")
+        return asked(staging_id)
+
+    monkeypatch.setattr(backend, "staging", cannot_answer)
+    for attempt in (1, 2):  # and a pass later, still unanswered: still running
+        reconcile(client, backend)
+        shown = {row["id"]: row["status"] for row in client.get(
+            "/api/v1/stagings", headers=AUTH).json()["data"]}
+        assert shown == {unreachable["id"]: "running", staged["id"]: "succeeded"}, attempt
 
 
 def test_a_staging_a_job_reads_cannot_be_deleted(client: TestClient, backend: FakeBackend,
