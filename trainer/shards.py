@@ -44,7 +44,9 @@ class ShardSums:
         self.parameters = [p for p in model.parameters() if p.requires_grad]
         self._sums: list[torch.Tensor] | None = None
         """Per parameter: the shards' gradients summed in float64, or a lone shard's mean."""
-        self._loss, self._counted = 0.0, 0.0
+        self._loss: torch.Tensor | None = None
+        """The shards' loss, summed on the device (read once, in `reduce`)."""
+        self._counted = 0
 
     def step(self, assignment: Assignment, data: TokenizedSplit, idle: bool,
              spec: JobSpec) -> tuple[float, float, float]:
@@ -77,7 +79,8 @@ class ShardSums:
                 total.add_(g)
         for p in self.parameters:
             p.grad = None
-        self._loss += float(loss.detach())
+        loss = loss.detach().to(torch.float64)
+        self._loss = loss if self._loss is None else self._loss + loss
         self._counted += len(batch["labels"])
 
     def reduce(self, window: int, max_norm: float, lone: bool = False
@@ -88,20 +91,23 @@ class ShardSums:
         before clipping)."""
         sums = self._sums or [torch.zeros_like(p, dtype=p.dtype if lone else torch.float64)
                               for p in self.parameters]
-        loss, counted = self._loss, self._counted
-        self._sums, self._loss, self._counted = None, 0.0, 0.0
+        device = sums[0].device
+        stats = torch.stack([
+            self._loss if self._loss is not None else torch.zeros((), dtype=torch.float64,
+                                                                  device=device),
+            torch.tensor(float(self._counted), dtype=torch.float64, device=device)])
+        self._sums, self._loss, self._counted = None, None, 0
         if not self.group.alone:  # one collective for all: float64 sums stay exact
-            total = torch.cat([*(s.reshape(-1).to(torch.float64) for s in sums),
-                               torch.tensor([loss, counted], dtype=torch.float64,
-                                            device=sums[0].device)])
+            total = torch.cat([*(s.reshape(-1).to(torch.float64) for s in sums), stats])
             self.group.sum_exactly(total)
             sums = [part.view_as(p) for part, p in zip(
                 total[:-2].split([p.numel() for p in self.parameters]), self.parameters,
                 strict=True)]
-            loss, counted = total[-2:].tolist()
+            stats = total[-2:]
         for p, total in zip(self.parameters, sums, strict=True):
             p.grad = (total if lone else total / max(window, 1)).to(p.dtype)
         grads = [p.grad for p in self.parameters if p.grad is not None]
         norm = (torch.nn.utils.clip_grad_norm_(self.parameters, max_norm) if max_norm > 0
                 else torch.nn.utils.get_total_norm(grads))
+        loss, counted = stats.tolist()
         return loss, counted, float(norm.item())

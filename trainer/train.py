@@ -207,29 +207,13 @@ class Trainer:
         # so at the first step's quorum, and resumes only if no live peer was ahead.
         newest = self.checkpointer.newest_at_first_step() if self._first_step else None
         self._first_step = False
-        seed_shard(self.config.spec.seed, assignment, self.group.rank)
-        indices, weight = assignment.indices, 1.0
         idle = self.group.healing or newest is not None
         used = np.empty(0, dtype=np.int64) if idle else assignment.indices
         if not idle and not self.membership.ready:
             self.membership.mark_ready()
-        if len(indices) == 0 or idle:
-            # Nothing to train on (fewer samples left than participants, or this pod is still
-            # fetching the live state or may resume): join the collective with a zero weight.
-            indices, weight = self.sampler.order(assignment.epoch)[:1], 0.0
-        if self.shards is not None:  # the loss is every participant's already
-            self._train_mode()
-            loss_sum, counted, grad_norm = self.shards.step(
-                assignment, self.train_data, idle, self.config.spec)
-            stops = self.group.all_reduce_sum(torch.tensor([float(self._stop_requested)]))
-            stats = torch.tensor([loss_sum, counted, float(stops[0])], dtype=torch.float64)
-        else:
-            loss_sum, counted, grad_norm = self._compute(self.train_data.batch(indices), weight,
-                                                         participants / assignment.window)
-            # Loss over the samples counted: all participants' in a static world, this pod's
-            # in a live one (whose statistics stay local).
-            stats = self.group.all_reduce_sum(torch.tensor(
-                [loss_sum, counted, float(self._stop_requested)], dtype=torch.float64))
+        self._train_mode()
+        stats, grad_norm = (self._compute_shards(assignment, idle) if self.shards is not None
+                            else self._compute_share(assignment, idle))
         committed = self.group.should_commit()  # a healing pod loads the live state here
         loss_total, counted, stops = stats.tolist()
         skipped = None
@@ -261,18 +245,35 @@ class Trainer:
             self.model.train()
             self._training_mode = True
 
-    def _compute(self, batch: dict[str, torch.Tensor], weight: float, scale: float,
-                 ) -> tuple[float, float, float]:
-        """Forward and backward of this pod's share of the step, gradients synchronised and
-        clipped: (the loss summed over the share's samples, the samples) times `weight` (0: a
-        share that only joins the collectives), and the synchronised gradients' norm. A
-        pipeline's earlier stages count none: the last one holds the loss."""
-        self._train_mode()
-        # Gradients are averaged over participants; scaling by participants/window (`scale`)
-        # makes the result the mean over every sample of the step, however unevenly split.
-        loss, counted = self.part.forward_backward(batch, weight, scale)
+    def _compute_shards(self, assignment: Assignment, idle: bool) -> tuple[torch.Tensor, float]:
+        """A fixed global batch's step (trainer.shards): (the step's loss summed, its samples,
+        the stops requested), every participant's; and the gradients' norm. Only the stops
+        are summed here: a live group's stay local (each pod leaves alone)."""
+        assert self.shards is not None
+        loss_sum, counted, grad_norm = self.shards.step(assignment, self.train_data, idle,
+                                                        self.config.spec)
+        stops = self.group.all_reduce_sum(torch.tensor([float(self._stop_requested)]))
+        return torch.tensor([loss_sum, counted, float(stops[0])], dtype=torch.float64), grad_norm
+
+    def _compute_share(self, assignment: Assignment, idle: bool) -> tuple[torch.Tensor, float]:
+        """An elastic batch's step: forward and backward of this pod's share, gradients
+        synchronised and clipped; (the loss summed over the samples counted, those samples,
+        the stops requested: all participants' in a static world, this pod's in a live one,
+        whose statistics stay local), and the gradients' norm. A pipeline's earlier stages
+        count none: the last one holds the loss."""
+        seed_shard(self.config.spec.seed, assignment, self.group.rank)
+        indices, weight = assignment.indices, 1.0
+        if len(indices) == 0 or idle:
+            # Nothing to train on (fewer samples left than participants, or this pod is still
+            # fetching the live state or may resume): join the collective with a zero weight.
+            indices, weight = self.sampler.order(assignment.epoch)[:1], 0.0
+        # Gradients are averaged over participants; scaling by participants/window makes the
+        # result the mean over every sample of the step, however unevenly split.
+        loss, counted = self.part.forward_backward(self.train_data.batch(indices), weight,
+                                                   self.group.participants / assignment.window)
         norm = self.part.sync_and_clip(self.config.spec.max_grad_norm)
-        return float(loss), counted, norm
+        return self.group.all_reduce_sum(torch.tensor(
+            [float(loss), counted, float(self._stop_requested)], dtype=torch.float64)), norm
 
     def train(self) -> dict[str, Any]:
         """Run the remaining epochs, evaluate on test, export; return the final metrics."""
