@@ -6,10 +6,6 @@ import argparse
 import os
 import sys
 
-# Before anything imports pyarrow: jemalloc hands back the pages a large upload's check and
-# normal form freed (trainer.contract.tables), where pyarrow's default allocator keeps them.
-os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
-
 import uvicorn
 from pydantic import ValidationError
 

@@ -56,9 +56,6 @@ BLOCK_BYTES = 1 << 16
 ROW_GROUP_BYTES = 8 << 20
 """Rows written to the normal form together (a Parquet row group)."""
 INTEGER = re.compile(r"^-?\d+$")
-
-if pa.default_memory_pool().backend_name == "jemalloc":  # the API's (api/__main__.py)
-    pa.jemalloc_set_decay_ms(0)  # pages freed go back at once, not seconds later
 UTF16_MARKS = (b"\xff\xfe", b"\xfe\xff")
 """The byte order marks of UTF-16 text, which is read too (what spreadsheets save as
 "Unicode text")."""
