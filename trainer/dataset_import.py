@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 from urllib.parse import urlsplit
@@ -22,6 +21,7 @@ from trainer.contract.staged import (
     HUB_DIR,
     IMPORT_SCHEMES,
     PARTIAL_DIR,
+    Report,
     file_key,
     staged,
     staged_dir,
@@ -31,8 +31,6 @@ from trainer.contract.staged import (
 
 CHUNK = 1 << 20
 PROGRESS_EVERY = 0.5
-Report = Callable[..., None]
-"""Progress.update of trainer.initializer: keyword arguments such as bytes_done."""
 
 
 def fetch(source: str, target: Path, report: Report) -> tuple[str, str]:

@@ -17,19 +17,17 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from upath import UPath
 
 from trainer.contract import artifact_store
-from trainer.contract.staged import staged, staged_dir, write_staged
-
-Report = Callable[..., None]
+from trainer.contract.staged import Report, staged, staged_dir, write_staged
 
 
-def push(repo_id: str, job_id: str, options_json: str, inputs: Path, report: Report) -> Path:
+def push(repo_id: str, job_id: str, options_json: str, inputs: Path, report: Report,
+         ) -> Path:
     """Push the model the options name (unless this job's was pushed) and return the folder
     whose staged.json names the commit."""
     done = staged(inputs, "push", repo_id, job_id)

@@ -31,11 +31,15 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 from trainer.contract.spec import HUB_SOURCES
 
+Report = Callable[..., None]
+"""An initializer's progress update (trainer.initializer's Progress.update): fields of its
+progress file, such as `bytes_done`, `bytes_total`, `files`, `state`."""
 HUB_DIR = "hub"
 """The inputs dir's folder of staged hub repositories."""
 PARTIAL_DIR = ".partial"
