@@ -2,7 +2,7 @@
 // new-job form's choices for its model field.
 import { api } from './api.js';
 import { STAGING_STATUS } from './contract.js';
-import { fill, h } from './dom.js';
+import { fill, h, offerChoices } from './dom.js';
 import { stagingsSection } from './stagings.js';
 
 export function showBaseModels(main) {
@@ -31,9 +31,7 @@ export async function offerModels(input, offline) {
     if (staging.status !== STAGING_STATUS.succeeded) continue;
     revisions.set(staging.repo_id, [...(revisions.get(staging.repo_id) ?? []), staging.revision]);
   }
-  const list = h('datalist', { id: `${input.id}-choices` },
+  offerChoices(input, [
     offline ? h('option', { value: offline }, 'offline, needs no hub') : null,
-    [...revisions].map(([repo, staged]) => h('option', { value: repo }, `staged: ${staged.join(', ')}`)));
-  input.after(list);
-  input.setAttribute('list', list.id);
+    ...[...revisions].map(([repo, staged]) => h('option', { value: repo }, `staged: ${staged.join(', ')}`))]);
 }

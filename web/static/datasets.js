@@ -2,7 +2,7 @@
 // classes and first rows, and the hub repositories staged for jobs; the new-job form offers
 // the datasets for its dataset field.
 import { api, refused } from './api.js';
-import { ago, bytes, confirmDialog, fill, h, notice, setText } from './dom.js';
+import { ago, bytes, confirmDialog, fill, h, notice, offerChoices, setText } from './dom.js';
 import { stagingsSection } from './stagings.js';
 import { state } from './state.js';
 
@@ -195,9 +195,6 @@ export function showDataset(main, datasetId) {
 /** The uploaded datasets as choices for a text input (a datalist: any other name still goes). */
 export async function offerDatasets(input) {
   const page = await api('/api/v1/datasets?limit=200');
-  const list = h('datalist', { id: `${input.id}-choices` },
-    page.data.map((dataset) => h('option', { value: dataset.id },
-      `${dataset.name} (${dataset.rows} rows, ${dataset.labels.length} classes)`)));
-  input.after(list);
-  input.setAttribute('list', list.id);
+  offerChoices(input, page.data.map((dataset) => h('option', { value: dataset.id },
+    `${dataset.name} (${dataset.rows} rows, ${dataset.labels.length} classes)`)));
 }

@@ -118,3 +118,10 @@ export function confirmDialog(title, text, okLabel) {
     dialog.showModal();
   });
 }
+
+/** Offer `options` (<option> elements) as a text input's choices: a datalist, any value still goes. */
+export function offerChoices(input, options) {
+  const list = h('datalist', { id: `${input.id}-choices` }, options);
+  input.after(list);
+  input.setAttribute('list', list.id);
+}
