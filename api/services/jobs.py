@@ -313,7 +313,7 @@ def scale_job(session: Session, backend: Backend, events: EventLog, job_id: str,
     session.add(job)
     direction = "up" if update.replicas > before else "down"
     message = f"scaled {direction} from {before} to {update.replicas} pods"
-    shards = (job.spec.global_batch_size or 0) // job.spec.batch_size
+    shards = job.spec.shards
     if job.spec.constant_batch and update.replicas > shards:
         message += (f"; a step has {shards} shards, so {update.replicas - shards} of them wait "
                     "as warm spares (a larger global_batch_size at submission lets more pods "

@@ -279,6 +279,11 @@ class JobSpec(BaseModel):
         return value
 
     @property
+    def shards(self) -> int:
+        """A step's shards: `global_batch_size` / `batch_size` (0 for an elastic batch)."""
+        return (self.global_batch_size or 0) // self.batch_size
+
+    @property
     def constant_batch(self) -> bool:
         """Whether a step is the global batch whoever takes part (not `elastic_batch`; a
         pipeline's steps are per replica still)."""
