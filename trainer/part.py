@@ -41,6 +41,21 @@ class ModelPart(Protocol):
         """Synchronise the gradients over the step's participants, clip them by the whole
         model's norm (none where `max_norm` is 0) and return the norm before clipping."""
 
+    def shard_backward(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+        """Forward and backward of one shard of a fixed global batch (trainer.shards) through
+        this pod's part alone, with no collective over the participants: (its loss summed over
+        its samples, a float64 tensor on the device, and its samples; both 0 on a pipeline
+        stage that does not hold the loss). Its gradients are left in the parameters'
+        `.grad`."""
+
+    def clip(self, max_norm: float) -> float:
+        """Clip the gradients, the step's already, by the whole model's norm (none where
+        `max_norm` is 0); the norm before clipping."""
+
+    def replica_totals(self, stats: torch.Tensor) -> torch.Tensor:
+        """The step's (loss, samples) as this pod reports them, from what its sums hold: the
+        same, or (a pipeline's stages) the stage that holds the loss's."""
+
     def logits(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
         """Evaluation's forward: the logits, or None where another pod computes them."""
 

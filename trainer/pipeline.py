@@ -355,6 +355,16 @@ class PipelineModel:
         dist.send(output[0].float().contiguous(), group=group, group_dst=ranks[stage.index + 1])
         return None
 
+    def shard_backward(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+        """One shard through the replica's pipeline (a collective of its stages only): the
+        last stage holds its loss and counts its samples."""
+        with self.group.device.autocast():
+            loss = self._run_step(batch, 1.0)
+        last = self.stage.is_last
+        return (torch.tensor(loss if loss is not None else 0.0, dtype=torch.float64,
+                             device=self.group.device.device),
+                len(batch["labels"]) if last else 0)
+
     def sync_and_clip(self, max_norm: float) -> float:
         """Average the gradients over the stage's replicas; clip by the whole model's norm and
         return it (the same on every stage of every replica)."""
@@ -366,6 +376,11 @@ class PipelineModel:
             for g in grads:
                 g.copy_(flat[offset:offset + g.numel()].view_as(g))
                 offset += g.numel()
+        return self.clip(max_norm)
+
+    def clip(self, max_norm: float) -> float:
+        """Clip by the whole model's norm: the stages' squares summed over the pipeline."""
+        grads = [p.grad for p in self.stage.parameters() if p.grad is not None]
         squares = torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads else (
             torch.zeros((), device=self.group.device.device))
         dist.all_reduce(squares, group=self.group.pipeline_group)
@@ -375,3 +390,9 @@ class PipelineModel:
             for g in grads:
                 g.mul_(coefficient.to(g.dtype))
         return float(norm.item())
+
+    def replica_totals(self, stats: torch.Tensor) -> torch.Tensor:
+        """The last stage's (loss, samples), summed over the step's replicas already, for every
+        stage of the replica (the others hold zeros)."""
+        dist.all_reduce(stats, group=self.group.pipeline_group)
+        return stats

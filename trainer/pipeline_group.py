@@ -79,3 +79,12 @@ class PipelineGroup(Group, Pipelined):
         if self.replicas > 1:
             dist.all_reduce(flat, group=self.stage_group)
             flat /= self.replicas
+
+    @property
+    def alone(self) -> bool:
+        return self.replicas == 1  # the stage's sums are over its replicas
+
+    def sum_exactly(self, values: torch.Tensor) -> torch.Tensor:
+        if self.replicas > 1:
+            dist.all_reduce(values, op=dist.ReduceOp.SUM, group=self.stage_group)
+        return values

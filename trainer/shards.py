@@ -1,7 +1,8 @@
 """A step of a fixed global batch, computed the same whoever takes part.
 
 The step's window (trainer.sampler) is cut into shards of `batch_size`; the step's participants
-compute them between them, each shard's forward and backward on the bare model (no wrapper's
+(pods, or a pipeline's replicas) compute them between them, each shard's forward and backward
+through this pod's part alone (the bare model, or the replica's pipeline; no wrapper's
 collective: participants may compute different numbers of shards), its dropout drawn from
 (seed, epoch, cursor, shard) alone. Each shard's float32 gradients are added into a float64 sum,
 the participants' sums are added together in float64 with the step's loss (one all-reduce), and
@@ -19,11 +20,12 @@ from collections.abc import Mapping
 
 import torch
 from torch import nn
-from torch.nn import functional
 
 from trainer.contract.spec import JobSpec
 from trainer.data import TokenizedSplit
 from trainer.distributed import Group
+from trainer.model import unwrap
+from trainer.part import ModelPart
 from trainer.sampler import Assignment
 
 
@@ -37,11 +39,13 @@ def seed_shard(seed: int, assignment: Assignment, shard: int) -> None:
 
 
 class ShardSums:
-    """The gradients of the shards this pod computes in a step, summed in float64."""
+    """The gradients of the shards this pod computes in a step, summed in float64 (a pipeline
+    stage's: the sums are over the stage's replicas)."""
 
-    def __init__(self, model: nn.Module, group: Group) -> None:
-        self.model, self.group = model, group
-        self.parameters = [p for p in model.parameters() if p.requires_grad]
+    def __init__(self, part: ModelPart, group: Group) -> None:
+        self.part, self.group = part, group
+        self.parameters: list[nn.Parameter] = [p for p in unwrap(part.module).parameters()
+                                               if p.requires_grad]
         self._sums: list[torch.Tensor] | None = None
         """Per parameter: the shards' gradients summed in float64, or a lone shard's mean."""
         self._loss: torch.Tensor | None = None
@@ -62,13 +66,7 @@ class ShardSums:
     def add(self, batch: Mapping[str, torch.Tensor], lone_window: int | None = None) -> None:
         """Forward and backward of one shard; its gradients and loss added to the step's (the
         step's mean at once where it is the step's one shard of `lone_window` samples)."""
-        device = self.group.device.device
-        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-        with self.group.device.autocast():
-            logits = self.model(input_ids=batch["input_ids"],
-                                attention_mask=batch["attention_mask"]).logits
-        loss = functional.cross_entropy(logits.float(), batch["labels"], reduction="sum")
-        loss.backward()
+        loss, counted = self.part.shard_backward(batch)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.parameters]
         if lone_window is not None:
             self._sums = [g.div_(lone_window) for g in grads]
@@ -79,16 +77,15 @@ class ShardSums:
                 total.add_(g)
         for p in self.parameters:
             p.grad = None
-        loss = loss.detach().to(torch.float64)
         self._loss = loss if self._loss is None else self._loss + loss
-        self._counted += len(batch["labels"])
+        self._counted += counted
 
     def reduce(self, window: int, max_norm: float, lone: bool = False
                ) -> tuple[float, float, float]:
         """Sum every participant's shards (a pod that computed none adds zeros; a process that
         is the whole group has nothing to add), set each parameter's gradient to the step's
-        mean, clip; (the step's loss summed over its samples, its samples, the gradients' norm
-        before clipping)."""
+        mean, clip by the whole model's norm; (the step's loss summed over its samples, its
+        samples, the gradients' norm before clipping)."""
         sums = self._sums or [torch.zeros_like(p, dtype=p.dtype if lone else torch.float64)
                               for p in self.parameters]
         device = sums[0].device
@@ -106,8 +103,6 @@ class ShardSums:
             stats = total[-2:]
         for p, total in zip(self.parameters, sums, strict=True):
             p.grad = (total if lone else total / max(window, 1)).to(p.dtype)
-        grads = [p.grad for p in self.parameters if p.grad is not None]
-        norm = (torch.nn.utils.clip_grad_norm_(self.parameters, max_norm) if max_norm > 0
-                else torch.nn.utils.get_total_norm(grads))
-        loss, counted = stats.tolist()
-        return loss, counted, float(norm.item())
+        norm = self.part.clip(max_norm)
+        loss, counted = self.part.replica_totals(stats).tolist()
+        return loss, counted, norm

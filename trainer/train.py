@@ -135,7 +135,7 @@ class Trainer:
                                        spec.epochs * len(self.train_data))
         self.sampler = GlobalSampler(len(self.train_data), spec.batch_size, spec.seed,
                                      spec.global_batch_size if spec.constant_batch else None)
-        self.shards = ShardSums(unwrap(self.model), group) if spec.constant_batch else None
+        self.shards = ShardSums(self.part, group) if spec.constant_batch else None
         self.step, self.samples_seen, self.epoch_end_pending, self.metrics = 0, 0, False, {}
         self.skipped_steps = 0
         self.stop_reason = None

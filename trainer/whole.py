@@ -49,12 +49,29 @@ class WholeModel:
         (loss_sum * scale).backward()
         return loss_sum.detach(), weight * len(batch["labels"])
 
+    def shard_backward(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+        # The bare model: a wrapper's backward would synchronise this shard alone.
+        device = self.group.device.device
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        with self.group.device.autocast():
+            logits = unwrap(self.module)(input_ids=batch["input_ids"],
+                                         attention_mask=batch["attention_mask"]).logits
+        loss = functional.cross_entropy(logits.float(), batch["labels"], reduction="sum")
+        loss.backward()
+        return loss.detach().to(torch.float64), len(batch["labels"])
+
     def sync_and_clip(self, max_norm: float) -> float:
         # The backward synchronised the gradients already (DDP, or torchft's wrapper).
+        return self.clip(max_norm)
+
+    def clip(self, max_norm: float) -> float:
         grads = [p.grad for p in self.parameters if p.grad is not None]
         total = (torch.nn.utils.clip_grad_norm_(self.parameters, max_norm)
                  if max_norm > 0 else torch.nn.utils.get_total_norm(grads))
         return float(total.item())
+
+    def replica_totals(self, stats: torch.Tensor) -> torch.Tensor:
+        return stats
 
     def logits(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         logits: torch.Tensor = unwrap(self.module)(input_ids=batch["input_ids"],

@@ -240,6 +240,75 @@ def test_two_pipelines_of_two_stages_train_as_the_whole_model(
                                        atol=1e-5, rtol=0)
 
 
+# A fixed global batch (trainer.shards) through pipelines: 3 shards of ROWS a step, shared by
+# two replicas (two shards and one) or all computed by one, with dropout on; the steps of 24, 24
+# and 8 samples (the last a lone shard).
+SHARDED_SAMPLES, GLOBAL = 56, 24
+
+SHARDED = MODEL.replace("_prob=0.0", "_prob=0.1") + SAMPLES + """
+import json, os, sys
+from types import SimpleNamespace
+from trainer import pipeline
+from trainer.model import DeviceChoice
+from trainer.pipeline_group import PipelineGroup
+from trainer.sampler import GlobalSampler
+from trainer.shards import ShardSums
+
+rows, global_batch, count = (int(arg) for arg in sys.argv[1:])
+group = PipelineGroup(DeviceChoice(torch.device("cpu"), "gloo", None), 2, os.environ)
+model = tiny_model()
+model.train()
+runner = pipeline.PipelineModel(model, group, "1f1b", 2, rows, 32)
+optimizer = torch.optim.AdamW(runner.stage.parameters(), lr=1e-2)
+sums = ShardSums(runner, group)
+sampler = GlobalSampler(count, rows, seed=5, global_batch=global_batch)
+data = Split(*samples(count))
+spec = SimpleNamespace(seed=5, batch_size=rows, max_grad_norm=1.0)
+losses = []
+while sampler.epoch == 0:
+    assignment = sampler.assign(group.rank, group.participants)
+    loss, counted, _ = sums.step(assignment, data, False, spec)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    sampler.commit(assignment)
+    losses.append((loss, counted))
+weights = {name: p.detach().flatten().tolist()
+           for name, p in pipeline.parameter_names(model, runner.stage).items()}
+print(json.dumps({"losses": losses, "weights": weights, "stage": group.stage,
+                  "replica": group.replica}), flush=True)
+os._exit(0)
+"""
+
+
+def run_sharded(pods: int, tmp_path: Path, processes: Processes) -> list[dict[str, object]]:
+    env = {"WORLD_SIZE": str(pods), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-c", SHARDED, str(ROWS), str(GLOBAL), str(SHARDED_SAMPLES)]
+    logs = [tmp_path / f"{pods}-pods-rank-{rank}.log" for rank in range(pods)]
+    workers = [processes.start(argv, {**env, "RANK": str(rank)}, log)
+               for rank, log in enumerate(logs)]
+    for worker, log in zip(workers, logs, strict=True):
+        assert worker.wait(timeout=180) == 0, log.read_text()
+    return [json.loads(log.read_text().splitlines()[-1]) for log in logs]
+
+
+def test_two_pipelines_train_bitwise_what_one_trains_alone_with_a_fixed_global_batch(
+        tmp_path: Path, processes: Processes) -> None:
+    """Each replica's stages compute their shards, each stage sums its gradients over the
+    replicas in float64: who computed which shard changes no bit, dropout included."""
+    alone = run_sharded(2, tmp_path, processes)
+    shared = run_sharded(4, tmp_path, processes)
+    assert [(r["replica"], r["stage"]) for r in shared] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    steps = alone[1]["losses"]
+    assert [counted for _, counted in steps] == [GLOBAL, GLOBAL, SHARDED_SAMPLES - 2 * GLOBAL]
+    for report in [*alone, *shared]:  # every stage reports the step's loss, to the bit
+        assert report["losses"] == steps
+    for report in shared:
+        reference = alone[report["stage"]]["weights"]
+        assert report["weights"].keys() == reference.keys()
+        assert all(report["weights"][name] == values for name, values in reference.items())
+
+
 def tiny() -> torch.nn.Module:
     scope: dict[str, object] = {}
     exec(MODEL, scope)

@@ -166,12 +166,12 @@ class JobSpec(BaseModel):
     """Samples per step, whoever takes part (a multiple of `batch_size`; default `replicas` x
     `batch_size` as submitted): cut into shards of `batch_size` that the step's participants
     compute between them, so the steps, the schedule and the weights do not depend on
-    membership. A participant beyond the shards waits as a warm spare."""
+    membership. A participant (a pod, or a pipeline job's replica) beyond the shards waits as a
+    warm spare."""
 
     elastic_batch: bool = False
     """The former behaviour: each participant takes `batch_size` samples a step, so the global
-    batch, the steps and the schedule follow the membership (`global_batch_size` unused).
-    Pipeline jobs always train so for now."""
+    batch, the steps and the schedule follow the membership (`global_batch_size` unused)."""
 
     learning_rate: float = Field(default=1e-4, gt=0, lt=1)
     """Peak AdamW learning rate, reached after warm-up and decayed linearly to zero (default
@@ -285,9 +285,9 @@ class JobSpec(BaseModel):
 
     @property
     def constant_batch(self) -> bool:
-        """Whether a step is the global batch whoever takes part (not `elastic_batch`; a
-        pipeline's steps are per replica still)."""
-        return not self.elastic_batch and self.stages == 1
+        """Whether a step is the global batch whoever takes part (not `elastic_batch`): a
+        pipeline's replicas share its shards as pods do."""
+        return not self.elastic_batch
 
     @field_validator("max_replicas")
     @classmethod
