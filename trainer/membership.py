@@ -62,11 +62,9 @@ class Membership:
         logger.info("healed from %s: epoch %d, step %d, cursor %d, %d bytes in %.2f s",
                     source, epoch, step, cursor, transfer.get("bytes", 0),
                     transfer.get("seconds", 0.0))
-        # At step 0 every replica takes the first one's initial weights: a sync, not a heal.
-        self.reporter.emit(records.Healed(type="healed" if step else "synced",
-                                          message=f"fetched the live state from {source}",
-                                          source=source, target=self.reporter.pod, step=step,
-                                          epoch=epoch, cursor=cursor, **transfer))
+        self.reporter.emit(records.Healed(
+            message=f"fetched the live state from {source}", source=source,
+            target=self.reporter.pod, step=step, epoch=epoch, cursor=cursor, **transfer))
 
     def join(self, step: int, epoch: int) -> None:
         """This process took part in a committed step for the first time: say so."""

@@ -166,8 +166,8 @@ class Resumed(Event):
 
 
 class Healed(Event):
-    """Fetched the live state from a peer: `healed` mid-training, `synced` at step 0 (every
-    replica takes the first one's initial weights)."""
+    """Fetched the live state from a peer (`synced`: at step 0, recorded by the versions
+    before every pod started from the seeded model alone)."""
 
     type: Literal["healed", "synced"] = "healed"
     source: Name

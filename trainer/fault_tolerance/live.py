@@ -75,8 +75,12 @@ class LiveGroup(Group):
                          else PodGloo(address, credential, COLLECTIVE_TIMEOUT))
         self._transport = Transport(address, secret, COLLECTIVE_TIMEOUT)
         with manager_server_on(address), manager_store(store or dist.HashStore()):
+            # No sync at step 0 (init_sync): every pod starts from the same seeded model, and a
+            # replica syncing in the first step would count as a participant whose shards
+            # torchft zeroes, so the first step would lose them (trainer.shards).
             self.manager = Manager(
                 pg=pg, load_state_dict=None, state_dict=None, min_replica_size=1,
+                init_sync=False,
                 replica_id=credentials.member_id(secret, pod), lighthouse_addr=lighthouse,
                 store_addr=store_address[0], store_port=store_address[1],
                 rank=group_rank, world_size=group_size,
