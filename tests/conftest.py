@@ -24,6 +24,10 @@ from trainer.forkclient import ForkClient, ForkedProcess
 ROOT = Path(__file__).resolve().parent.parent
 # No test may reach the Hugging Face hub (there is no network here); fail fast instead.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# torch writes its compile cache's directory into the environment of a process that loads a
+# model: set it before, so the trainers a test starts later see what the session's fork server
+# saw, and fork (trainer.forkserver) instead of starting as a fresh, slower interpreter.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ROOT / ".pytest_cache" / "inductor"))
 # Ctrl-C interrupts the suite, and every process it starts takes SIGINT as at a terminal (the
 # demo's Ctrl-C test sends it), even where the suite was started with SIGINT ignored, as a
 # shell's background job is: an ignored signal stays ignored across exec, a handled one does not.
