@@ -52,7 +52,7 @@ class StepResult:
     """Sample ids this participant trained on (none while healing)."""
     stop_requested: bool
     took_part: bool = True
-    """False for a pod that fetched the live state in this step instead of computing it."""
+    """False for a pod that computed nothing in this step (healing, or about to resume)."""
     skipped: nonfinite.NonFiniteStep | None = None
     """Committed without its update: its gradients were not finite."""
 
@@ -205,8 +205,8 @@ class Trainer:
         assignment = self.sampler.assign(self.group.rank, participants)
         # A pod that heals from a peer ahead (a recreated one) loads no checkpoint: it learns
         # so at the first step's quorum, and resumes only if no live peer was ahead.
-        newest = self.checkpointer.newest_at_first_step() if self._first_step else None
-        self._first_step = False
+        first, self._first_step = self._first_step and self.step == 0, False
+        newest = self.checkpointer.newest_at_first_step() if first else None
         idle = self.group.healing or newest is not None
         used = np.empty(0, dtype=np.int64) if idle else assignment.indices
         if not idle and not self.membership.ready:
@@ -214,7 +214,7 @@ class Trainer:
         self._train_mode()
         stats, grad_norm = (self._compute_shards(assignment, idle) if self.shards is not None
                             else self._compute_share(assignment, idle))
-        committed = self.group.should_commit()  # a healing pod loads the live state here
+        committed = self.group.should_commit()
         loss_total, counted, stops = stats.tolist()
         skipped = None
         if newest is not None and self.step == 0:  # no live peer was ahead: resume instead

@@ -2,8 +2,9 @@
 
 The membership is decided per step by a quorum: when a pod dies the survivors carry on without
 it (its step is aborted and redone), and a new pod heals from a live peer (weights, optimizer,
-sampler cursor, progress) before it participates. `start_step` runs the quorum, `rank` is None
-while this pod is healing, `should_commit` applies a healed state and says whether the step counts.
+sampler cursor, progress) before it participates. `start_step` runs the quorum and heals this
+pod where it is behind, before the step it then takes part in; `should_commit` says whether the
+step counts.
 """
 
 from __future__ import annotations
@@ -77,10 +78,13 @@ class LiveGroup(Group):
         with manager_server_on(address), manager_store(store or dist.HashStore()):
             # No sync at step 0 (init_sync): every pod starts from the same seeded model, and a
             # replica syncing in the first step would count as a participant whose shards
-            # torchft zeroes, so the first step would lose them (trainer.shards).
+            # torchft zeroes, so the first step would lose them (trainer.shards). A synchronous
+            # quorum: a pod that heals does so before the step and takes part in it (an
+            # asynchronous one would let it only fetch the state in that step, one step later;
+            # `start_step` waits for the quorum at once anyway).
             self.manager = Manager(
                 pg=pg, load_state_dict=None, state_dict=None, min_replica_size=1,
-                init_sync=False,
+                init_sync=False, use_async_quorum=False,
                 replica_id=credentials.member_id(secret, pod), lighthouse_addr=lighthouse,
                 store_addr=store_address[0], store_port=store_address[1],
                 rank=group_rank, world_size=group_size,
@@ -106,7 +110,7 @@ class LiveGroup(Group):
 
     @property
     def rank(self) -> int:
-        """This participant's rank in the current step (0 while healing: it trains on nothing)."""
+        """This participant's rank in the current step (0 where it takes no part)."""
         return self._quorum_rank if self._quorum_rank is not None else 0
 
     @property

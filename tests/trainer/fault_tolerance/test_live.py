@@ -152,7 +152,7 @@ def test_a_pod_killed_and_recreated_changes_no_bit_of_what_the_job_computes(
     recreated pod heals and takes them back, and every step's loss and the final weights are
     those of the undisturbed run, to the bit; and those of one pod computing every shard."""
     make_reviews_csv(inputs_dir / "reviews.csv", rows=600)
-    spec = live_spec(epochs=3, checkpoint_every_steps=0, max_eval_samples=40)
+    spec = live_spec(epochs=6, checkpoint_every_steps=0, max_eval_samples=40)
 
     def run(name: str, disturb: bool, pods_started: int = 2) -> Run:
         work = tmp_path / name
@@ -166,6 +166,10 @@ def test_a_pod_killed_and_recreated_changes_no_bit_of_what_the_job_computes(
                      what="15 steps", timeout=120)
             pods[1].send_signal(signal.SIGKILL)
             pods[1].wait(timeout=10)
+            wait_for(lambda: any(r["kind"] == "metric" and r["pod"] == "live-0"
+                                 and r["data"]["participants"] == 1
+                                 for r in records(work / "reports.jsonl")),
+                     what="pod 0 to train a step alone", timeout=60)
             pods[1] = start_pod(processes, work, inputs_dir, lighthouse, spec, 1, 1)
         for pod in pods:
             assert pod.wait(timeout=240) == 0
