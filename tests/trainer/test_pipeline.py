@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from tests.conftest import Processes
+from tests.conftest import Process, Processes
 from tests.support import free_port
 from trainer import pipeline
 from trainer.checkpoint import CheckpointWriter
@@ -280,24 +281,27 @@ os._exit(0)
 """
 
 
-def run_sharded(pods: int, tmp_path: Path, processes: Processes) -> list[dict[str, object]]:
+def start_sharded(pods: int, tmp_path: Path, processes: Processes) -> list[tuple[Process, Path]]:
     env = {"WORLD_SIZE": str(pods), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "OMP_NUM_THREADS": "1"}
     argv = [sys.executable, "-c", SHARDED, str(ROWS), str(GLOBAL), str(SHARDED_SAMPLES)]
     logs = [tmp_path / f"{pods}-pods-rank-{rank}.log" for rank in range(pods)]
-    workers = [processes.start(argv, {**env, "RANK": str(rank)}, log)
-               for rank, log in enumerate(logs)]
-    for worker, log in zip(workers, logs, strict=True):
+    return [(processes.start(argv, {**env, "RANK": str(rank)}, log), log)
+            for rank, log in enumerate(logs)]
+
+
+def reports_of(workers: list[tuple[Process, Path]]) -> list[dict[str, Any]]:
+    for worker, log in workers:
         assert worker.wait(timeout=180) == 0, log.read_text()
-    return [json.loads(log.read_text().splitlines()[-1]) for log in logs]
+    return [json.loads(log.read_text().splitlines()[-1]) for _, log in workers]
 
 
 def test_two_pipelines_train_bitwise_what_one_trains_alone_with_a_fixed_global_batch(
         tmp_path: Path, processes: Processes) -> None:
     """Each replica's stages compute their shards, each stage sums its gradients over the
     replicas in float64: who computed which shard changes no bit, dropout included."""
-    alone = run_sharded(2, tmp_path, processes)
-    shared = run_sharded(4, tmp_path, processes)
+    one, two = start_sharded(2, tmp_path, processes), start_sharded(4, tmp_path, processes)
+    alone, shared = reports_of(one), reports_of(two)
     assert [(r["replica"], r["stage"]) for r in shared] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     steps = alone[1]["losses"]
     assert [counted for _, counted in steps] == [GLOBAL, GLOBAL, SHARDED_SAMPLES - 2 * GLOBAL]
