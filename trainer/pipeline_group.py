@@ -76,8 +76,8 @@ class PipelineGroup(Group, Pipelined):
         return model  # gradients are averaged over a stage's replicas by PipelineModel
 
     def average_over_replicas(self, flat: torch.Tensor) -> None:
+        self.sum_exactly(flat)
         if self.replicas > 1:
-            dist.all_reduce(flat, group=self.stage_group)
             flat /= self.replicas
 
     @property

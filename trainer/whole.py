@@ -39,26 +39,24 @@ class WholeModel:
 
     def forward_backward(self, batch: Mapping[str, torch.Tensor], weight: float,
                          scale: float) -> tuple[torch.Tensor | float, float]:
-        device = self.group.device.device
-        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-        with self.group.device.autocast():
-            logits = self.module(input_ids=batch["input_ids"],
-                                 attention_mask=batch["attention_mask"]).logits
-        loss_sum = weight * functional.cross_entropy(logits.float(), batch["labels"],
-                                                     reduction="sum")
+        loss_sum = weight * self._summed_loss(self.module, batch)
         (loss_sum * scale).backward()
         return loss_sum.detach(), weight * len(batch["labels"])
 
     def shard_backward(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
         # The bare model: a wrapper's backward would synchronise this shard alone.
+        loss = self._summed_loss(unwrap(self.module), batch)
+        loss.backward()
+        return loss.detach().to(torch.float64), len(batch["labels"])
+
+    def _summed_loss(self, model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """`model`'s cross-entropy on `batch`, summed over its samples (in float32)."""
         device = self.group.device.device
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         with self.group.device.autocast():
-            logits = unwrap(self.module)(input_ids=batch["input_ids"],
-                                         attention_mask=batch["attention_mask"]).logits
-        loss = functional.cross_entropy(logits.float(), batch["labels"], reduction="sum")
-        loss.backward()
-        return loss.detach().to(torch.float64), len(batch["labels"])
+            logits = model(input_ids=batch["input_ids"],
+                           attention_mask=batch["attention_mask"]).logits
+        return functional.cross_entropy(logits.float(), batch["labels"], reduction="sum")
 
     def sync_and_clip(self, max_norm: float) -> float:
         # The backward synchronised the gradients already (DDP, or torchft's wrapper).
