@@ -9,6 +9,7 @@ from typing import Any
 
 import psutil
 
+from api.models import FINISHED_STATUSES
 from tests.api.control_plane import ControlPlane
 from tests.factories import tiny_spec
 from tests.support import wait_for
@@ -58,8 +59,12 @@ class Job:
                    pods: tuple[int, ...], what: str) -> None:
         def enough() -> bool:
             steps = self.steps(after)
-            return all(sum(s["pod"] == self.pod(o) and s["participants"] == participants
-                           for s in steps) >= count for o in pods)
+            if all(sum(s["pod"] == self.pod(o) and s["participants"] == participants
+                       for s in steps) >= count for o in pods):
+                return True
+            status = self.plane.job(self.id)["status"]
+            assert status not in FINISHED_STATUSES, f"the job ended ({status}) before {what}"
+            return False
         wait_for(enough, timeout=120, what=what)
 
     def wait_rejoined(self, ordinals: tuple[int, ...], after: float) -> None:
