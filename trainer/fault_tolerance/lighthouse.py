@@ -133,8 +133,13 @@ class Membership:
             return None, f"waiting for min_replicas {self.options.min_replicas} {state}"
         if len(asking) <= len(healthy) / 2:
             return None, f"waiting for more than half of the heartbeating replicas {state}"
-        first = min((j.at for j in asking.values()), default=now)
-        if len(asking) < len(healthy) and now - first < self.options.join_timeout:
+        # The stragglers' wait runs from the ask that made the quorum possible, not the first
+        # one: a replica left out of the last quorum asks a whole step early, and counting from
+        # its ask would close each quorum on the first peer to finish, so one replica would be
+        # left out of every quorum (each pair in turn, healing every third step).
+        asked = sorted(j.at for j in asking.values())
+        possible = asked[max(self.options.min_replicas, len(healthy) // 2 + 1) - 1]
+        if len(asking) < len(healthy) and now - possible < self.options.join_timeout:
             return None, f"waiting for stragglers up to the join timeout {state}"
         return members, f"quorum {state}"
 

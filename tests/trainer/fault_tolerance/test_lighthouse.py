@@ -73,6 +73,22 @@ def test_stragglers_are_waited_for_up_to_the_join_timeout() -> None:
     assert ids(state.decide(now=11.1)[0]) == ["a", "b"]
 
 
+def test_a_replica_left_out_of_a_quorum_does_not_start_the_join_timeout_alone() -> None:
+    """b was left out of the last quorum and asked a step early: the next quorum still waits
+    up to the join timeout from a's ask, which made it possible, so c, a moment behind a, is
+    in it; counted from b's ask, the quorum would close on a and b and leave c out."""
+    state = membership(["a", "c"], beating=["a", "b", "c"], asking=["b"], join_timeout=1.0,
+                       heartbeat_timeout=5.0)
+    assert state.decide(now=11.5)[0] is None  # b alone: not more than half
+    state.joined["a"] = Joined(11.5, member("a"))
+    members, reason = state.decide(now=11.6)
+    assert members is None and "join timeout" in reason
+    state.joined["c"] = Joined(11.7, member("c"))
+    assert ids(state.decide(now=11.7)[0]) == ["a", "b", "c"]
+    del state.joined["c"]  # had c not come, a and b would go on without it
+    assert ids(state.decide(now=12.6)[0]) == ["a", "b"]
+
+
 def test_no_quorum_without_more_than_half_of_the_heartbeating_replicas() -> None:
     state = membership(None, beating=["a", "b", "c", "d"], asking=["a", "b"], join_timeout=0)
     members, reason = state.decide(now=10.1)
