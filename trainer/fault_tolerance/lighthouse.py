@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import resources
+from math import inf
 from pathlib import Path
 from typing import Any
 
@@ -109,11 +110,18 @@ class Membership:
 
     options: Options
     heartbeats: dict[str, float] = field(default_factory=dict)
+    arrived: dict[str, float] = field(default_factory=dict)
+    """When each replica was first heard from (a recreated pod is a new replica id)."""
     joined: dict[str, Joined] = field(default_factory=dict)
     """Replicas that asked for the next quorum, and when."""
     previous: list[str] | None = None
     """The members of the last quorum, by replica id."""
     left: set[str] = field(default_factory=set)
+
+    def beat(self, replica: str, now: float) -> None:
+        """A heartbeat, or a request (which is one too)."""
+        self.heartbeats[replica] = now
+        self.arrived.setdefault(replica, now)
 
     def decide(self, now: float) -> tuple[list[Any] | None, str]:
         """The next quorum's members (sorted by replica id), or None; and why."""
@@ -127,7 +135,14 @@ class Membership:
             if shrink_only:
                 members = [m for m in members if m.replica_id in self.previous]
             staying = [r for r in self.previous if r not in self.left]
+            # A replica heard from for the first time moments ago (a recreated or added pod,
+            # between its first heartbeat and its first ask) is waited for up to the join
+            # timeout: formed without it, the quorum would leave it a whole step to wait.
+            arriving = [r for r in healthy - set(self.previous) - set(asking)
+                        if now - self.arrived.get(r, -inf) < self.options.join_timeout]
             if staying and all(r in asking for r in staying):
+                if arriving and not shrink_only:
+                    return None, f"waiting for a newcomer up to the join timeout {state}"
                 return members, f"fast quorum {state}"
         if len(asking) < self.options.min_replicas:
             return None, f"waiting for min_replicas {self.options.min_replicas} {state}"
@@ -179,7 +194,7 @@ class Lighthouse:
                                 f"replica {replica} has left this job")
         inbox: asyncio.Queue[Any] = asyncio.Queue()
         now = time.monotonic()
-        self.membership.heartbeats[replica] = now  # a request is a heartbeat
+        self.membership.beat(replica, now)
         self.membership.joined[replica] = Joined(now, requester)
         self._waiting.add(inbox)
         self._tick()
@@ -196,7 +211,7 @@ class Lighthouse:
     async def heartbeat(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await self._member(request.replica_id, context)
         if request.replica_id not in self.membership.left:
-            self.membership.heartbeats[request.replica_id] = time.monotonic()
+            self.membership.beat(request.replica_id, time.monotonic())
         return HeartbeatResponse()
 
     async def leave(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -204,6 +219,7 @@ class Lighthouse:
         await self._member(replica, context)
         self.membership.left.add(replica)
         self.membership.heartbeats.pop(replica, None)
+        self.membership.arrived.pop(replica, None)
         self.membership.joined.pop(replica, None)
         logger.info("replica %s left", credentials.shown(replica))
         self._tick()

@@ -50,6 +50,21 @@ def test_a_quorum_forms_at_once_when_every_previous_member_asks() -> None:
     assert ids(members) == ["a", "b"] and reason.startswith("fast quorum")
 
 
+def test_a_newcomer_heard_from_moments_ago_is_waited_for_up_to_the_join_timeout() -> None:
+    """c (a recreated pod) heartbeats and is about to ask: the previous members' quorum waits
+    for it rather than leave it a step to wait; if it does not ask, not for long."""
+    state = membership(["a", "b"], beating=["a", "b", "c"], asking=["a", "b"], join_timeout=1.0,
+                       heartbeat_timeout=5.0)
+    state.arrived = {"a": 0.0, "b": 0.0, "c": 9.9}
+    members, reason = state.decide(now=10.1)
+    assert members is None and "newcomer" in reason
+    state.joined["c"] = Joined(10.2, member("c"))
+    assert ids(state.decide(now=10.2)[0]) == ["a", "b", "c"]
+    del state.joined["c"]
+    members, reason = state.decide(now=10.9)  # c arrived over the join timeout ago
+    assert ids(members) == ["a", "b"] and reason.startswith("fast quorum")
+
+
 def test_a_missing_member_is_waited_for_until_its_heartbeats_stop() -> None:
     state = membership(["a", "b", "c"], beating=["a", "b", "c"], asking=["a", "b"],
                        join_timeout=60.0, heartbeat_timeout=0.5)
