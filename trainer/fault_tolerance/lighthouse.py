@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import resources
-from math import inf
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +110,8 @@ class Membership:
     options: Options
     heartbeats: dict[str, float] = field(default_factory=dict)
     arrived: dict[str, float] = field(default_factory=dict)
-    """When each replica was first heard from (a recreated pod is a new replica id)."""
+    """When each replica was first heard from (a recreated pod is a new replica id); set with
+    its first heartbeat (`beat`), so every replica in `heartbeats` has one."""
     joined: dict[str, Joined] = field(default_factory=dict)
     """Replicas that asked for the next quorum, and when."""
     previous: list[str] | None = None
@@ -135,13 +135,13 @@ class Membership:
             if shrink_only:
                 members = [m for m in members if m.replica_id in self.previous]
             staying = [r for r in self.previous if r not in self.left]
-            # A replica heard from for the first time moments ago (a recreated or added pod,
-            # between its first heartbeat and its first ask) is waited for up to the join
-            # timeout: formed without it, the quorum would leave it a whole step to wait.
-            arriving = [r for r in healthy - set(self.previous) - set(asking)
-                        if now - self.arrived.get(r, -inf) < self.options.join_timeout]
             if staying and all(r in asking for r in staying):
-                if arriving and not shrink_only:
+                # A replica heard from for the first time moments ago (a recreated or added
+                # pod, between its first heartbeat and its first ask) is waited for up to the
+                # join timeout: formed without it, the quorum would leave it a step to wait.
+                if not shrink_only and any(
+                        now - self.arrived[r] < self.options.join_timeout
+                        for r in healthy - set(self.previous) - set(asking)):
                     return None, f"waiting for a newcomer up to the join timeout {state}"
                 return members, f"fast quorum {state}"
         if len(asking) < self.options.min_replicas:

@@ -36,6 +36,7 @@ def membership(previous: list[str] | None, beating: list[str], asking: list[str]
                joined_at: float = 10.0, **options: float) -> Membership:
     state = Membership(Options(**options), previous=previous)
     state.heartbeats = {r: 10.0 for r in beating}
+    state.arrived = {r: 0.0 for r in beating}  # heard from long ago: no newcomers
     state.joined = {r: Joined(joined_at, member(r)) for r in asking}
     return state
 
@@ -55,7 +56,7 @@ def test_a_newcomer_heard_from_moments_ago_is_waited_for_up_to_the_join_timeout(
     for it rather than leave it a step to wait; if it does not ask, not for long."""
     state = membership(["a", "b"], beating=["a", "b", "c"], asking=["a", "b"], join_timeout=1.0,
                        heartbeat_timeout=5.0)
-    state.arrived = {"a": 0.0, "b": 0.0, "c": 9.9}
+    state.arrived["c"] = 9.9
     members, reason = state.decide(now=10.1)
     assert members is None and "newcomer" in reason
     state.joined["c"] = Joined(10.2, member("c"))
