@@ -61,9 +61,10 @@ def standby_argv(ready_file: Path, python: str = "python") -> list[str]:
 
 def start_supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, standby: bool,
                      lighthouse: bool = False,
-                     settle_seconds: float = SETTLE_SECONDS) -> Supervisor:
-    """A live job of 2 pods (max 4) with its lighthouse (a stand-in unless `lighthouse`) and
-    pods started."""
+                     settle_seconds: float = SETTLE_SECONDS,
+                     spec: JobSpec | None = None) -> Supervisor:
+    """A live job of 2 replicas (max 4; `spec`'s where given) with its lighthouse (a stand-in
+    unless `lighthouse`) and pods started."""
     monkeypatch.setattr(programs, "pod_argv", lambda *args, **kwargs: SLEEPER)
     if not lighthouse:
         monkeypatch.setattr(programs, "lighthouse_argv", lambda *args, **kwargs: SLEEPER)
@@ -71,8 +72,9 @@ def start_supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, standby: b
     job_dir = JobDir(tmp_path / "job-elastic")
     for sub in (job_dir.logs, job_dir.commands):
         sub.mkdir(parents=True)
-    launch = Launch(job_id=job_dir.job_id, pods=2, fault_tolerance="live",
-                    spec=JobSpec(replicas=2, max_replicas=4), report_url="http://127.0.0.1:9",
+    spec = spec or JobSpec(replicas=2, max_replicas=4)
+    launch = Launch(job_id=job_dir.job_id, pods=spec.pods,
+                    fault_tolerance="live", spec=spec, report_url="http://127.0.0.1:9",
                     report_token="t", checkpoint_dir=tmp_path / "checkpoints",
                     model_dir=tmp_path / "model", inputs_dir=tmp_path,
                     cache_dir=tmp_path / "cache", peer_secret=PEER_SECRET)

@@ -12,6 +12,7 @@ from torchft._torchft import LighthouseClient
 from api.backends.local.jobdir import KillCommand, send_command
 from tests.api.backends.stand_ins import start_supervisor, ticks_until, up
 from tests.support import accepts, wait_for
+from trainer.contract.spec import JobSpec
 
 
 def test_a_pod_that_dies_is_reported_gone_to_the_lighthouse(
@@ -36,5 +37,29 @@ def test_a_pod_that_dies_is_reported_gone_to_the_lighthouse(
                     "pod 1 to be recreated")
         survivor = supervisor.pods[0]
         assert supervisor.job_dir.replica(survivor.name, survivor.incarnation).exists()
+    finally:
+        supervisor.kill_leftovers()
+
+
+def test_a_live_pipeline_replica_stops_whole_when_one_of_its_stage_pods_dies(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its other stage may be waiting for it in the replica's next quorum, which would hold it
+    for the quorum timeout: it is stopped at once, and both are recreated; the other replica's
+    pods are left alone."""
+    spec = JobSpec(replicas=2, parallelism="pipeline", pipeline_stages=2)
+    supervisor = start_supervisor(tmp_path, monkeypatch, standby=False, spec=spec)
+    try:
+        ticks_until(supervisor, lambda: up(supervisor), "the pods to be up")
+        pids = [pod.process.pid for pod in supervisor.pods if pod.process is not None]
+        assert len(pids) == 4
+
+        send_command(supervisor.job_dir, KillCommand(ordinal=3, grace_seconds=0))
+        ticks_until(supervisor, lambda: [p.phase for p in supervisor.pods] == [
+            "Running", "Running", "Failed", "Failed"], "replica 1's stage pods to stop")
+        ticks_until(supervisor, lambda: all(p.phase == "Running" for p in supervisor.pods)
+                    and up(supervisor), "replica 1 to be recreated")
+        assert [pod.restarts for pod in supervisor.pods] == [0, 0, 1, 1]
+        now = [pod.process.pid for pod in supervisor.pods if pod.process is not None]
+        assert now[:2] == pids[:2] and not set(now[2:]) & set(pids)
     finally:
         supervisor.kill_leftovers()

@@ -48,7 +48,24 @@ def reap(supervisor: Supervisor) -> None:
             supervisor.coordinator.report_gone(pod.name, pod.incarnation)
         logger.info("pod %s exited with code %s: %s", pod.name,
                     "unknown" if pod.exit_code is None else pod.exit_code, pod.phase)
+        if pod.phase == "Failed":
+            stop_replica(supervisor, pod)
     drop_removed(supervisor)
+
+
+def stop_replica(supervisor: Supervisor, failed: Pod) -> None:
+    """A live pipeline replica lives and dies whole: its other stage pods get SIGKILL at once
+    and are recreated with it. Left alone, a stage that was waiting for the dead one in its
+    replica's next quorum would wait out the quorum timeout (a minute) before it failed."""
+    if supervisor.stages == 1:
+        return
+    replica = failed.ordinal // supervisor.stages
+    for pod in supervisor.pods:
+        if pod.ordinal // supervisor.stages == replica and pod.alive and pod.process is not None:
+            logger.info("pod %s: its replica lost pod %s, so it stops too", pod.name,
+                        failed.name)
+            pod.signalled_at = pod.signalled_at or time.time()
+            signal_group(pod.process.pid, signal.SIGKILL)
 
 
 def left(supervisor: Supervisor, pod: Pod) -> bool:
