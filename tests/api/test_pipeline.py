@@ -64,7 +64,8 @@ def test_a_killed_stage_pod_takes_its_replica_out_and_back_live_changing_no_bit(
     stage from it. Every step's loss and each stage's final weights are those of one replica
     computing both shards undisturbed (a second job, run alongside), to the bit; nothing is
     computed twice in either job."""
-    pipeline = {"parallelism": "pipeline", "pipeline_stages": 2, "microbatches": 2, "epochs": 6}
+    # Replica 1 was back within 150 of the 384 steps, with another test alongside.
+    pipeline = {"parallelism": "pipeline", "pipeline_stages": 2, "microbatches": 2, "epochs": 4}
     job = Job(plane, spec("live", replicas=2, **pipeline))
     alone = Job(plane, spec("live", replicas=1, global_batch_size=16, **pipeline))
     job.wait_steps(3, 0.0, 2, (0, 1, 2, 3), "both replicas to train together")

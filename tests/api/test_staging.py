@@ -59,11 +59,11 @@ def test_a_hub_model_and_dataset_are_staged_once_for_every_job_and_pod(
         tiny_model_dir: Path) -> None:
     hub_mirror.add_model(MODEL, tiny_model_dir)
     # The seed recipe (preset seed: a quarter of IMDB's 50,000 reviews, split anew): here a
-    # quarter of 6,000, long enough (about 700 steps) for the killed pod to rejoin.
+    # quarter of 6,000, long enough (300 steps) for the killed pod to rejoin (within 80).
     hub_mirror.add_dataset("stanfordnlp/imdb", make_imdb_like(tmp_path / "imdb", rows=3000))
     plane = hub_plane(processes, tmp_path, inputs_dir, hub_mirror.endpoint)
     try:
-        spec = tiny_spec(model=MODEL, dataset="imdb", preset="seed", replicas=2, epochs=12,
+        spec = tiny_spec(model=MODEL, dataset="imdb", preset="seed", replicas=2, epochs=5,
                          max_eval_samples=100, fault_tolerance="live", checkpoint_every_steps=10)
         job = Job(plane, spec)
         assert plane.job(job.id)["status"] == "preparing"
