@@ -9,12 +9,12 @@ part in a step, exactly as it does for data-parallel pods; a healing replica fet
 stage's state from the same stage of a live replica.
 
 A replica lives and dies whole: when one of its pods dies, its other stages fail at their next
-exchange with it and exit, and the backend recreates them all. That exchange may be the replica's
-next quorum, which waits for every stage up to the quorum timeout (a minute), so the local
-backend's supervisor stops the other stages at once (api/backends/local/supervisor/failures.py).
-Meanwhile the other replicas'
-next quorum goes on without it (the backend tells the lighthouse at once, as for any live pod),
-and the recreated replica heals from one of them.
+exchange with it and exit, and the backend recreates them all. That exchange may be the
+replica's next quorum, which waits for every stage up to the quorum timeout (a minute), so the
+local backend's supervisor stops the other stages at once
+(api/backends/local/supervisor/failures.py). Meanwhile the other replicas' next quorum goes on
+without it (the backend tells the lighthouse at once, as for any live pod), and the recreated
+replica heals from one of them.
 """
 
 from __future__ import annotations

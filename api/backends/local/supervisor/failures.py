@@ -44,11 +44,10 @@ def reap(supervisor: Supervisor) -> None:
             pod.phase = "Pending"
             continue
         pod.phase = "Succeeded" if done_training(supervisor, pod) else "Failed"
-        if pod.phase == "Failed":
-            supervisor.coordinator.report_gone(pod.name, pod.incarnation)
         logger.info("pod %s exited with code %s: %s", pod.name,
                     "unknown" if pod.exit_code is None else pod.exit_code, pod.phase)
         if pod.phase == "Failed":
+            supervisor.coordinator.report_gone(pod.name, pod.incarnation)
             stop_replica(supervisor, pod)
     drop_removed(supervisor)
 
