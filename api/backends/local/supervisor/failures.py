@@ -60,11 +60,10 @@ def stop_replica(supervisor: Supervisor, failed: Pod) -> None:
         return
     replica = failed.ordinal // supervisor.stages
     for pod in supervisor.pods:
-        if pod.ordinal // supervisor.stages == replica and pod.alive and pod.process is not None:
+        if pod.ordinal // supervisor.stages == replica and pod.alive:
             logger.info("pod %s: its replica lost pod %s, so it stops too", pod.name,
                         failed.name)
-            pod.signalled_at = pod.signalled_at or time.time()
-            signal_group(pod.process.pid, signal.SIGKILL)
+            supervisor.stop_pod(pod, 0)
 
 
 def left(supervisor: Supervisor, pod: Pod) -> bool:
