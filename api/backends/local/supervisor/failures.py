@@ -60,10 +60,11 @@ def stop_replica(supervisor: Supervisor, failed: Pod) -> None:
         return
     replica = failed.ordinal // supervisor.stages
     for pod in supervisor.pods:
-        if pod.ordinal // supervisor.stages == replica and pod.alive:
+        if pod.ordinal // supervisor.stages == replica and pod.alive and pod.process is not None:
             logger.info("pod %s: its replica lost pod %s, so it stops too", pod.name,
                         failed.name)
-            supervisor.stop_pod(pod, 0)
+            pod.signalled_at = pod.signalled_at or time.time()
+            signal_group(pod.process.pid, signal.SIGKILL)
 
 
 def left(supervisor: Supervisor, pod: Pod) -> bool:
