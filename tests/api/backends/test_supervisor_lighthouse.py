@@ -3,6 +3,8 @@ quorum does not wait for its heartbeats to expire (stand-in pods: stand_ins.py).
 
 from __future__ import annotations
 
+import os
+import signal
 from datetime import timedelta
 from pathlib import Path
 
@@ -61,5 +63,26 @@ def test_a_live_pipeline_replica_stops_whole_when_one_of_its_stage_pods_dies(
         assert [pod.restarts for pod in supervisor.pods] == [0, 0, 1, 1]
         now = [pod.process.pid for pod in supervisor.pods if pod.process is not None]
         assert now[:2] == pids[:2] and not set(now[2:]) & set(pids)
+    finally:
+        supervisor.kill_leftovers()
+
+
+def test_a_live_pipeline_replica_whose_stage_pods_die_together_is_recreated_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both stages dead before the supervisor looks: stopping the replica must not hide the
+    second one's end from the reaping that recreates it."""
+    spec = JobSpec(replicas=2, parallelism="pipeline", pipeline_stages=2)
+    supervisor = start_supervisor(tmp_path, monkeypatch, standby=False, spec=spec)
+    try:
+        ticks_until(supervisor, lambda: up(supervisor), "the pods to be up")
+        for pod in supervisor.pods[2:]:
+            assert pod.process is not None
+            os.killpg(pod.process.pid, signal.SIGKILL)
+        for pod in supervisor.pods[2:]:  # both dead (not yet reaped) before the next tick
+            assert pod.process is not None
+            os.waitid(os.P_PID, pod.process.pid, os.WEXITED | os.WNOWAIT)
+        ticks_until(supervisor, lambda: all(p.phase == "Running" for p in supervisor.pods)
+                    and up(supervisor) and [p.restarts for p in supervisor.pods] == [0, 0, 1, 1],
+                    "replica 1 to be recreated whole")
     finally:
         supervisor.kill_leftovers()

@@ -63,6 +63,8 @@ def stop_replica(supervisor: Supervisor, failed: Pod) -> None:
         if pod.ordinal // supervisor.stages == replica and pod.alive and pod.process is not None:
             logger.info("pod %s: its replica lost pod %s, so it stops too", pod.name,
                         failed.name)
+            # Not stop_pod: it polls the process, and one seen ended there is never judged by
+            # reap (a stage that died in the same moment would stay Running, never recreated).
             pod.signalled_at = pod.signalled_at or time.time()
             signal_group(pod.process.pid, signal.SIGKILL)
 
