@@ -28,11 +28,21 @@ REPLICA_STORE_PORT = 29520
 """Kubernetes: where a live pipeline replica's stage 0 hosts the store its stages meet at."""
 # Dead peers must cost seconds: the lighthouse drops a replica after 0.5 s without heartbeats
 # (sent every 0.1 s) and waits up to 1 s for slow ones to join a quorum; the rendezvous drops a
-# node after 5 missed 1 s keep-alives and waits 2 s for late joiners.
+# node whose keep-alives stopped (below) and waits 2 s for late joiners.
 HEARTBEAT_TIMEOUT_MS = 500
 JOIN_TIMEOUT_MS = 1000
-RENDEZVOUS_CONF = ("keep_alive_interval=1,keep_alive_max_attempt=5,last_call_timeout=2,"
-                   "join_timeout=600")
+RENDEZVOUS_CONF = ("keep_alive_interval={interval},keep_alive_max_attempt={attempts},"
+                   "last_call_timeout=2,join_timeout=600")
+KEEP_ALIVE = (1, 5)
+"""Seconds between a node's keep-alives, and how many it may miss before the rendezvous drops
+it, where nothing tells the store that its pod ended (Kubernetes): a new round waits 5 s for
+a dead pod's node."""
+TOLD_KEEP_ALIVE = (5, 3)
+"""The same where the supervisor tells the store as soon as a pod ends (the local backend),
+so a dead node drops at once whatever the expiry: torch's defaults. Every node rewrites the
+one state key with compare-and-set, a keep-alive included; a keep-alive a second from each
+node made a joining node's writes lose that race for 45 s and more on a loaded machine (four
+nodes, 2 cores)."""
 ELASTIC_MAX_RESTARTS = 100
 """Worker restarts one restart-mode pod's agent allows; every peer failure costs survivors one.
 The job's own restart budget is enforced on pod restarts by the backend."""
@@ -78,19 +88,22 @@ def store_argv(port: int, python: str = "python", host: str = LOOPBACK) -> list[
 
 
 def pod_argv(launch: Launch, coordinator: Endpoint, local_addr: str,
-             python: str = "python") -> list[str]:
-    """A trainer pod's command. `local_addr` is how peers reach this pod (restart mode)."""
+             python: str = "python", ends_told: bool = False) -> list[str]:
+    """A trainer pod's command. `local_addr` is how peers reach this pod (restart mode);
+    `ends_told`: its supervisor tells the store when a pod ends (TOLD_KEEP_ALIVE)."""
     if launch.fault_tolerance == "live":
         return [python, "-m", "trainer"]
     # The rendezvous admits up to max_replicas nodes: scaling up is one more round. A pipeline
     # needs every stage of every replica: its rounds wait for all of its pods.
     max_nodes = max(launch.spec.max_replicas, launch.pods)
+    interval, attempts = TOLD_KEEP_ALIVE if ends_told else KEEP_ALIVE
+    conf = RENDEZVOUS_CONF.format(interval=interval, attempts=attempts)
     nodes = (f"{launch.pods}:{launch.pods}" if launch.spec.stages > 1
              else f"1:{max_nodes}")
     return [python, "-m", "trainer.fault_tolerance.elastic", f"--nnodes={nodes}",
             "--nproc-per-node=1", f"--rdzv-backend={RENDEZVOUS_BACKEND}",
             f"--rdzv-endpoint={coordinator}",
-            f"--rdzv-id={launch.job_id}", f"--rdzv-conf={RENDEZVOUS_CONF}",
+            f"--rdzv-id={launch.job_id}", f"--rdzv-conf={conf}",
             f"--max-restarts={ELASTIC_MAX_RESTARTS}", "--monitor-interval=0.2",
             f"--local-addr={local_addr}", "-m", "trainer"]
 

@@ -18,51 +18,80 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
+import binascii
+import io
 import logging
 import os
+import pickle
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from types import FrameType
 from typing import Any
 
 import grpc
 import torch.distributed as dist
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
 from trainer.contract import credentials
+from trainer.fault_tolerance.store_wire import (
+    AUTHORIZATION,
+    SERVICE,
+    Message,
+    decode,
+    encode,
+    from_text,
+    to_text,
+)
 from trainer.listen import STORE_TIMEOUT, url_host
 
 logger = logging.getLogger(__name__)
 
-SERVICE = "livemigrator.Store"
-AUTHORIZATION = "authorization"
 MAX_WAIT = 3600.0
 """Seconds a blocking call may wait for its keys, whatever the client asks."""
-Message = dict[str, Any]
+RENDEZVOUS_KEYS = "torch.rendezvous."
+"""Where torchrun's c10d rendezvous keeps a run's state: this and the run id (its rounds' keys
+add `.round/...`)."""
+LONG_AGO = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _encode(message: Message) -> bytes:
-    return json.dumps(message).encode()
+class RendezvousStateReader(pickle.Unpickler):
+    """Reads a pickled rendezvous state and loads no other class: members write it."""
+
+    ALLOWED = frozenset({(dynamic_rendezvous.__name__, "_RendezvousState"),
+                         (dynamic_rendezvous.__name__, "_NodeDesc"),
+                         ("datetime", "datetime"), ("datetime", "timezone"),
+                         ("datetime", "timedelta")})
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"{module}.{name} is not part of a rendezvous state")
+        return super().find_class(module, name)
 
 
-def _decode(data: bytes) -> Message:
-    message = json.loads(data)
-    if not isinstance(message, dict):
-        raise ValueError("a store message is a JSON object")
-    return message
-
-
-def _b64(value: bytes) -> str:
-    return base64.b64encode(value).decode()
-
-
-def _bytes(value: str) -> bytes:
-    return base64.b64decode(value)
+def forget_node(value: bytes, pid: int, addr: str) -> bytes | None:
+    """A run's rendezvous state (base64 of a pickled `_RendezvousState`, as the c10d backend
+    stores it) in which the nodes of process `pid` at `addr` were last heard from long ago, or
+    None where it holds none. The next node to sync drops them, as torch drops a node whose
+    keep-alives stopped, without waiting out the keep-alive expiry."""
+    if value == C10dRendezvousBackend._NULL_SENTINEL.encode():
+        return None
+    try:
+        state = RendezvousStateReader(io.BytesIO(base64.b64decode(value, validate=True))).load()
+    except (binascii.Error, pickle.UnpicklingError, EOFError, ValueError) as exc:
+        logger.warning("a rendezvous state that cannot be read: %s", exc)
+        return None
+    if not isinstance(state, dynamic_rendezvous._RendezvousState):
+        return None
+    dead = [node for node in state.last_heartbeats if node.pid == pid and node.addr == addr]
+    for node in dead:
+        state.last_heartbeats[node] = LONG_AGO
+    return base64.b64encode(pickle.dumps(state)) if dead else None
 
 
 class Table:
@@ -83,13 +112,13 @@ class Table:
             self._changed.notify_all()
 
     def set(self, m: Message) -> Message:
-        self._store(m["key"], _bytes(m["value"]))
+        self._store(m["key"], from_text(m["value"]))
         return {}
 
     def get(self, m: Message) -> Message:
         if not self._wait([m["key"]], m["timeout"]):
             return {"timeout": True}
-        return {"value": _b64(self.values[m["key"]])}
+        return {"value": to_text(self.values[m["key"]])}
 
     def add(self, m: Message) -> Message:
         with self._changed:
@@ -100,13 +129,13 @@ class Table:
     def compare_set(self, m: Message) -> Message:
         """TCPStore's rule: a missing key counts as the empty value; returns what is stored
         after the call (`expected` when the key is missing and `expected` is not empty)."""
-        key, expected, desired = m["key"], _bytes(m["expected"]), _bytes(m["desired"])
+        key, expected, desired = m["key"], from_text(m["expected"]), from_text(m["desired"])
         with self._changed:
             current = self.values.get(key)
             if current == expected or (current is None and not expected):
                 self._store(key, desired)
                 return {"value": m["desired"]}
-        return {"value": _b64(expected if current is None else current)}
+        return {"value": to_text(expected if current is None else current)}
 
     def wait(self, m: Message) -> Message:
         return {} if self._wait(list(m["keys"]), m["timeout"]) else {"timeout": True}
@@ -123,8 +152,24 @@ class Table:
         with self._changed:
             return {"count": len(self.values)}
 
+    def forget_node(self, m: Message) -> Message:
+        """torchrun's rendezvous of run `run_id`: process `pid` at `addr` has ended (its pod's
+        supervisor saw it), so its nodes are dead now (`forget_node`); a compare-and-set of a
+        member that read the state before fails, and it reads this one."""
+        key, pid, addr = RENDEZVOUS_KEYS + str(m["run_id"]), int(m["pid"]), str(m["addr"])
+        with self._changed:
+            value = self.values.get(key)
+            state = None if value is None else forget_node(value, pid, addr)
+            if state is not None:
+                self._store(key, state)
+        if state is not None:
+            logger.info("rendezvous %s: process %d at %s has ended; its node drops at the "
+                        "next sync", m["run_id"], pid, addr)
+        return {"count": int(state is not None)}
 
-METHODS = ("set", "get", "add", "compare_set", "wait", "check", "delete_key", "num_keys")
+
+METHODS = ("set", "get", "add", "compare_set", "wait", "check", "delete_key", "num_keys",
+           "forget_node")
 
 
 class DaemonThreads(futures.Executor):
@@ -160,8 +205,8 @@ class StoreServer:
                                    maximum_concurrent_rpcs=calls)
         self._server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, {
             name: grpc.unary_unary_rpc_method_handler(
-                self._guarded(getattr(self.table, name)), request_deserializer=_decode,
-                response_serializer=_encode)
+                self._guarded(getattr(self.table, name)), request_deserializer=decode,
+                response_serializer=encode)
             for name in METHODS})])
         self.port = self._server.add_insecure_port(f"{url_host(host)}:{port}")
         if self.port == 0:
@@ -199,7 +244,7 @@ class MemberStore(dist.Store):
         self._channel = grpc.insecure_channel(target)
         self._metadata = ((AUTHORIZATION, f"Bearer {credential}"),)
         self._calls = {name: self._channel.unary_unary(
-            f"/{SERVICE}/{name}", request_serializer=_encode, response_deserializer=_decode)
+            f"/{SERVICE}/{name}", request_serializer=encode, response_deserializer=decode)
             for name in METHODS}
 
     @property
@@ -233,20 +278,20 @@ class MemberStore(dist.Store):
         return (timeout or self.waits).total_seconds()
 
     def set(self, key: str, value: str | bytes) -> None:
-        self._call("set", key=key, value=_b64(_as_bytes(value)))
+        self._call("set", key=key, value=to_text(_as_bytes(value)))
 
     def get(self, key: str) -> bytes:
         seconds = self._wait_seconds()
-        return _bytes(self._call("get", wait=seconds, key=key, timeout=seconds)["value"])
+        return from_text(self._call("get", wait=seconds, key=key, timeout=seconds)["value"])
 
     def add(self, key: str, amount: int) -> int:
         return int(self._call("add", key=key, amount=amount)["count"])
 
     def compare_set(self, key: str, expected: str | bytes,
                     desired: str | bytes) -> bytes:
-        reply = self._call("compare_set", key=key, expected=_b64(_as_bytes(expected)),
-                           desired=_b64(_as_bytes(desired)))
-        return _bytes(reply["value"])
+        reply = self._call("compare_set", key=key, expected=to_text(_as_bytes(expected)),
+                           desired=to_text(_as_bytes(desired)))
+        return from_text(reply["value"])
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
         seconds = self._wait_seconds(timeout)

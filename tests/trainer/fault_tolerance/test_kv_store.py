@@ -134,3 +134,73 @@ def test_the_store_process_refuses_to_start_without_the_secret(
                               {SECRET_ENV: ""}, tmp_path / "store.log")
     assert process.wait(timeout=60) == 2
     assert "PEER_SECRET" in (tmp_path / "store.log").read_text()
+
+
+NODE = """
+import os, sys, time
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from trainer.fault_tolerance.elastic import member_rendezvous
+params = RendezvousParameters(backend="livemigrator", endpoint=sys.argv[1], run_id="the-job",
+                              min_nodes=1, max_nodes=2, local_addr="127.0.0.1",
+                              keep_alive_interval=1, keep_alive_max_attempt=600,
+                              last_call_timeout=1, join_timeout=60)
+member_rendezvous(params).next_rendezvous()
+print("in round", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_node_the_store_is_told_has_ended_leaves_the_rendezvous_at_once(
+        server: StoreServer, processes: Processes, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun's rendezvous in the job's store, its keep-alives expiring after 10 minutes: a
+    round holds one node, SIGKILLed; told that its process ended, the store has the next
+    node to sync drop it, and a new node's round completes (in seconds, not 10 minutes)."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    from trainer.fault_tolerance import store_wire
+    from trainer.fault_tolerance.elastic import member_rendezvous
+
+    monkeypatch.setenv(SECRET_ENV, PEER_SECRET)
+    endpoint = f"127.0.0.1:{server.port}"
+    log = tmp_path / "node.log"
+    node = processes.start([sys.executable, "-c", NODE, endpoint], {SECRET_ENV: PEER_SECRET},
+                           log)
+    wait_for(lambda: "in round" in log.read_text(), what="the first node's round",
+             timeout=120)
+    # No such node, or not this run's: nothing changes.
+    assert store_wire.call(endpoint, CREDENTIAL, "forget_node", 5.0, run_id="the-job",
+                           pid=node.pid + 1, addr="127.0.0.1") == {"count": 0}
+    assert store_wire.call(endpoint, CREDENTIAL, "forget_node", 5.0, run_id="another-job",
+                           pid=node.pid, addr="127.0.0.1") == {"count": 0}
+    node.kill()
+    node.wait(timeout=30)
+    reply = store_wire.call(endpoint, CREDENTIAL, "forget_node", 5.0, run_id="the-job",
+                            pid=node.pid, addr="127.0.0.1")
+    assert reply == {"count": 1}
+    params = RendezvousParameters(backend="livemigrator", endpoint=endpoint, run_id="the-job",
+                                  min_nodes=1, max_nodes=2, local_addr="127.0.0.1",
+                                  keep_alive_interval=1, keep_alive_max_attempt=600,
+                                  last_call_timeout=1, join_timeout=60)
+    handler = member_rendezvous(params)
+    try:
+        info = handler.next_rendezvous()  # a RendezvousTimeoutError after 60 s otherwise
+        assert (info.rank, info.world_size) == (0, 1)
+    finally:
+        handler.shutdown()
+
+
+def test_the_store_reads_no_class_but_a_rendezvous_states(server: StoreServer) -> None:
+    """A member-written value under a rendezvous key that unpickles to anything else is left
+    alone: the store never loads a class a rendezvous state does not hold."""
+    import base64
+    import pickle
+
+    from trainer.fault_tolerance import store_wire
+
+    planted = base64.b64encode(pickle.dumps(Path("/etc/passwd")))
+    client(server).set("torch.rendezvous.the-job", planted)
+    reply = store_wire.call(f"127.0.0.1:{server.port}", CREDENTIAL, "forget_node", 5.0,
+                            run_id="the-job", pid=1, addr="127.0.0.1")
+    assert reply == {"count": 0}
+    assert client(server).get("torch.rendezvous.the-job") == planted

@@ -14,12 +14,13 @@ from api.backends.base import Launch
 from api.backends.local.jobdir import CoordinatorRecord, JobDir, signal_group
 from api.backends.local.processes import STOP_GRACE_SECONDS, Adopted, Watched, spawn
 from api.backends.local.supervisor.environment import free_port, inherited_env
-from trainer.fault_tolerance import lighthouse
+from trainer.contract import credentials
+from trainer.fault_tolerance import lighthouse, store_wire
 
 logger = logging.getLogger(__name__)
 
 LIGHTHOUSE_TIMEOUT = 1.0
-"""Seconds a call to the lighthouse may take (it answers in milliseconds when it runs)."""
+"""Seconds a call to the lighthouse or the store may take (milliseconds when it runs)."""
 
 
 class Coordinator:
@@ -92,3 +93,19 @@ class Coordinator:
             return
         logger.info("told the lighthouse that %s (pod %s incarnation %d) is gone", replica_id,
                     pod, incarnation)
+
+    def forget_node(self, pod: str, pid: int) -> None:
+        """Tell a restart job's store that this pod's process (its torchrun agent) ended, so
+        its rendezvous node is dropped at the next sync: the survivors' next round forms
+        without waiting for its keep-alives to expire (programs.RENDEZVOUS_CONF)."""
+        credential = credentials.store_credential(self.launch.peer_secret)
+        try:
+            reply = store_wire.call(str(self.endpoint), credential, "forget_node",
+                                    LIGHTHOUSE_TIMEOUT, run_id=self.launch.job_id, pid=pid,
+                                    addr=programs.LOOPBACK)
+        except grpc.RpcError as exc:  # its keep-alives expire all the same
+            logger.warning("could not tell the store that pod %s (pid %d) ended: %s", pod,
+                           pid, exc.code() if isinstance(exc, grpc.Call) else exc)
+            return
+        if reply.get("count"):
+            logger.info("told the store that pod %s (pid %d) ended", pod, pid)

@@ -32,6 +32,8 @@ def reap(supervisor: Supervisor) -> None:
         # The leader is gone; anything it left in its group must not outlive it.
         signal_group(pod.process.pid, signal.SIGKILL)
         pod.exit_code = pod.process.exit_code
+        if not supervisor.live:  # its rendezvous node is dead, whatever it ended for
+            supervisor.coordinator.forget_node(pod.name, pod.process.pid)
         if pod.replace_on_exit and supervisor.mode == "running":
             logger.info("pod %s stopped for its migration: starting its replacement",
                         pod.name)

@@ -173,7 +173,7 @@ class Supervisor:
         if self.standby is not None and (process := self.standby.take(env, log)) is not None:
             return process
         argv = programs.pod_argv(self.launch, self.coordinator.endpoint, programs.LOOPBACK,
-                                 python=sys.executable)
+                                 python=sys.executable, ends_told=True)  # failures.reap
         return self.start_process(argv, log, env)
 
     def start_process(self, argv: list[str], log: Path, env: dict[str, str],
