@@ -82,9 +82,12 @@ def lighthouse_argv(host: str, port: int, python: str = "python") -> list[str]:
             "--heartbeat_timeout_ms", str(HEARTBEAT_TIMEOUT_MS)]
 
 
-def store_argv(port: int, python: str = "python", host: str = LOOPBACK) -> list[str]:
-    """The rendezvous store of a restart job, listening on `host:port` (its pod's address)."""
-    return [python, "-m", "trainer.fault_tolerance.kv_store", "--host", host, "--port", str(port)]
+def store_argv(port: int, python: str = "python", host: str = LOOPBACK,
+               state_file: Path | None = None) -> list[str]:
+    """The rendezvous store of a restart job, listening on `host:port` (its pod's address);
+    keeping its keys in `state_file`, where given, so a restart on the same port loses none."""
+    return [python, "-m", "trainer.fault_tolerance.kv_store", "--host", host, "--port", str(port),
+            *(("--state-file", str(state_file)) if state_file is not None else ())]
 
 
 def pod_argv(launch: Launch, coordinator: Endpoint, local_addr: str,

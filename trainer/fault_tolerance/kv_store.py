@@ -20,6 +20,7 @@ import argparse
 import base64
 import binascii
 import io
+import json
 import logging
 import os
 import pickle
@@ -30,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -95,11 +97,36 @@ def forget_node(value: bytes, pid: int, addr: str) -> bytes | None:
 
 
 class Table:
-    """The keys and values, and waiting for keys to appear."""
+    """The keys and values, and waiting for keys to appear; kept in `state_file` too, where
+    given, and read back from it at start."""
 
-    def __init__(self) -> None:
+    def __init__(self, state_file: Path | None = None) -> None:
         self.values: dict[str, bytes] = {}
         self._changed = threading.Condition()
+        self.state_file = state_file
+        if state_file is not None:
+            self._load(state_file)
+
+    def _load(self, state_file: Path) -> None:
+        try:
+            saved = json.loads(state_file.read_text())
+            self.values = {str(k): from_text(v) for k, v in saved.items()}
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, AttributeError, binascii.Error) as exc:
+            logger.warning("cannot read %s (%s): starting empty", state_file, exc)
+            return
+        logger.info("read %d keys back from %s", len(self.values), state_file)
+
+    def _save(self) -> None:
+        """Write every key to the state file (whole, replaced at once); called under the lock.
+        A store restarted on its port then serves what its members wrote before, rendezvous
+        state included: lost, every agent would wait out its read timeout and fail."""
+        if self.state_file is None:
+            return
+        partial = self.state_file.with_name(f"{self.state_file.name}.partial")
+        partial.write_text(json.dumps({k: to_text(v) for k, v in self.values.items()}))
+        partial.replace(self.state_file)
 
     def _wait(self, keys: list[str], timeout: float) -> bool:
         with self._changed:
@@ -109,6 +136,7 @@ class Table:
     def _store(self, key: str, value: bytes) -> None:
         with self._changed:
             self.values[key] = value
+            self._save()
             self._changed.notify_all()
 
     def set(self, m: Message) -> Message:
@@ -146,7 +174,10 @@ class Table:
 
     def delete_key(self, m: Message) -> Message:
         with self._changed:
-            return {"ok": self.values.pop(m["key"], None) is not None}
+            deleted = self.values.pop(m["key"], None) is not None
+            if deleted:
+                self._save()
+            return {"ok": deleted}
 
     def num_keys(self, m: Message) -> Message:
         with self._changed:
@@ -198,8 +229,9 @@ class StoreServer:
     """A store served on `host:port` (0: a free port) to holders of `credential`, from
     threads of this process."""
 
-    def __init__(self, host: str, port: int, credential: str, calls: int = 256) -> None:
-        self.table = Table()
+    def __init__(self, host: str, port: int, credential: str, calls: int = 256,
+                 state_file: Path | None = None) -> None:
+        self.table = Table(state_file)
         self._expected = f"Bearer {credential}"
         self._server = grpc.server(DaemonThreads(),  # type: ignore[arg-type]  # any Executor
                                    maximum_concurrent_rpcs=calls)
@@ -319,6 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--host", required=True, help="address to listen on (the pod's)")
     parser.add_argument("--port", type=int, required=True, help="TCP port to listen on")
+    parser.add_argument("--state-file", type=Path,
+                        help="keep the keys in this file, and serve what it holds at start")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s store: %(message)s")
@@ -335,7 +369,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    server = StoreServer(args.host, args.port, credentials.store_credential(secret))
+    server = StoreServer(args.host, args.port, credentials.store_credential(secret),
+                         state_file=args.state_file)
     logger.info("rendezvous store listening on %s:%d", url_host(args.host), server.port)
     stop.wait()
     logger.info("stopping")

@@ -204,3 +204,30 @@ def test_the_store_reads_no_class_but_a_rendezvous_states(server: StoreServer) -
                             run_id="the-job", pid=1, addr="127.0.0.1")
     assert reply == {"count": 0}
     assert client(server).get("torch.rendezvous.the-job") == planted
+
+
+def test_a_store_restarted_with_its_state_file_serves_what_was_written_before(
+        processes: Processes, tmp_path: Path) -> None:
+    """The restart-mode store process, SIGKILLed and started again on its port with the same
+    state file, as its supervisor does: a member's keys (a rendezvous state among them) are
+    there again, so no agent waits for a key that was lost."""
+    from api.backends.programs import store_argv
+
+    port, state = free_port(), tmp_path / "store.json"
+    argv = store_argv(port, python=sys.executable, state_file=state)
+    first = processes.start(argv, {SECRET_ENV: PEER_SECRET}, tmp_path / "store.log")
+    wait_for(lambda: accepts(port), what="the store to listen", timeout=30)
+    member = MemberStore(f"127.0.0.1:{port}", CREDENTIAL, SHORT)
+    member.set("torch.rendezvous.the-job", b"state")
+    assert member.compare_set("torch.rendezvous.the-job", "state", "state-2") == b"state-2"
+    assert member.add("counter", 3) == 3
+    member.set("gone", b"x")
+    assert member.delete_key("gone")
+    first.kill()
+    first.wait(timeout=30)
+    processes.start(argv, {SECRET_ENV: PEER_SECRET}, tmp_path / "store-2.log")
+    wait_for(lambda: accepts(port), what="the store to listen again", timeout=30)
+    assert member.get("torch.rendezvous.the-job") == b"state-2"
+    assert member.add("counter", 1) == 4
+    assert not member.check(["gone"])
+    assert member.num_keys() == 2

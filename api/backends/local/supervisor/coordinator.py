@@ -19,6 +19,8 @@ from trainer.fault_tolerance import lighthouse, store_wire
 
 logger = logging.getLogger(__name__)
 
+STORE_STATE = "store.json"
+"""The rendezvous store's keys, in the job's directory: restarted, it serves them again."""
 LIGHTHOUSE_TIMEOUT = 1.0
 """Seconds a call to the lighthouse or the store may take (milliseconds when it runs)."""
 
@@ -54,7 +56,8 @@ class Coordinator:
         endpoint = self.endpoint
         argv = (programs.lighthouse_argv(endpoint.host, endpoint.port, python=sys.executable)
                 if self.live else
-                programs.store_argv(endpoint.port, python=sys.executable, host=endpoint.host))
+                programs.store_argv(endpoint.port, python=sys.executable, host=endpoint.host,
+                                    state_file=self.job_dir.path / STORE_STATE))
         self.process = spawn(argv, self.job_dir.path, self.job_dir.log(self.name),
                              env={**inherited_env(store_credentials=False),
                                   **programs.coordinator_env(self.launch)})
