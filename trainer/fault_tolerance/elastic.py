@@ -30,6 +30,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
     RendezvousHandler,
     RendezvousParameters,
     rendezvous_handler_registry,
@@ -39,6 +40,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handl
 from torch.distributed.launcher import api as launcher_api
 
 from trainer.contract import credentials
+from trainer.contract.checkpoints import EXPORTED
 from trainer.contract.process import ExitCode
 from trainer.contract.runtime import RENDEZVOUS_BACKEND, SPEC_ENV, Runtime
 from trainer.contract.spec import JobSpec
@@ -104,6 +106,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         codes = {failure.exitcode for failure in exc.failures.values()}
         logger.error("workers failed with exit codes %s", sorted(codes))
         return ExitCode.BAD_INPUT if ExitCode.BAD_INPUT in codes else ExitCode.FAILED
+    except RendezvousClosedError:
+        # Every agent closes the rendezvous as it ends: a pod recreated as its peers finished
+        # finds it closed. With the model exported, that pod has nothing left to train.
+        if not model_exported(os.environ):
+            raise
+        logger.warning("the job's rendezvous is closed and its model exported: its training "
+                       "ended before this pod could join")
+        return ExitCode.OK
     except SignalException as exc:
         # The agent stopped its workers (each checkpoints on SIGTERM). SIGTERM is a request to
         # leave (an eviction, a scale-down, a migration): done, it exits 0, so its controller
@@ -125,6 +135,14 @@ def fork_workers_wanted(environ: Mapping[str, str]) -> bool:
         return Runtime(**Runtime.fields_from_env(environ)).fork_workers
     except (ValidationError, ValueError, AttributeError):
         return False  # the worker says what is wrong
+
+
+def model_exported(environ: Mapping[str, str]) -> bool:
+    """Whether this pod's job has exported its model (`config.json`, moved in last)."""
+    try:
+        return (Runtime(**Runtime.fields_from_env(environ)).model_dir / EXPORTED).exists()
+    except (ValidationError, ValueError, AttributeError, OSError):
+        return False
 
 
 def warm_worker_wanted(environ: Mapping[str, str]) -> bool:
