@@ -190,19 +190,28 @@ def test_a_node_the_store_is_told_has_ended_leaves_the_rendezvous_at_once(
         handler.shutdown()
 
 
-def test_the_store_reads_no_class_but_a_rendezvous_states(server: StoreServer) -> None:
-    """A member-written value under a rendezvous key that unpickles to anything else is left
-    alone: the store never loads a class a rendezvous state does not hold."""
+def test_the_store_reads_no_class_but_a_rendezvous_states(server: StoreServer,
+                                                           tmp_path: Path) -> None:
+    """A member-written value under a rendezvous key whose unpickling would call a function
+    (here os.mkdir) is refused, never run, and left alone."""
     import base64
+    import os
     import pickle
 
     from trainer.fault_tolerance import store_wire
 
-    planted = base64.b64encode(pickle.dumps(Path("/etc/passwd")))
+    marker = tmp_path / "ran"
+
+    class Planted:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return os.mkdir, (str(marker),)
+
+    planted = base64.b64encode(pickle.dumps(Planted()))
     client(server).set("torch.rendezvous.the-job", planted)
     reply = store_wire.call(f"127.0.0.1:{server.port}", CREDENTIAL, "forget_node", 5.0,
                             run_id="the-job", pid=1, addr="127.0.0.1")
     assert reply == {"count": 0}
+    assert not marker.exists()  # a plain pickle.loads would have made it
     assert client(server).get("torch.rendezvous.the-job") == planted
 
 
