@@ -96,6 +96,10 @@ class Group:
     recovery: type[Recovery] = Recovery
     """The fault-tolerance rules the training loop follows in this group."""
 
+    redoes_steps = False
+    """Whether a step that fails is redone by this process with the weights it started from
+    (trainer.shards keeps what the failed attempt computed); a static world never fails one."""
+
     def __init__(self, device: DeviceChoice, environ: Mapping[str, str] = os.environ,
                  address: str = "", peer_secret: str = "") -> None:
         """`environ` holds torchrun's world (WORLD_SIZE, RANK, MASTER_ADDR...); `address` is the

@@ -11,12 +11,19 @@ float32 values are exact in float64 (short of a 2^29 spread between one weight's
 gradients), so the result does not depend on how the shards were split, in what order they
 were added, or how many participants there were: a step computes the same gradients, hence
 the same weights, whatever was killed, scaled or migrated.
+
+The same exactness lets a step that failed be redone without computing again what this pod
+already computed: where its group redoes an aborted step in the same process with the same
+weights (a live pod whose peer died mid-step), the shards' sum of the failed attempt is kept, and
+the redo adds only the shards it was not holding. A SIGKILL then costs the survivors the dead
+pod's shards, not a whole step.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -38,6 +45,18 @@ def seed_shard(seed: int, assignment: Assignment, shard: int) -> None:
                                      "little"))
 
 
+@dataclass
+class Attempt:
+    """This pod's part of a step that may yet fail: what a redo of the same step can keep."""
+
+    step: tuple[int, int]
+    """The step's (epoch, cursor): the weights are those of its start until it commits."""
+    shards: frozenset[int]
+    sums: list[torch.Tensor]
+    loss: torch.Tensor
+    counted: int
+
+
 class ShardSums:
     """The gradients of the shards this pod computes in a step, summed in float64 (a pipeline
     stage's: the sums are over the stage's replicas)."""
@@ -51,6 +70,10 @@ class ShardSums:
         self._loss: torch.Tensor | None = None
         """The shards' loss, summed on the device (read once, in `reduce`)."""
         self._counted = 0
+        self._attempt: Attempt | None = None
+        """The last step's shards, kept until it commits (where the group redoes steps)."""
+        self.kept_shards = 0
+        """Shards the last step took from its failed attempt instead of computing them."""
 
     def step(self, assignment: Assignment, data: TokenizedSplit, idle: bool,
              spec: JobSpec) -> tuple[float, float, float]:
@@ -58,10 +81,36 @@ class ShardSums:
         (see `reduce`). A step of one shard (a one-pod job's, an epoch's short last step) has
         no sum to make exact: its mean is taken in float32, as plain training does."""
         lone = assignment.window <= spec.batch_size
-        for shard, indices in () if idle else assignment.shards:
-            seed_shard(spec.seed, assignment, shard)
-            self.add(data.batch(indices), assignment.window if lone else None)
+        shards = () if idle else assignment.shards
+        kept = self._keep(assignment, shards, lone)
+        for shard, indices in shards:
+            if shard not in kept:
+                seed_shard(spec.seed, assignment, shard)
+                self.add(data.batch(indices), assignment.window if lone else None)
+        if self.group.redoes_steps and not lone and self._sums is not None:
+            assert self._loss is not None
+            self._attempt = Attempt((assignment.epoch, assignment.cursor),
+                                    frozenset(shard for shard, _ in shards), self._sums,
+                                    self._loss, self._counted)
         return self.reduce(assignment.window, spec.max_grad_norm, lone)
+
+    def _keep(self, assignment: Assignment, shards: tuple[tuple[int, object], ...],
+              lone: bool) -> frozenset[int]:
+        """Start from the failed attempt of this same step where it holds only shards this
+        pod computes now (they are added exactly, in any order); the shards it holds."""
+        attempt, self._attempt = self._attempt, None
+        self.kept_shards = 0
+        mine = {shard for shard, _ in shards}
+        if (attempt is None or lone or attempt.step != (assignment.epoch, assignment.cursor)
+                or not attempt.shards <= mine):
+            return frozenset()
+        self._sums, self._loss, self._counted = attempt.sums, attempt.loss, attempt.counted
+        self.kept_shards = len(attempt.shards)
+        return attempt.shards
+
+    def settled(self) -> None:
+        """The step committed, or the weights changed (a heal, a resume): nothing to keep."""
+        self._attempt = None
 
     def add(self, batch: Mapping[str, torch.Tensor], lone_window: int | None = None) -> None:
         """Forward and backward of one shard; its gradients and loss added to the step's (the

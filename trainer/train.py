@@ -173,6 +173,8 @@ class Trainer:
         self.skipped_steps = int(state["progress"].get("skipped_steps", 0))
         self.epoch_end_pending = bool(state["progress"].get("epoch_end_pending", False))
         self.metrics = state["metrics"]
+        if self.shards is not None:  # the weights changed: no failed attempt holds for them
+            self.shards.settled()
 
     def _live_state(self) -> dict[str, Any]:
         """What a pod that (re)joins a live group fetches from a peer."""
@@ -215,6 +217,13 @@ class Trainer:
         stats, grad_norm = (self._compute_shards(assignment, idle) if self.shards is not None
                             else self._compute_share(assignment, idle))
         committed = self.group.should_commit()
+        if self.shards is not None:
+            if self.shards.kept_shards:
+                logger.info("step %d redone: %d of its shards kept from the failed attempt, %d "
+                            "computed", self.step + 1, self.shards.kept_shards,
+                            len(assignment.shards) - self.shards.kept_shards)
+            if committed:
+                self.shards.settled()
         loss_total, counted, stops = stats.tolist()
         skipped = None
         if newest is not None and self.step == 0:  # no live peer was ahead: resume instead

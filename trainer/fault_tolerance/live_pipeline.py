@@ -65,6 +65,9 @@ class LivePipelineGroup(LiveGroup, Pipelined):
     that replica's torchft replica group."""
 
     recovery = LivePipelineRecovery
+    # A stage keeps no failed attempt: a redo would hang on a stage of its replica that chose
+    # other shards, and no stage knows what the others kept.
+    redoes_steps = False
 
     def __init__(self, device: DeviceChoice, stages: int, ordinal: int, replica_store: str,
                  pod: str, lighthouse: str, address: str, peer_secret: str,
