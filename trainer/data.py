@@ -327,6 +327,11 @@ class TokenizedSplit:
                 "attention_mask": torch.from_numpy(mask),
                 "labels": torch.from_numpy(self.labels[indices])}
 
+    def tokens(self, indices: np.ndarray) -> np.ndarray:
+        """The token ids `batch(indices)` holds (padding's too), sorted, each once."""
+        pieces = [self.ids[self.offsets[i]:self.offsets[i + 1]] for i in indices]
+        return np.unique(np.concatenate([*pieces, np.array([self.pad_id], dtype=self.ids.dtype)]))
+
 
 def token_file(split: Split, tokenizer: TokenizerLike, max_length: int) -> str:
     """The name of the split's tokenized file, in a cache or the staged tokens."""

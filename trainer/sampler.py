@@ -30,6 +30,8 @@ class Assignment:
     shards: tuple[tuple[int, np.ndarray], ...] = ()
     """With a fixed global batch: this participant's shards, (shard number in the step, its
     sample ids), in order; `indices` is theirs together."""
+    window_ids: np.ndarray | None = None
+    """With a fixed global batch: the whole step's sample ids, every participant's."""
 
 
 class GlobalSampler:
@@ -73,7 +75,7 @@ class GlobalSampler:
                                                          participants)[rank])
         indices = (np.concatenate([shard for _, shard in mine]) if mine
                    else np.empty(0, dtype=window.dtype))
-        return Assignment(self.epoch, self.cursor, len(window), indices, mine)
+        return Assignment(self.epoch, self.cursor, len(window), indices, mine, window)
 
     def commit(self, assignment: Assignment) -> bool:
         """Advance past a committed step; return True when that step ended the epoch."""

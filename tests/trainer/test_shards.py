@@ -16,7 +16,7 @@ from trainer.data import TokenizedSplit
 from trainer.distributed import Group
 from trainer.model import DeviceChoice
 from trainer.sampler import GlobalSampler
-from trainer.shards import ShardSums
+from trainer.shards import ShardSums, input_embedding
 from trainer.whole import WholeModel
 
 CPU = DeviceChoice(torch.device("cpu"), "gloo", None)
@@ -56,9 +56,10 @@ class Counted(WholeModel):
 
 
 def tiny_bert() -> BertForSequenceClassification:
-    """Dropout on: each shard's draw must come from the shard, not the attempt."""
+    """Dropout on: each shard's draw must come from the shard, not the attempt. The reviews
+    read a tenth of its vocabulary."""
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2,
+    config = BertConfig(vocab_size=400, hidden_size=16, num_hidden_layers=2,
                         num_attention_heads=2, intermediate_size=32, max_position_embeddings=32,
                         hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
     model = BertForSequenceClassification(config)
@@ -69,7 +70,7 @@ def tiny_bert() -> BertForSequenceClassification:
 def reviews() -> TokenizedSplit:
     rng = np.random.default_rng(3)
     lengths = rng.integers(4, 20, SAMPLES)
-    return TokenizedSplit(ids=rng.integers(1, 40, int(lengths.sum())),
+    return TokenizedSplit(ids=rng.integers(1, 40, int(lengths.sum())).astype(np.int32),
                           offsets=np.concatenate([[0], np.cumsum(lengths)]),
                           labels=rng.integers(0, 2, SAMPLES), pad_id=0)
 
@@ -150,3 +151,37 @@ def test_nothing_is_kept_once_the_step_settled_where_the_group_never_redoes_or_f
         sampler.commit(sampler.assign(0, 3))
     attempt(sums, model, sampler, 0, 2, data)
     assert sums.kept_shards == 0 and counted.shards_computed == 2 + 3
+
+
+def test_the_embedding_sums_only_the_steps_tokens_rows_and_its_gradient_is_the_dense_one(
+        setup: Any) -> None:
+    model, data, sampler = setup
+    grads = {}
+    for rows in ("the step's tokens", "every row"):
+        group = Participant()
+        sums = ShardSums(part(model, group), group)
+        if rows == "every row":
+            sums._embedding = None  # what a model whose embedding is tied gets
+        sums.step(sampler.assign(0, 2), data, False, SPEC)  # type: ignore[arg-type]
+        grads[rows] = ([p.grad.clone() for p in model.parameters()], group.sent[-1].numel())
+        model.zero_grad(set_to_none=True)
+    (sparse, sent), (dense, sent_dense) = grads["the step's tokens"], grads["every row"]
+    assert all(torch.equal(a, b) for a, b in zip(sparse, dense, strict=True))
+    window = sampler.assign(0, 2).window_ids
+    assert window is not None
+    tokens = data.tokens(window)
+    vocabulary, width = model.get_input_embeddings().weight.shape
+    assert len(tokens) < vocabulary and sent_dense - sent == (vocabulary - len(tokens)) * width
+    # The rows left out are those no sample of the step reads: their gradient is zero.
+    unread = np.setdiff1d(np.arange(vocabulary), tokens)
+    assert not dense[0][unread].any() and dense[0][tokens[1:]].any()
+
+
+def test_an_embedding_tied_to_an_output_layer_sums_every_row() -> None:
+    model = torch.nn.Module()
+    model.embedding = torch.nn.Embedding(10, 4)
+    model.get_input_embeddings = lambda: model.embedding  # type: ignore[assignment]
+    parameters = list(model.parameters())
+    assert input_embedding(model, parameters) == 0
+    model.get_output_embeddings = lambda: model.embedding  # type: ignore[assignment]
+    assert input_embedding(model, parameters) is None
