@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from api.backends.base import Launch
 from trainer.contract.credentials import SECRET_ENV
@@ -83,7 +83,7 @@ def lighthouse_argv(host: str, port: int, python: str = "python") -> list[str]:
 
 
 def store_argv(port: int, python: str = "python", host: str = LOOPBACK,
-               state_file: Path | None = None) -> list[str]:
+               state_file: PurePath | None = None) -> list[str]:
     """The rendezvous store of a restart job, listening on `host:port` (its pod's address);
     keeping its keys in `state_file`, where given, so a restart on the same port loses none."""
     return [python, "-m", "trainer.fault_tolerance.kv_store", "--host", host, "--port", str(port),

@@ -3,6 +3,8 @@ Service its pods reach it through."""
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
+
 from api.backends.base import Launch
 from api.backends.kubernetes.cluster import (
     ClusterConfig,
@@ -21,6 +23,11 @@ from api.backends.programs import (
     lighthouse_argv,
     store_argv,
 )
+
+STORE_STATE = PurePosixPath("/tmp/store.json")
+"""Where the rendezvous store keeps its keys: on its pod's emptyDir, which outlives a restart
+of its container (a crash, an OOM kill), so the store comes back with the rendezvous it held
+instead of leaving every agent to wait out its read timeout and fail."""
 
 
 def coordinator_name(launch: Launch) -> str:
@@ -44,7 +51,7 @@ def coordinator_deployment(launch: Launch, config: ClusterConfig) -> Manifest:
     endpoint = coordinator_endpoint(launch)
     # The kubelet expands $(POD_IP), an IPv4 or IPv6 address: each program joins it to its port.
     argv = (lighthouse_argv("$(POD_IP)", endpoint.port) if component == LIGHTHOUSE
-            else store_argv(endpoint.port, host="$(POD_IP)"))
+            else store_argv(endpoint.port, host="$(POD_IP)", state_file=STORE_STATE))
     container = {
         "name": component, "image": config.image, "imagePullPolicy": config.image_pull_policy,
         "command": argv,

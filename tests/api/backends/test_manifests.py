@@ -314,7 +314,11 @@ def test_coordinators_run_the_shared_commands_behind_a_service() -> None:
         "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "500"]
     assert store["spec"]["template"]["spec"]["containers"][0]["command"] == [
         "python", "-m", "trainer.fault_tolerance.kv_store", "--host", "$(POD_IP)",
-        "--port", "29400"]
+        "--port", "29400", "--state-file", "/tmp/store.json"]
+    # Its keys on the pod's emptyDir at /tmp: a restarted container serves the rendezvous again.
+    spec = store["spec"]["template"]["spec"]
+    assert {"name": "tmp", "mountPath": "/tmp"} in spec["containers"][0]["volumeMounts"]
+    assert {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}} in spec["volumes"]
     for launch, deployment in ((live, lighthouse), (restart, store)):
         container = deployment["spec"]["template"]["spec"]["containers"][0]
         assert container["env"][0] == {"name": "POD_IP", "valueFrom": {
@@ -347,7 +351,8 @@ def test_a_coordinator_listens_on_an_ipv6_pod_ip(mode: str, processes: Processes
         "containers"][0]["command"]
     fixed, port = str(coordinator_endpoint(launch).port), free_port("::1")
     argv = [sys.executable if arg == "python" else
-            arg.replace("$(POD_IP)", "::1").replace(fixed, str(port)) for arg in command]
+            arg.replace("$(POD_IP)", "::1").replace(fixed, str(port))
+            .replace("/tmp/", f"{tmp_path}/") for arg in command]  # /tmp: the pod's emptyDir
     process = processes.start(argv, programs.coordinator_env(launch),
                               tmp_path / "coordinator.log")
     wait_for(lambda: accepts(port, "::1"), process=process, timeout=30,
@@ -363,6 +368,8 @@ def test_a_coordinator_listens_on_an_ipv6_pod_ip(mode: str, processes: Processes
                              timedelta(seconds=30))
         client.set("reached", "over IPv6")
         assert client.get("reached") == b"over IPv6"
+        # Kept where the pod's emptyDir is mounted, for a restarted container to read back.
+        assert "reached" in json.loads((tmp_path / "store.json").read_text())
     assert process.poll() is None, (tmp_path / "coordinator.log").read_text()
 
 
