@@ -193,21 +193,6 @@ def test_a_pod_killed_and_recreated_changes_no_bit_of_what_the_job_computes(
     assert alone.checksums == undisturbed.checksums and alone.losses == undisturbed.losses
 
 
-def test_a_pod_loads_its_data_before_the_lighthouse_hears_of_it(
-        inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
-    """A pod is heard from once it is ready to train: its peers' quorums wait for a pod heard
-    from moments ago, so one still loading (or failing to) would cost them that wait."""
-    (inputs_dir / "bad.csv").write_text("text,label\n" + "".join(
-        f"review {i},{['a', 'b', 'c'][i % 3]}\n" for i in range(30)))
-    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log")
-    pod = start_pod(processes, tmp_path, inputs_dir, lighthouse,
-                    live_spec(dataset="bad.csv"), 0)
-    assert pod.wait(timeout=120) == 2
-    log = (tmp_path / "pod-0-0.log").read_text()
-    assert "exactly 2 classes, found 3" in log and "joined lighthouse" not in log
-    assert "live-0" not in (tmp_path / "lighthouse.log").read_text()
-
-
 def test_replicas_skip_a_step_that_one_of_them_made_nan_together(
         inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
     """One replica's NaN loss spreads to every replica's gradients through their all-reduce:
