@@ -26,6 +26,7 @@ has the data, so all agree on them without a word), about half of MiniLM's param
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -39,6 +40,8 @@ from trainer.distributed import Group
 from trainer.model import unwrap
 from trainer.part import ModelPart
 from trainer.sampler import Assignment
+
+logger = logging.getLogger(__name__)
 
 
 def seed_shard(seed: int, assignment: Assignment, shard: int) -> None:
@@ -132,6 +135,9 @@ class ShardSums:
             return frozenset()
         self._sums, self._loss, self._counted = attempt.sums, attempt.loss, attempt.counted
         self.kept_shards = len(attempt.shards)
+        logger.info("step at epoch %d, cursor %d redone: %d of its shards kept from the failed "
+                    "attempt, %d computed", assignment.epoch + 1, assignment.cursor,
+                    len(attempt.shards), len(mine) - len(attempt.shards))
         return attempt.shards
 
     def _shapes(self) -> list[torch.Size]:

@@ -217,13 +217,8 @@ class Trainer:
         stats, grad_norm = (self._compute_shards(assignment, idle) if self.shards is not None
                             else self._compute_share(assignment, idle))
         committed = self.group.should_commit()
-        if self.shards is not None:
-            if self.shards.kept_shards:
-                logger.info("step %d redone: %d of its shards kept from the failed attempt, %d "
-                            "computed", self.step + 1, self.shards.kept_shards,
-                            len(assignment.shards) - self.shards.kept_shards)
-            if committed:
-                self.shards.settled()
+        if committed and self.shards is not None:
+            self.shards.settled()
         loss_total, counted, stops = stats.tolist()
         skipped = None
         if newest is not None and self.step == 0:  # no live peer was ahead: resume instead
