@@ -107,16 +107,16 @@ def accepts(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def start_lighthouse(processes: Starter, log: Path, secret: str = PEER_SECRET,
+def start_lighthouse(processes: Starter, log: Path, replicas: int, secret: str = PEER_SECRET,
                      host: str = "127.0.0.1", **flags: int) -> str:
     """A job's lighthouse process, started as the backends start it (`flags` override its
-    `--name value` options), on a free port of `host`, for the job whose peer secret is
-    `secret`; its address once it listens."""
+    `--name value` options), on a free port of `host`, for a job of `replicas` (its first
+    quorum waits for them) whose peer secret is `secret`; its address once it listens."""
     from api.backends.programs import Endpoint, lighthouse_argv
     from trainer.contract.credentials import SECRET_ENV
 
     port = free_port(host)
-    argv = lighthouse_argv(host, port, python=sys.executable)
+    argv = lighthouse_argv(host, port, replicas, python=sys.executable)
     for name, value in flags.items():
         argv[argv.index(f"--{name}") + 1] = str(value)
     processes.start(argv, {SECRET_ENV: secret}, log)

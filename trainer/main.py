@@ -14,7 +14,7 @@ from trainer.contract.process import ExitCode, log_format
 from trainer.contract.records import Failed
 from trainer.data import DataError
 from trainer.distributed import Group, die_with_parent
-from trainer.model import ModelError, choose_device
+from trainer.model import DeviceChoice, ModelError, choose_device
 from trainer.nonfinite import NonFiniteLoss
 from trainer.report import HeartbeatFile, HttpSink, JsonlSink, MetricsSink, Reporter
 
@@ -53,10 +53,15 @@ def build_reporter(config: TrainConfig, pod: str, environ: Mapping[str, str]) ->
     return reporter
 
 
+def pod_device(environ: Mapping[str, str]) -> DeviceChoice:
+    """The device this process trains on (its torchrun local rank's GPU, where there are)."""
+    return choose_device(int(environ.get("LOCAL_RANK", "0")))
+
+
 def make_group(config: TrainConfig, pod: str, environ: Mapping[str, str]) -> Group:
     """A torchft replica group when the job is live and a lighthouse is given, else torchrun's
     (cut into pipelines for a pipeline job)."""
-    device = choose_device(int(environ.get("LOCAL_RANK", "0")))
+    device = pod_device(environ)
     runtime = config.runtime
     if config.spec.parallelism == "pipeline":
         ordinal = pod.rsplit("-", 1)[-1]
@@ -105,8 +110,13 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
     reporter = build_reporter(config, pod, environ)
     group = None
     try:
+        from trainer.prepare import prepared_for
         from trainer.train import Trainer
 
+        # Loaded before the group is made: a live pod is heard from as its group starts, and
+        # its peers' next quorum waits up to the join timeout for a pod heard from moments ago
+        # (trainer.fault_tolerance.lighthouse), which a pod still loading would cost them.
+        prepared = prepared_for(config, pod_device(environ).device, prepared)
         group = make_group(config, pod, environ)
         trainer = Trainer(config, group, reporter, prepared)
         trainer.train()

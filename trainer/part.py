@@ -1,5 +1,6 @@
 """What the training loop needs of the model this pod trains, whatever part of it the pod holds:
-the whole model (trainer.whole) or one stage of a pipeline (trainer.pipeline)."""
+the whole model (trainer.whole) or one stage of a pipeline (trainer.pipeline); and which one a
+pod trains."""
 
 from __future__ import annotations
 
@@ -11,9 +12,15 @@ import torch
 from torch import nn
 from upath import UPath
 
+from trainer.model import load_model, model_labels, resolve_model
+from trainer.pipeline import Pipelined, PipelineModel
+from trainer.whole import WholeModel
+
 if TYPE_CHECKING:
     from trainer.checkpoint import CheckpointWriter
     from trainer.checkpointer import Save
+    from trainer.config import TrainConfig
+    from trainer.distributed import Group
 
 
 class ModelPart(Protocol):
@@ -74,3 +81,16 @@ class ModelPart(Protocol):
     def export(self) -> tuple[nn.Module, nn.Module | None] | None:
         """The whole model to export and, for LoRA, the adapters alone; None on a pod that
         exports nothing. Every pod calls it (a pipeline assembles the model collectively)."""
+
+
+def build_part(model: nn.Module, group: Group, config: TrainConfig) -> ModelPart:
+    """The part of `model` this pod trains: its pipeline stage in a pipeline's group (the rest
+    is dropped: other pods hold it), else the whole model."""
+    if not isinstance(group, Pipelined):
+        return WholeModel(model, group, config)
+    spec, inputs_dir, labels = config.spec, config.runtime.inputs_dir, model_labels(model)
+    return PipelineModel(model, group, spec.schedule, spec.microbatches, spec.batch_size,
+                         spec.max_length,
+                         lambda: load_model(resolve_model(spec.model, inputs_dir,
+                                                          spec.model_revision),
+                                            spec.seed, labels=labels))

@@ -24,9 +24,8 @@ from trainer.distributed import Group
 from trainer.evaluation import evaluate
 from trainer.export import export_model
 from trainer.membership import Membership
-from trainer.model import load_model, model_labels, resolve_model, unwrap
-from trainer.part import ModelPart
-from trainer.pipeline import Pipelined, PipelineModel
+from trainer.model import model_labels, unwrap
+from trainer.part import ModelPart, build_part
 from trainer.prepare import Prepared, prepared_for
 from trainer.progress import StepReports
 from trainer.recovery import Recovery
@@ -35,7 +34,6 @@ from trainer.sampler import Assignment, GlobalSampler
 from trainer.schedule import LinearSchedule, build_optimizer
 from trainer.shards import ShardSums, seed_shard
 from trainer.state import rng_state, set_rng_state, weights_checksum
-from trainer.whole import WholeModel
 
 logger = logging.getLogger(__name__)
 
@@ -55,19 +53,6 @@ class StepResult:
     """False for a pod that computed nothing in this step (healing, or about to resume)."""
     skipped: nonfinite.NonFiniteStep | None = None
     """Committed without its update: its gradients were not finite."""
-
-
-def build_part(model: nn.Module, group: Group, config: TrainConfig) -> ModelPart:
-    """The part of `model` this pod trains: its pipeline stage in a pipeline's group (the rest
-    is dropped: other pods hold it), else the whole model."""
-    if not isinstance(group, Pipelined):
-        return WholeModel(model, group, config)
-    spec, inputs_dir, labels = config.spec, config.runtime.inputs_dir, model_labels(model)
-    return PipelineModel(model, group, spec.schedule, spec.microbatches, spec.batch_size,
-                         spec.max_length,
-                         lambda: load_model(resolve_model(spec.model, inputs_dir,
-                                                          spec.model_revision),
-                                            spec.seed, labels=labels))
 
 
 class Trainer:

@@ -71,10 +71,13 @@ def coordinator_env(launch: Launch) -> dict[str, str]:
     return {SECRET_ENV: launch.peer_secret}
 
 
-def lighthouse_argv(host: str, port: int, python: str = "python") -> list[str]:
-    """The lighthouse of a live job (trainer.fault_tolerance.lighthouse), listening on `host:port`.
-    Apart, as the store's: a Kubernetes pod's `$(POD_IP)` may be an IPv6 address."""
+def lighthouse_argv(host: str, port: int, replicas: int, python: str = "python") -> list[str]:
+    """The lighthouse of a live job (trainer.fault_tolerance.lighthouse), listening on `host:port`
+    (apart, as the store's: a Kubernetes pod's `$(POD_IP)` may be an IPv6 address); the job's
+    first quorum waits for its `replicas` (the job's at launch: a restarted lighthouse hears
+    replicas past step 0, and waits for none)."""
     return [python, "-m", "trainer.fault_tolerance.lighthouse", "--min_replicas", "1",
+            "--replicas", str(replicas),
             "--host", host,
             "--port", str(port),
             "--quorum_tick_ms", "100",

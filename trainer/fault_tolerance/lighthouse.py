@@ -17,6 +17,12 @@ The quorum rules (those of torchft's lighthouse): a quorum forms at once when ev
 the previous one asked for the next ("fast quorum"); otherwise when more than half of the
 heartbeating replicas asked and either all of them did or the join timeout passed since the
 first asked. A replica that left counts as neither a previous member nor a heartbeating one.
+
+One rule of our own tells a job's start from a rejoin. A pod is heard from only once it has
+loaded its model and data (trainer.main), so a pod still loading costs its peers' quorums no
+wait. At the job's start, no quorum has formed yet and every replica that asks is at step 0:
+the first quorum waits for the job's `replicas`, up to the start timeout, or the first pod
+loaded would train alone and the others heal from it.
 """
 
 from __future__ import annotations
@@ -95,6 +101,10 @@ class Options:
     heartbeat_timeout: float = 0.5
     """Seconds without a heartbeat after which a replica counts as dead."""
     tick: float = 0.1
+    replicas: int = 1
+    """The replicas the job starts with: its first quorum waits for all of them."""
+    start_timeout: float = 60.0
+    """Seconds from the first ask that the job's first quorum waits for its `replicas`."""
 
 
 @dataclass
@@ -137,13 +147,21 @@ class Membership:
             staying = [r for r in self.previous if r not in self.left]
             if staying and all(r in asking for r in staying):
                 # A replica heard from for the first time moments ago (a recreated or added
-                # pod, between its first heartbeat and its first ask) is waited for up to the
-                # join timeout: formed without it, the quorum would leave it a step to wait.
+                # pod, loaded, between its first heartbeat and its first ask) is waited for up
+                # to the join timeout: formed without it, the quorum would leave it a step to
+                # wait.
                 if not shrink_only and any(
                         now - self.arrived[r] < self.options.join_timeout
                         for r in healthy - set(self.previous) - set(asking)):
                     return None, f"waiting for a newcomer up to the join timeout {state}"
                 return members, f"fast quorum {state}"
+        if self.previous is None and 0 < len(asking) < self.options.replicas and all(
+                j.member.step == 0 for j in asking.values()):
+            # The job's start (a lighthouse restarted mid-job hears replicas past step 0).
+            first = min(j.at for j in asking.values())
+            if now - first < self.options.start_timeout:
+                return None, (f"waiting for the job's {self.options.replicas} replicas to "
+                              f"start, up to the start timeout {state}")
         if len(asking) < self.options.min_replicas:
             return None, f"waiting for min_replicas {self.options.min_replicas} {state}"
         if len(asking) <= len(healthy) / 2:
@@ -301,11 +319,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--join_timeout_ms", type=int, default=1000)
     parser.add_argument("--heartbeat_timeout_ms", type=int, default=500)
     parser.add_argument("--quorum_tick_ms", type=int, default=100)
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="replicas the job starts with: its first quorum waits for them")
+    parser.add_argument("--start_timeout_ms", type=int, default=60_000,
+                        help="how long the first quorum waits for the job's replicas")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     options = Options(min_replicas=args.min_replicas, join_timeout=args.join_timeout_ms / 1000,
                       heartbeat_timeout=args.heartbeat_timeout_ms / 1000,
-                      tick=args.quorum_tick_ms / 1000)
+                      tick=args.quorum_tick_ms / 1000, replicas=args.replicas,
+                      start_timeout=args.start_timeout_ms / 1000)
     try:
         secret = credentials.require(os.environ.get(credentials.SECRET_ENV, ""), "the lighthouse")
     except credentials.MissingSecret as exc:

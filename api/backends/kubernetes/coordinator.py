@@ -50,7 +50,8 @@ def coordinator_deployment(launch: Launch, config: ClusterConfig) -> Manifest:
     job, component = launch.job_id, coordinator_component(launch)
     endpoint = coordinator_endpoint(launch)
     # The kubelet expands $(POD_IP), an IPv4 or IPv6 address: each program joins it to its port.
-    argv = (lighthouse_argv("$(POD_IP)", endpoint.port) if component == LIGHTHOUSE
+    argv = (lighthouse_argv("$(POD_IP)", endpoint.port, launch.spec.replicas)
+            if component == LIGHTHOUSE
             else store_argv(endpoint.port, host="$(POD_IP)", state_file=STORE_STATE))
     container = {
         "name": component, "image": config.image, "imagePullPolicy": config.image_pull_policy,

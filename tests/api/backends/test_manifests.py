@@ -310,7 +310,8 @@ def test_coordinators_run_the_shared_commands_behind_a_service() -> None:
     # or an IPv6 address, so it is an argument of its own, joined to the port by the program.
     assert lighthouse["spec"]["template"]["spec"]["containers"][0]["command"] == [
         "python", "-m", "trainer.fault_tolerance.lighthouse", "--min_replicas", "1",
-        "--host", "$(POD_IP)", "--port", "29510", "--quorum_tick_ms", "100",
+        "--replicas", str(live.spec.replicas), "--host", "$(POD_IP)", "--port", "29510",
+        "--quorum_tick_ms", "100",
         "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "500"]
     assert store["spec"]["template"]["spec"]["containers"][0]["command"] == [
         "python", "-m", "trainer.fault_tolerance.kv_store", "--host", "$(POD_IP)",

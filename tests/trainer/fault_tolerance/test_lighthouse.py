@@ -27,9 +27,9 @@ from trainer.fault_tolerance.lighthouse import (
 )
 
 
-def member(replica: str, shrink_only: bool = False) -> QuorumMember:
-    return QuorumMember(replica_id=replica, address=f"http://{replica}", step=3, world_size=1,
-                        shrink_only=shrink_only)
+def member(replica: str, shrink_only: bool = False, step: int = 3) -> QuorumMember:
+    return QuorumMember(replica_id=replica, address=f"http://{replica}", step=step,
+                        world_size=1, shrink_only=shrink_only)
 
 
 def membership(previous: list[str] | None, beating: list[str], asking: list[str],
@@ -64,6 +64,34 @@ def test_a_newcomer_heard_from_moments_ago_is_waited_for_up_to_the_join_timeout(
     del state.joined["c"]
     members, reason = state.decide(now=10.9)  # c arrived over the join timeout ago
     assert ids(members) == ["a", "b"] and reason.startswith("fast quorum")
+
+
+def test_the_jobs_first_quorum_waits_for_its_replicas_up_to_the_start_timeout() -> None:
+    """A pod is heard from once it has loaded: at the job's start the first pod loaded is the
+    only replica heartbeating, and would form a quorum alone without this rule."""
+    state = membership(None, beating=["a"], asking=[], replicas=3, start_timeout=30.0,
+                       heartbeat_timeout=100.0)
+    state.joined["a"] = Joined(10.0, member("a", step=0))
+    members, reason = state.decide(now=12.0)
+    assert members is None and "the job's 3 replicas to start" in reason
+    for replica, at in (("b", 13.0), ("c", 14.0)):
+        state.beat(replica, at)
+        state.joined[replica] = Joined(at, member(replica, step=0))
+    assert ids(state.decide(now=14.0)[0]) == ["a", "b", "c"]
+    del state.joined["c"], state.heartbeats["c"]  # c never came: not waited for past the timeout
+    assert state.decide(now=39.9)[0] is None
+    assert ids(state.decide(now=40.0)[0]) == ["a", "b"]
+
+
+def test_a_restarted_lighthouse_waits_for_no_replica_that_is_past_step_0() -> None:
+    """The job ran already (scaled down since, say): its replicas' quorum forms at once."""
+    state = membership(None, beating=["a", "b"], asking=["a", "b"], replicas=3,
+                       start_timeout=30.0)
+    assert ids(state.decide(now=10.1)[0]) == ["a", "b"]
+    state = membership(None, beating=["a", "b"], asking=[], replicas=3, start_timeout=30.0,
+                       heartbeat_timeout=100.0)
+    state.joined = {r: Joined(10.0, member(r, step=0)) for r in ("a", "b")}
+    assert state.decide(now=10.1)[0] is None  # the same replicas at step 0: the job's start
 
 
 def test_a_missing_member_is_waited_for_until_its_heartbeats_stop() -> None:
@@ -149,7 +177,7 @@ def test_a_protocol_that_does_not_compile_fails_loudly(tmp_path: Path) -> None:
 @pytest.fixture
 def lighthouse(processes: Processes, tmp_path: Path) -> str:
     """A lighthouse that would wait a minute for a member that stopped asking."""
-    return start_lighthouse(processes, tmp_path / "lighthouse.log", join_timeout_ms=60_000,
+    return start_lighthouse(processes, tmp_path / "lighthouse.log", 1, join_timeout_ms=60_000,
                             heartbeat_timeout_ms=60_000)
 
 

@@ -52,7 +52,7 @@ def start_pod(processes: Processes, tmp_path: Path, inputs_dir: Path, lighthouse
 def test_survivors_keep_training_and_a_killed_pod_rejoins_live(
         inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
     make_reviews_csv(inputs_dir / "reviews.csv", rows=2000)
-    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log")
+    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log", 3)
     reports = tmp_path / "reports.jsonl"
     spec = live_spec(epochs=6, checkpoint_every_steps=25)
 
@@ -114,7 +114,7 @@ def test_a_live_job_runs_on_ipv6_addresses(inputs_dir: Path, tmp_path: Path,
                                            processes: Processes) -> None:
     """Pods and lighthouse of an IPv6-only cluster: every server (lighthouse, torchft's manager,
     the heal server, the stores, gloo) listens on ::1 and every peer finds it there."""
-    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log", host="::1")
+    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log", 2, host="::1")
     assert lighthouse.startswith("http://[::1]:")
     spec = live_spec(epochs=6)
     pods = [start_pod(processes, tmp_path, inputs_dir, lighthouse, spec, ordinal,
@@ -159,7 +159,7 @@ def test_a_pod_killed_and_recreated_changes_no_bit_of_what_the_job_computes(
     def run(name: str, disturb: bool, pods_started: int = 2) -> Run:
         work = tmp_path / name
         work.mkdir()
-        lighthouse = start_lighthouse(processes, work / "lighthouse.log")
+        lighthouse = start_lighthouse(processes, work / "lighthouse.log", pods_started)
         pods = [start_pod(processes, work, inputs_dir, lighthouse, spec, o)
                 for o in range(pods_started)]
         if disturb:
@@ -193,13 +193,28 @@ def test_a_pod_killed_and_recreated_changes_no_bit_of_what_the_job_computes(
     assert alone.checksums == undisturbed.checksums and alone.losses == undisturbed.losses
 
 
+def test_a_pod_loads_its_data_before_the_lighthouse_hears_of_it(
+        inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
+    """A pod is heard from once it is ready to train: its peers' quorums wait for a pod heard
+    from moments ago, so one still loading (or failing to) would cost them that wait."""
+    (inputs_dir / "bad.csv").write_text("text,label\n" + "".join(
+        f"review {i},{['a', 'b', 'c'][i % 3]}\n" for i in range(30)))
+    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log", 1)
+    pod = start_pod(processes, tmp_path, inputs_dir, lighthouse,
+                    live_spec(dataset="bad.csv"), 0)
+    assert pod.wait(timeout=120) == 2
+    log = (tmp_path / "pod-0-0.log").read_text()
+    assert "exactly 2 classes, found 3" in log and "joined lighthouse" not in log
+    assert "live-0" not in (tmp_path / "lighthouse.log").read_text()
+
+
 def test_replicas_skip_a_step_that_one_of_them_made_nan_together(
         inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
     """One replica's NaN loss spreads to every replica's gradients through their all-reduce:
     all of them skip that step (committed, no update), or none would hold the same weights."""
     make_poisoned_model(inputs_dir / "poisoned")
     make_poisoned_csv(inputs_dir / "poisoned.csv")
-    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log")
+    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log", 2)
     spec = live_spec(model="poisoned", dataset="poisoned.csv", epochs=2, nonfinite_loss="skip")
     pods = [start_pod(processes, tmp_path, inputs_dir, lighthouse, spec, ordinal)
             for ordinal in (0, 1)]
@@ -231,7 +246,7 @@ def test_replicas_skip_a_step_that_one_of_them_made_nan_together(
 def test_a_survivor_takes_over_checkpoints_and_export_when_the_primary_dies(
         inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
     make_reviews_csv(inputs_dir / "reviews.csv", rows=1000)
-    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log")
+    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log", 2)
     spec = live_spec(epochs=4, checkpoint_every_steps=10)
     primary, survivor = (start_pod(processes, tmp_path, inputs_dir, lighthouse, spec, o)
                          for o in (0, 1))
@@ -258,7 +273,7 @@ def test_a_survivor_takes_over_checkpoints_and_export_when_the_primary_dies(
 def test_the_primary_dying_after_the_last_step_loses_nothing(
         inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
     make_reviews_csv(inputs_dir / "reviews.csv", rows=4000)
-    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log")
+    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log", 2)
     # Evaluating one sample at a time keeps the primary busy for seconds between its last step
     # and its final checkpoint: the kill lands there even when reports arrive late.
     spec = live_spec(epochs=1, batch_size=16, checkpoint_every_steps=0, eval_batch_size=1)
@@ -294,7 +309,7 @@ def test_the_primary_dying_after_the_last_step_loses_nothing(
 def test_a_pod_that_gets_sigterm_leaves_without_failing_a_step_of_its_peers(
         inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
     make_reviews_csv(inputs_dir / "reviews.csv", rows=2000)
-    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log")
+    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log", 3)
     reports = tmp_path / "reports.jsonl"
     # Long enough that the peers are still training when the recreated pod has started and
     # healed: on a loaded machine a start took 20 s, and 10 epochs ended before it.
@@ -345,7 +360,7 @@ def test_a_killed_pod_of_an_8bit_lora_job_heals_just_the_adapters(
     """An int8 base (bitsandbytes' CPU kernels in place of CUDA's): the killed pod reloads the
     base itself and fetches only the float32 adapters, the head and the trainer's state."""
     make_reviews_csv(inputs_dir / "reviews.csv", rows=1000)
-    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log")
+    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log", 2)
     reports = tmp_path / "reports.jsonl"
     spec = live_spec(epochs=30, finetune="lora", quantization="8bit", learning_rate=0.03)
 
@@ -388,7 +403,7 @@ def test_a_stranger_can_neither_join_nor_evict_nor_be_healed_from(
     trains alone, serving a state whose unpickling would run code, and tells the lighthouse
     that the pod left. Were it heard, the pod would heal from it (or be evicted)."""
     make_reviews_csv(inputs_dir / "reviews.csv", rows=1000)
-    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log")
+    lighthouse = start_lighthouse(processes, tmp_path / "lighthouse.log", 1)
     pod = start_pod(processes, tmp_path, inputs_dir, lighthouse, live_spec(epochs=4), 0)
     reports = tmp_path / "reports.jsonl"
     wait_for(lambda: any(r["kind"] == "metric" for r in records(reports)),

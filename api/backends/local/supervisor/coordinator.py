@@ -54,7 +54,8 @@ class Coordinator:
             logger.warning("%s exited with code %s: restarting it", self.name,
                            "unknown" if code is None else code)
         endpoint = self.endpoint
-        argv = (programs.lighthouse_argv(endpoint.host, endpoint.port, python=sys.executable)
+        argv = (programs.lighthouse_argv(endpoint.host, endpoint.port,
+                                        self.launch.spec.replicas, python=sys.executable)
                 if self.live else
                 programs.store_argv(endpoint.port, python=sys.executable, host=endpoint.host,
                                     state_file=self.job_dir.path / STORE_STATE))
