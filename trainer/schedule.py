@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -51,3 +54,34 @@ class LinearSchedule:
     def load_state_dict(self, state: dict[str, float]) -> None:
         self.peak, self.warmup_ratio = float(state["peak"]), float(state["warmup_ratio"])
         self.total_samples = int(state["total_samples"])
+
+
+class OptimizerLoader:
+    """Loads an optimizer's state: at once, or, for a live heal's whose per-parameter state is
+    still arriving (a Future: trainer.fault_tolerance.heal), once it is needed (`arrived`)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self._arriving: dict[str, Any] | None = None
+
+    def load(self, state: dict[str, Any]) -> None:
+        if isinstance(state["state"], Future):
+            self._arriving = state
+        else:
+            self._arriving = None
+            self.optimizer.load_state_dict(state)
+
+    def arrived(self) -> None:
+        """Load the state still arriving, if any: before the update. Without it the pod cannot
+        update its weights: should it not arrive (its source died), the error ends the pod,
+        which is recreated and heals again."""
+        if self._arriving is None:
+            return
+        arriving, self._arriving = self._arriving, None
+        try:
+            moments = arriving["state"].result()
+        except Exception as exc:
+            raise RuntimeError(f"the optimizer's state of this pod's heal did not arrive "
+                               f"({type(exc).__name__}: {exc}): the pod cannot update its "
+                               f"weights, and ends to be recreated") from exc
+        self.optimizer.load_state_dict({**arriving, "state": moments})

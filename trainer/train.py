@@ -31,7 +31,7 @@ from trainer.progress import StepReports
 from trainer.recovery import Recovery
 from trainer.report import Reporter
 from trainer.sampler import Assignment, GlobalSampler
-from trainer.schedule import LinearSchedule, build_optimizer
+from trainer.schedule import LinearSchedule, OptimizerLoader, build_optimizer
 from trainer.shards import ShardSums, seed_shard
 from trainer.state import rng_state, set_rng_state, weights_checksum
 
@@ -116,6 +116,7 @@ class Trainer:
         # of the module tree each step costs milliseconds of host time.
         self._training_mode = False
         self.optimizer = build_optimizer(unwrap(self.model), spec)
+        self.optimizer_loader = OptimizerLoader(self.optimizer)
         self.schedule = LinearSchedule(spec.learning_rate, spec.warmup_ratio,
                                        spec.epochs * len(self.train_data))
         self.sampler = GlobalSampler(len(self.train_data), spec.batch_size, spec.seed,
@@ -149,7 +150,8 @@ class Trainer:
                 "metrics": self.metrics}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        # A live heal's optimizer moments arrive while this pod computes its first step.
+        self.optimizer_loader.load(state["optimizer"])
         self.schedule.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         set_rng_state(state["rng"])
@@ -202,6 +204,7 @@ class Trainer:
         stats, grad_norm = (self._compute_shards(assignment, idle) if self.shards is not None
                             else self._compute_share(assignment, idle))
         committed = self.group.should_commit()
+        self.optimizer_loader.arrived()
         if committed and self.shards is not None:
             self.shards.settled()
         loss_total, counted, stops = stats.tolist()

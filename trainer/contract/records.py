@@ -177,7 +177,10 @@ class Healed(Event):
     epoch: Ordinal
     cursor: Count
     bytes: Count = 0
+    """What the pod waited for before it could compute: the state but the optimizer's moments,
+    which arrive while it computes its first step (trainer.fault_tolerance.heal)."""
     seconds: Rate = 0.0
+    """How long it waited for those bytes."""
     source_address: Location | None = None
 
 

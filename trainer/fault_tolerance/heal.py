@@ -9,6 +9,13 @@ torchft's HTTP checkpoint transport, made to trust nobody outside the job:
   itself never crosses the network;
 - the state is loaded with `weights_only=True` (torchft unpickles it): tensors and plain
   values, as checkpoints are, so no payload can run code.
+
+A heal sends the state in two parts, one after the other in the same response. The optimizer's
+per-parameter state (AdamW's two moments: two thirds of a full fine-tune's heal) is needed only
+for the update that ends the healing pod's first step: the pod loads the rest, starts computing
+that step, and receives the optimizer's state meanwhile (trainer.train loads it before the
+update). The source serves both parts under one read of its staged state, which it does not
+change until its step commits (torchft's checkpoint lock), so both parts are of the same step.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import socket
 import time
 import urllib.parse
 import urllib.request
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -38,6 +46,37 @@ NONCE = "X-Heal-Nonce"
 REQUEST_PROOF = "Authorization"
 REPLY_PROOF = "X-Heal-Proof"
 SCHEME = "Heal "
+DEFERRED = ("user", "trainer", "trainer", "optimizer", "state")
+"""Where torchft's state dict (its "user" part: trainer.train's live state) keeps the optimizer's
+per-parameter state, sent after the rest."""
+
+
+def deferred_in(state: dict[str, Any]) -> tuple[bool, Any]:
+    """Whether `state` has the DEFERRED path, and what is there."""
+    node: Any = state
+    for key in DEFERRED:
+        if not isinstance(node, dict) or key not in node:
+            return False, None
+        node = node[key]
+    return True, node
+
+
+def split_deferred(state: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """`state` with None where DEFERRED was, and what was there. Only the dicts along that path
+    are copied: the staged state is left as it is. A state without that path: itself, and None."""
+    found, deferred = deferred_in(state)
+    return (replaced(state, DEFERRED, None), deferred) if found else (state, None)
+
+
+def replaced(state: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    """A copy of `state` (of the dicts along `path` only) with `value` at `path`."""
+    key, rest = path[0], path[1:]
+    return {**state, key: replaced(state[key], rest, value) if rest else value}
+
+
+def tensor_bytes(state: Any) -> int:
+    return sum(leaf.numel() * leaf.element_size() for leaf in tree_leaves(state)
+               if isinstance(leaf, torch.Tensor))
 
 
 class UntrustedSource(ConnectionError):
@@ -55,6 +94,7 @@ class Transport(HTTPTransport[dict[str, Any]]):
         self.secret = credentials.require(secret, "a live pod's heal server")
         self.host = url_host(host)
         self.last_heal: dict[str, Any] | None = None
+        self._deferred = ThreadPoolExecutor(max_workers=1, thread_name_prefix="heal-deferred")
         # HTTPTransport.__init__ sets up its state and starts serving; the one server it builds
         # (on every interface, for anyone) is ours instead. Nothing else builds one meanwhile.
         original = http_transport._IPv6HTTPServer
@@ -67,6 +107,7 @@ class Transport(HTTPTransport[dict[str, Any]]):
 
     def shutdown(self, wait: bool = True) -> None:
         super().shutdown(wait)
+        self._deferred.shutdown(wait=wait)
         if wait:  # stopped serving: its socket can go too
             self._server.server_close()
 
@@ -83,17 +124,32 @@ class Transport(HTTPTransport[dict[str, Any]]):
         request = urllib.request.Request(url, headers={
             NONCE: nonce, REQUEST_PROOF: SCHEME + credentials.sign(self.secret, "heal", nonce,
                                                                    path)})
-        with urllib.request.urlopen(request, timeout=timeout.total_seconds()) as response:
+        response = urllib.request.urlopen(request, timeout=timeout.total_seconds())
+        try:
             if not credentials.verify(response.headers.get(REPLY_PROOF), self.secret,
                                       "healed", nonce, path):
                 raise UntrustedSource(f"the heal source at {metadata} did not prove it belongs "
                                       f"to this job: its state was not read")
             state: dict[str, Any] = _streaming_load(response, weights_only=True)
-        size = sum(leaf.numel() * leaf.element_size() for leaf in tree_leaves(state)
-                   if isinstance(leaf, torch.Tensor))
-        self.last_heal = {"bytes": size, "seconds": round(time.perf_counter() - started, 3),
+        except BaseException:
+            response.close()
+            raise
+        seconds = time.perf_counter() - started
+        self.last_heal = {"bytes": tensor_bytes(state), "seconds": round(seconds, 3),
                           "source_address": metadata.split("/checkpoint/")[0]}
-        return state
+        deferred: Future[Any] = self._deferred.submit(self._receive_deferred, response,
+                                                      started + seconds)
+        return replaced(state, DEFERRED, deferred) if deferred_in(state)[0] else state
+
+    @staticmethod
+    def _receive_deferred(response: Any, since: float) -> Any:
+        """The optimizer's state, the second part of the heal's response (a Future of it is
+        where it belongs in the state handed to the trainer)."""
+        with response:
+            deferred = _streaming_load(response, weights_only=True)
+        logger.info("heal: the optimizer's state arrived, %d bytes, %.2f s after the rest",
+                    tensor_bytes(deferred), time.perf_counter() - since)
+        return deferred
 
 
 class HealServer(ThreadingHTTPServer):
@@ -140,7 +196,9 @@ class HealHandler(BaseHTTPRequestHandler):
                                                                nonce, path))
                 self.send_header("Content-Type", "application/octet-stream")
                 self.end_headers()
-                _streaming_save(transport._state_dict, self.wfile)
+                rest, deferred = split_deferred(transport._state_dict)
+                _streaming_save(rest, self.wfile)
+                _streaming_save(deferred, self.wfile)
         except TimeoutError:
             self.send_error(HTTPStatus.SERVICE_UNAVAILABLE, "no checkpoint is being served")
         except OSError as exc:  # the peer went away mid-transfer

@@ -27,6 +27,7 @@ from trainer.fault_tolerance.heal import (
     SCHEME,
     Transport,
     UntrustedSource,
+    deferred_in,
 )
 
 TIMEOUT = timedelta(seconds=5)
@@ -167,6 +168,54 @@ def test_a_pickle_payload_is_never_executed_even_from_a_source_that_proves_itsel
     with pytest.raises(Exception, match=r"Unsupported global"):
         transports(POD_ADDRESS, "secret-of-job-a").recv_checkpoint(
             src_rank=0, metadata=source.metadata(), step=3, timeout=TIMEOUT)
+    assert not marker.exists()
+
+
+def live_state(moment: torch.Tensor) -> dict[str, Any]:
+    """torchft's state dict of a live pod (trainer.train's live state under "user")."""
+    return {"user": {"trainer": {
+        "model": {"weight": torch.arange(4.0)},
+        "trainer": {"optimizer": {"state": {0: {"step": torch.tensor(7.0), "exp_avg": moment}},
+                                  "param_groups": [{"lr": 0.1, "params": [0]}]},
+                    "progress": {"step": 7}},
+        "pod": "job-0"}}, "torchft": {"step": 7, "batches_committed": 14}}
+
+
+def test_the_optimizers_state_arrives_after_the_rest_and_is_of_the_same_step(
+        transports: Callable[[str, str], Transport]) -> None:
+    """A healing pod gets the rest at once and the optimizer's state while it computes. The
+    source's step commits (and its update changes the moments in place) only once that part
+    is sent: the pod gets the staged step's moments, not the next step's."""
+    moment = torch.full((16 * 2**20,), 1.0)  # 64 MB: sent over many writes
+    source, healing = (transports(POD_ADDRESS, "secret-of-job-a") for _ in range(2))
+    source.send_checkpoint(dst_ranks=[1], step=7, state_dict=live_state(moment), timeout=TIMEOUT)
+    healed = healing.recv_checkpoint(src_rank=0, metadata=source.metadata(), step=7,
+                                     timeout=TIMEOUT)
+    assert torch.equal(healed["user"]["trainer"]["model"]["weight"], torch.arange(4.0))
+    assert healed["user"]["trainer"]["trainer"]["progress"] == {"step": 7}
+    assert healed["torchft"] == {"step": 7, "batches_committed": 14}
+    found, arriving = deferred_in(healed)
+    assert found and arriving is healed["user"]["trainer"]["trainer"]["optimizer"]["state"]
+    source.disallow_checkpoint()  # the source's should_commit, then its update:
+    moment.fill_(2.0)
+    optimizer = arriving.result(timeout=30)
+    assert torch.equal(optimizer[0]["exp_avg"], torch.full((16 * 2**20,), 1.0))
+    assert optimizer[0]["step"] == 7.0
+    # The heal's report counts the bytes the pod waited for: the weights' 16, not the moments.
+    assert healing.last_heal is not None and healing.last_heal["bytes"] == 16
+
+
+def test_a_pickle_payload_in_the_optimizers_state_is_never_executed(
+        transports: Callable[[str, str], Transport], tmp_path: Path) -> None:
+    marker = tmp_path / "executed"
+    source = transports(POD_ADDRESS, "secret-of-job-a")
+    state = live_state(torch.ones(2))
+    state["user"]["trainer"]["trainer"]["optimizer"]["state"] = {0: Payload(marker)}
+    source.send_checkpoint(dst_ranks=[1], step=7, state_dict=state, timeout=TIMEOUT)
+    healed = transports(POD_ADDRESS, "secret-of-job-a").recv_checkpoint(
+        src_rank=0, metadata=source.metadata(), step=7, timeout=TIMEOUT)
+    with pytest.raises(Exception, match=r"Unsupported global"):
+        deferred_in(healed)[1].result(timeout=30)
     assert not marker.exists()
 
 
