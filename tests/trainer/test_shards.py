@@ -90,7 +90,8 @@ def attempt(sums: ShardSums, model: torch.nn.Module, sampler: GlobalSampler, ran
 
 
 def part(model: torch.nn.Module, group: Group) -> Counted:
-    return Counted(model, group, SimpleNamespace(spec=SimpleNamespace(finetune="full")))  # type: ignore[arg-type]
+    config = SimpleNamespace(spec=SimpleNamespace(finetune="full", constant_batch=True))
+    return Counted(model, group, config)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("before", "after"), [
