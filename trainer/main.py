@@ -58,10 +58,10 @@ def pod_device(environ: Mapping[str, str]) -> DeviceChoice:
     return choose_device(int(environ.get("LOCAL_RANK", "0")))
 
 
-def make_group(config: TrainConfig, pod: str, environ: Mapping[str, str]) -> Group:
-    """A torchft replica group when the job is live and a lighthouse is given, else torchrun's
-    (cut into pipelines for a pipeline job)."""
-    device = pod_device(environ)
+def make_group(config: TrainConfig, pod: str, environ: Mapping[str, str],
+               device: DeviceChoice) -> Group:
+    """A torchft replica group on `device` when the job is live and a lighthouse is given, else
+    torchrun's (cut into pipelines for a pipeline job)."""
     runtime = config.runtime
     if config.spec.parallelism == "pipeline":
         ordinal = pod.rsplit("-", 1)[-1]
@@ -116,8 +116,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
         # Loaded before the group is made: a live pod is heard from as its group starts, and
         # its peers' next quorum waits up to the join timeout for a pod heard from moments ago
         # (trainer.fault_tolerance.lighthouse), which a pod still loading would cost them.
-        prepared = prepared_for(config, pod_device(environ).device, prepared)
-        group = make_group(config, pod, environ)
+        device = pod_device(environ)
+        prepared = prepared_for(config, device.device, prepared)
+        group = make_group(config, pod, environ, device)
         trainer = Trainer(config, group, reporter, prepared)
         trainer.train()
         if trainer.stop_reason == "peer":
