@@ -31,13 +31,36 @@ class ControlPlane:
         self.process = None
 
     def start(self) -> None:
+        """Start the API; on its first start, on another free port should another process
+        have taken this one since it was picked (a restart keeps the port: pods know it)."""
+        first = self.process is None
+        for _ in range(3 if first else 1):
+            log = self._start()
+            if self._wait_started():
+                return
+            if "address already in use" not in log.read_text():
+                break
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            self.http.close()
+            self.http = httpx.Client(base_url=self.url, headers=AUTH, timeout=30)
+        wait_for(self._healthy, timeout=60, what="the API to start")
+
+    def _wait_started(self) -> bool:
+        """Whether the API answers (False: it exited)."""
+        with contextlib.suppress(AssertionError):
+            wait_for(self._healthy, timeout=60, what="the API to start")
+            return True
+        return False
+
+    def _start(self) -> Path:
         env = {"MIGRATOR_DATA_DIR": str(self.data_dir), "MIGRATOR_ADMIN_TOKEN": ADMIN_TOKEN,
                "MIGRATOR_INPUTS_DIR": str(self.inputs_dir), "MIGRATOR_RECONCILE_INTERVAL": "0.3",
                **self.env}
+        log = self.data_dir.parent / f"api-{time.monotonic_ns()}.log"
         self.process = self.processes.start(
-            [sys.executable, "-m", "api", "--port", str(self.port)], env,
-            self.data_dir.parent / f"api-{time.monotonic_ns()}.log")
-        wait_for(self._healthy, timeout=60, what="the API to start")
+            [sys.executable, "-m", "api", "--port", str(self.port)], env, log)
+        return log
 
     def _healthy(self) -> bool:
         assert self.process is not None and self.process.poll() is None, "the API exited"
