@@ -83,13 +83,15 @@ def run(ready_file: Path, die_with_parent: bool = False) -> int:
     configure_logging(config.runtime.job_id, NAME)
     from trainer.data import DataError
     from trainer.fault_tolerance import live  # noqa: F401  (imported now, not when the pod starts)
-    from trainer.prepare import prepare
+    from trainer.prepare import prepare, warm_up
 
+    device = choose_device()
     try:
-        prepared = prepare(config, choose_device().device)
+        prepared = prepare(config, device.device)
     except (DataError, ModelError) as exc:
         logger.error("%s", exc)
         return ExitCode.BAD_INPUT
+    warm_up(prepared, config.spec, device)
     ready_file.touch()
     logger.info("ready in %.1f s: waiting to become a pod", time.monotonic() - started)
     line = sys.stdin.readline()
