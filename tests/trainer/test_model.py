@@ -8,6 +8,7 @@ from torch import nn
 from trainer.model import (
     ModelError,
     choose_device,
+    in_own_memory,
     load_model,
     load_tokenizer,
     offline_model_dir,
@@ -78,3 +79,30 @@ def test_torch_compile_compiles_in_place_and_keeps_parameter_names(tiny_model_di
     assert model._compiled_call_impl is not None  # calls go through torch.compile
     assert list(model.state_dict()) == names  # checkpoints and heals see the same model
     assert adapt(plain, JobSpec())._compiled_call_impl is None
+
+
+
+def file_mapped(tensor: torch.Tensor) -> bool:
+    """Whether `tensor`'s memory lies in a mapping of a safetensors file (Linux)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split()
+        start, end = (int(bound, 16) for bound in fields[0].split("-"))
+        if len(fields) > 5 and fields[5].endswith(".safetensors") and (
+                start <= tensor.data_ptr() < end):
+            return True
+    return False
+
+
+def test_the_weights_are_moved_from_the_files_pages_into_the_processs_own_memory(
+        tiny_model_dir: Path) -> None:
+    """A heal writes into them at once: each page still mapped from the file would fault."""
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(tiny_model_dir))
+    tensors = (*model.parameters(), *model.buffers())
+    assert any(file_mapped(t) for t in tensors)  # as transformers leaves them
+    values = [t.detach().clone() for t in tensors]
+    in_own_memory(model)
+    assert not any(file_mapped(t) for t in (*model.parameters(), *model.buffers()))
+    assert all(torch.equal(t, v) for t, v in zip(tensors, values, strict=True))
+    assert not any(file_mapped(t) for t in load_model(str(tiny_model_dir), seed=1).parameters())

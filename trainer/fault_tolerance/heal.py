@@ -16,6 +16,13 @@ for the update that ends the healing pod's first step: the pod loads the rest, s
 that step, and receives the optimizer's state meanwhile (trainer.train loads it before the
 update). The source serves both parts under one read of its staged state, which it does not
 change until its step commits (torchft's checkpoint lock), so both parts are of the same step.
+
+The first part's tensors travel as raw bytes after it (it carries an empty "meta" tensor of the
+same dtype and shape in each one's place), and the healing pod reads each one straight into its
+own tensor at the same place in its state, where there is one of that dtype and shape: the
+weights land in the model's parameters, with no buffer to fill first and no copy after (the
+load then finds them in place). A heal that breaks off after it wrote into the pod's own tensors
+has left its weights half one step's, half another's: the pod must end (`damaged`).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import socket
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from http import HTTPStatus
@@ -32,7 +40,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_flatten, tree_flatten_with_path, tree_leaves, tree_unflatten
 from torchft.checkpointing import http_transport
 from torchft.checkpointing._serialization import _streaming_load, _streaming_save
 from torchft.checkpointing.http_transport import HTTPTransport
@@ -79,6 +87,43 @@ def tensor_bytes(state: Any) -> int:
                if isinstance(leaf, torch.Tensor))
 
 
+def to_skeleton(state: Any) -> tuple[Any, list[torch.Tensor]]:
+    """`state` with an empty meta tensor in place of each tensor, and the tensors, in order."""
+    leaves, spec = tree_flatten(state)
+    tensors = [leaf.contiguous() for leaf in leaves if isinstance(leaf, torch.Tensor)]
+    return tree_unflatten([torch.empty_like(leaf, device="meta")
+                           if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves],
+                          spec), tensors
+
+
+def write_tensors(tensors: list[torch.Tensor], f: Any) -> None:
+    for tensor in tensors:
+        if tensor.numel():
+            f.write(memoryview(raw_bytes(tensor)))
+
+
+def raw_bytes(tensor: torch.Tensor) -> Any:
+    """A contiguous CPU tensor's memory, as a writable numpy array of bytes (any dtype)."""
+    return tensor.reshape(-1).view(torch.uint8).numpy()
+
+
+def read_into(f: Any, tensor: torch.Tensor) -> None:
+    """Fill `tensor` with its bytes from the stream `f`; ConnectionError if it ends first."""
+    buffer, filled = memoryview(raw_bytes(tensor)), 0
+    while filled < len(buffer):
+        read = f.readinto(buffer[filled:])
+        if not read:
+            raise ConnectionError(f"the heal's stream ended {len(buffer) - filled} bytes short "
+                                  f"of a tensor")
+        filled += read
+
+
+def fits(own: torch.Tensor, placeholder: torch.Tensor) -> bool:
+    """Whether the pod's own tensor can take the one `placeholder` stands for, in place."""
+    return (own.device.type == "cpu" and own.is_contiguous() and own.dtype == placeholder.dtype
+            and own.shape == placeholder.shape)
+
+
 class UntrustedSource(ConnectionError):
     """The heal source did not prove it holds the job's secret: nothing it sent was read."""
 
@@ -94,6 +139,11 @@ class Transport(HTTPTransport[dict[str, Any]]):
         self.secret = credentials.require(secret, "a live pod's heal server")
         self.host = url_host(host)
         self.last_heal: dict[str, Any] | None = None
+        self.own_state: Callable[[], dict[str, Any]] = dict
+        """This pod's state (torchft's state dict): a heal reads each tensor into the one at
+        the same place where it fits (LiveGroup.register_state sets it)."""
+        self.damaged = False
+        """A heal broke off after writing into this pod's own tensors."""
         self._deferred = ThreadPoolExecutor(max_workers=1, thread_name_prefix="heal-deferred")
         # HTTPTransport.__init__ sets up its state and starts serving; the one server it builds
         # (on every interface, for anyone) is ours instead. Nothing else builds one meanwhile.
@@ -130,7 +180,7 @@ class Transport(HTTPTransport[dict[str, Any]]):
                                       "healed", nonce, path):
                 raise UntrustedSource(f"the heal source at {metadata} did not prove it belongs "
                                       f"to this job: its state was not read")
-            state: dict[str, Any] = _streaming_load(response, weights_only=True)
+            state = self._read_first_part(response)
         except BaseException:
             response.close()
             raise
@@ -140,6 +190,28 @@ class Transport(HTTPTransport[dict[str, Any]]):
         deferred: Future[Any] = self._deferred.submit(self._receive_deferred, response,
                                                       started + seconds)
         return replaced(state, DEFERRED, deferred) if deferred_in(state)[0] else state
+
+    def _read_first_part(self, response: Any) -> dict[str, Any]:
+        """The skeleton, then each of its tensors, read into the pod's own where one fits."""
+        paths_and_leaves, spec = tree_flatten_with_path(
+            _streaming_load(response, weights_only=True))
+        own = dict(tree_flatten_with_path(self.own_state())[0])
+        leaves: list[Any] = []
+        for path, leaf in paths_and_leaves:
+            if isinstance(leaf, torch.Tensor) and leaf.device.type == "meta":
+                target = own.get(path)
+                in_place = isinstance(target, torch.Tensor) and fits(target, leaf)
+                tensor = (target if isinstance(target, torch.Tensor) and in_place
+                          else torch.empty_like(leaf, device="cpu"))
+                try:
+                    read_into(response, tensor)
+                except BaseException:
+                    self.damaged = self.damaged or in_place
+                    raise
+                leaf = tensor
+            leaves.append(leaf)
+        state: dict[str, Any] = tree_unflatten(leaves, spec)
+        return state
 
     @staticmethod
     def _receive_deferred(response: Any, since: float) -> Any:
@@ -197,7 +269,9 @@ class HealHandler(BaseHTTPRequestHandler):
                 self.send_header("Content-Type", "application/octet-stream")
                 self.end_headers()
                 rest, deferred = split_deferred(transport._state_dict)
-                _streaming_save(rest, self.wfile)
+                skeleton, tensors = to_skeleton(rest)
+                _streaming_save(skeleton, self.wfile)
+                write_tensors(tensors, self.wfile)
                 _streaming_save(deferred, self.wfile)
         except TimeoutError:
             self.send_error(HTTPStatus.SERVICE_UNAVAILABLE, "no checkpoint is being served")

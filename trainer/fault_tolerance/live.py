@@ -43,6 +43,10 @@ class PeerConnectionLost(RuntimeError):
     """This pod dropped its group connections and no new quorum rebuilt them."""
 
 
+class HealBrokeOff(RuntimeError):
+    """A heal wrote part of the live state into this pod's weights, then broke off."""
+
+
 def lost_a_peer(error: BaseException) -> bool:
     """Whether a collective failed because a peer's connection closed (not a timeout)."""
     message = str(getattr(error, "original_exception", error))
@@ -142,10 +146,16 @@ class LiveGroup(Group):
     def register_state(self, load: Callable[[dict[str, Any]], None],
                        save: Callable[[], dict[str, Any]]) -> None:
         self.manager.register_state_dict_fn("trainer", load, save)
+        # torchft's state dict holds the registered state under "user": a heal's tensors are
+        # read straight into this pod's own at the same place.
+        self._transport.own_state = lambda: {"user": {"trainer": save()}}
 
     def start_step(self) -> None:
         previous = self.quorum_id
         self.manager.start_quorum()
+        if self._transport.damaged:
+            raise HealBrokeOff("a heal broke off after it had written part of this pod's "
+                               "weights: the pod ends, to be recreated and heal again")
         self._participants = self.manager.num_participants()
         self._quorum_rank = self.manager.participating_rank()
         if self._connections_dropped:

@@ -239,3 +239,71 @@ def test_shutdown_stops_listening() -> None:
     transport.shutdown(wait=True)
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection((POD_ADDRESS, port), timeout=5).close()
+
+
+def test_the_weights_are_read_into_the_pods_own_tensors_where_they_fit(
+        transports: Callable[[str, str], Transport]) -> None:
+    source, healing = (transports(POD_ADDRESS, "secret-of-job-a") for _ in range(2))
+    state = live_state(torch.ones(2))
+    state["user"]["trainer"]["model"]["bias"] = torch.full((3,), 5.0)
+    source.send_checkpoint(dst_ranks=[1], step=7, state_dict=state, timeout=TIMEOUT)
+    weight, bias = torch.zeros(4), torch.zeros(2)  # the bias does not fit: another shape
+    healing.own_state = lambda: {"user": {"trainer": {"model": {"weight": weight,
+                                                                "bias": bias}}}}
+    healed = healing.recv_checkpoint(src_rank=0, metadata=source.metadata(), step=7,
+                                     timeout=TIMEOUT)
+    model = healed["user"]["trainer"]["model"]
+    assert model["weight"] is weight and torch.equal(weight, torch.arange(4.0))
+    assert model["bias"] is not bias and torch.equal(model["bias"], torch.full((3,), 5.0))
+    assert torch.equal(bias, torch.zeros(2))
+    assert healed["user"]["trainer"]["trainer"]["progress"] == {"step": 7}
+    assert not healing.damaged
+
+
+class BreakingSource(ThreadingHTTPServer):
+    """A member of the job whose heal breaks off: it proves itself, then sends `body` and
+    closes the connection."""
+
+    def __init__(self, body: bytes, secret: str) -> None:
+        self.body, self.secret = body, secret
+        super().__init__(("127.0.0.1", 0), BreakingHandler)
+        Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def metadata(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/checkpoint/"
+
+
+class BreakingHandler(BaseHTTPRequestHandler):
+    server: BreakingSource
+
+    def do_GET(self) -> None:
+        path = urllib.parse.urlsplit(self.path).path
+        self.send_response(200)
+        self.send_header(REPLY_PROOF, credentials.sign(self.server.secret, "healed",
+                                                       self.headers[NONCE], path))
+        self.end_headers()
+        self.wfile.write(self.server.body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("fits", [True, False])
+def test_a_heal_that_breaks_off_in_the_pods_own_weights_leaves_it_damaged(
+        transports: Callable[[str, str], Transport], fits: bool) -> None:
+    """Half the weight's bytes, then the end: a pod whose own weight took them must end."""
+    skeleton = {"user": {"trainer": {"model": {"weight": torch.empty(4, device="meta")}}}}
+    source = BreakingSource(saved(skeleton) + torch.arange(2.0).numpy().tobytes(), "secret-a")
+    try:
+        healing = transports(POD_ADDRESS, "secret-a")
+        weight = torch.zeros(4 if fits else 5)
+        healing.own_state = lambda: {"user": {"trainer": {"model": {"weight": weight}}}}
+        with pytest.raises(ConnectionError, match="8 bytes short"):
+            healing.recv_checkpoint(src_rank=0, metadata=source.metadata, step=7,
+                                    timeout=TIMEOUT)
+    finally:
+        source.shutdown()
+    assert healing.damaged is fits
+    if fits:  # written in place up to the break
+        assert torch.equal(weight, torch.tensor([0.0, 1.0, 0.0, 0.0]))
