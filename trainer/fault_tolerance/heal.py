@@ -143,7 +143,8 @@ class Transport(HTTPTransport[dict[str, Any]]):
         """This pod's state (torchft's state dict): a heal reads each tensor into the one at
         the same place where it fits (LiveGroup.register_state sets it)."""
         self.damaged = False
-        """A heal broke off after writing into this pod's own tensors."""
+        """A heal broke off after writing into this pod's own weights (its optimizer's state:
+        the trainer fails when it finds that part did not arrive)."""
         self._deferred = ThreadPoolExecutor(max_workers=1, thread_name_prefix="heal-deferred")
         # HTTPTransport.__init__ sets up its state and starts serving; the one server it builds
         # (on every interface, for anyone) is ours instead. Nothing else builds one meanwhile.
@@ -180,22 +181,24 @@ class Transport(HTTPTransport[dict[str, Any]]):
                                       "healed", nonce, path):
                 raise UntrustedSource(f"the heal source at {metadata} did not prove it belongs "
                                       f"to this job: its state was not read")
-            state = self._read_first_part(response)
+            own = self.own_state()
+            state = self._read_part(response, own)
         except BaseException:
             response.close()
             raise
         seconds = time.perf_counter() - started
         self.last_heal = {"bytes": tensor_bytes(state), "seconds": round(seconds, 3),
                           "source_address": metadata.split("/checkpoint/")[0]}
-        deferred: Future[Any] = self._deferred.submit(self._receive_deferred, response,
-                                                      started + seconds)
+        deferred: Future[Any] = self._deferred.submit(
+            self._receive_deferred, response, deferred_in(own)[1], started + seconds)
         return replaced(state, DEFERRED, deferred) if deferred_in(state)[0] else state
 
-    def _read_first_part(self, response: Any) -> dict[str, Any]:
-        """The skeleton, then each of its tensors, read into the pod's own where one fits."""
+    def _read_part(self, response: Any, own_state: Any) -> Any:
+        """A skeleton, then each of its tensors, read into the one at the same place in
+        `own_state` where it fits."""
         paths_and_leaves, spec = tree_flatten_with_path(
             _streaming_load(response, weights_only=True))
-        own = dict(tree_flatten_with_path(self.own_state())[0])
+        own = dict(tree_flatten_with_path(own_state)[0])
         leaves: list[Any] = []
         for path, leaf in paths_and_leaves:
             if isinstance(leaf, torch.Tensor) and leaf.device.type == "meta":
@@ -210,15 +213,14 @@ class Transport(HTTPTransport[dict[str, Any]]):
                     raise
                 leaf = tensor
             leaves.append(leaf)
-        state: dict[str, Any] = tree_unflatten(leaves, spec)
-        return state
+        return tree_unflatten(leaves, spec)
 
-    @staticmethod
-    def _receive_deferred(response: Any, since: float) -> Any:
+    def _receive_deferred(self, response: Any, own: Any, since: float) -> Any:
         """The optimizer's state, the second part of the heal's response (a Future of it is
-        where it belongs in the state handed to the trainer)."""
+        where it belongs in the state handed to the trainer), read into `own` (this pod's
+        optimizer state, as it was when the heal began) where it fits."""
         with response:
-            deferred = _streaming_load(response, weights_only=True)
+            deferred = self._read_part(response, own)
         logger.info("heal: the optimizer's state arrived, %d bytes, %.2f s after the rest",
                     tensor_bytes(deferred), time.perf_counter() - since)
         return deferred
@@ -272,7 +274,9 @@ class HealHandler(BaseHTTPRequestHandler):
                 skeleton, tensors = to_skeleton(rest)
                 _streaming_save(skeleton, self.wfile)
                 write_tensors(tensors, self.wfile)
-                _streaming_save(deferred, self.wfile)
+                skeleton, tensors = to_skeleton(deferred)
+                _streaming_save(skeleton, self.wfile)
+                write_tensors(tensors, self.wfile)
         except TimeoutError:
             self.send_error(HTTPStatus.SERVICE_UNAVAILABLE, "no checkpoint is being served")
         except OSError as exc:  # the peer went away mid-transfer

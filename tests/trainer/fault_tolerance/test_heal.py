@@ -248,8 +248,10 @@ def test_the_weights_are_read_into_the_pods_own_tensors_where_they_fit(
     state["user"]["trainer"]["model"]["bias"] = torch.full((3,), 5.0)
     source.send_checkpoint(dst_ranks=[1], step=7, state_dict=state, timeout=TIMEOUT)
     weight, bias = torch.zeros(4), torch.zeros(2)  # the bias does not fit: another shape
-    healing.own_state = lambda: {"user": {"trainer": {"model": {"weight": weight,
-                                                                "bias": bias}}}}
+    moment = torch.zeros(2)  # the optimizer's, from an earlier step of this pod
+    healing.own_state = lambda: {"user": {"trainer": {
+        "model": {"weight": weight, "bias": bias},
+        "trainer": {"optimizer": {"state": {0: {"exp_avg": moment}}}}}}}
     healed = healing.recv_checkpoint(src_rank=0, metadata=source.metadata(), step=7,
                                      timeout=TIMEOUT)
     model = healed["user"]["trainer"]["model"]
@@ -257,6 +259,9 @@ def test_the_weights_are_read_into_the_pods_own_tensors_where_they_fit(
     assert model["bias"] is not bias and torch.equal(model["bias"], torch.full((3,), 5.0))
     assert torch.equal(bias, torch.zeros(2))
     assert healed["user"]["trainer"]["trainer"]["progress"] == {"step": 7}
+    optimizer = deferred_in(healed)[1].result(timeout=30)
+    assert optimizer[0]["exp_avg"] is moment and torch.equal(moment, torch.ones(2))
+    assert torch.equal(optimizer[0]["step"], torch.tensor(7.0))
     assert not healing.damaged
 
 
