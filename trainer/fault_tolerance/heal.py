@@ -17,12 +17,12 @@ that step, and receives the optimizer's state meanwhile (trainer.train loads it 
 update). The source serves both parts under one read of its staged state, which it does not
 change until its step commits (torchft's checkpoint lock), so both parts are of the same step.
 
-The first part's tensors travel as raw bytes after it (it carries an empty "meta" tensor of the
-same dtype and shape in each one's place), and the healing pod reads each one straight into its
-own tensor at the same place in its state, where there is one of that dtype and shape: the
-weights land in the model's parameters, with no buffer to fill first and no copy after (the
-load then finds them in place). A heal that breaks off after it wrote into the pod's own tensors
-has left its weights half one step's, half another's: the pod must end (`damaged`).
+Each part's tensors travel as raw bytes after it (`send_part`: the part carries an empty "meta"
+tensor of the same dtype and shape in each one's place), and the healing pod reads each one
+straight into its own tensor at the same place in its state, where there is one of that dtype
+and shape: the weights land in the model's parameters, with no buffer to fill first and no copy
+after (the load then finds them in place). A heal that breaks off after it wrote into the pod's
+own weights has left them half one step's, half another's: the pod must end (`damaged`).
 """
 
 from __future__ import annotations
@@ -87,16 +87,14 @@ def tensor_bytes(state: Any) -> int:
                if isinstance(leaf, torch.Tensor))
 
 
-def to_skeleton(state: Any) -> tuple[Any, list[torch.Tensor]]:
-    """`state` with an empty meta tensor in place of each tensor, and the tensors, in order."""
+def send_part(state: Any, f: Any) -> None:
+    """`state` with an empty meta tensor in place of each tensor (torch's streaming format, for
+    the weights-only reader), then each tensor's bytes, in the same order."""
     leaves, spec = tree_flatten(state)
     tensors = [leaf.contiguous() for leaf in leaves if isinstance(leaf, torch.Tensor)]
-    return tree_unflatten([torch.empty_like(leaf, device="meta")
-                           if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves],
-                          spec), tensors
-
-
-def write_tensors(tensors: list[torch.Tensor], f: Any) -> None:
+    _streaming_save(tree_unflatten([torch.empty_like(leaf, device="meta")
+                                    if isinstance(leaf, torch.Tensor) else leaf
+                                    for leaf in leaves], spec), f)
     for tensor in tensors:
         if tensor.numel():
             f.write(memoryview(raw_bytes(tensor)))
@@ -118,10 +116,14 @@ def read_into(f: Any, tensor: torch.Tensor) -> None:
         filled += read
 
 
-def fits(own: torch.Tensor, placeholder: torch.Tensor) -> bool:
-    """Whether the pod's own tensor can take the one `placeholder` stands for, in place."""
-    return (own.device.type == "cpu" and own.is_contiguous() and own.dtype == placeholder.dtype
-            and own.shape == placeholder.shape)
+def destination(own: Any, placeholder: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """Where the tensor `placeholder` stands for is read: into the pod's own (`own`, at the same
+    place in its state) where that is a CPU tensor of its dtype and shape, else into new
+    memory; and whether it is the pod's own."""
+    if (isinstance(own, torch.Tensor) and own.device.type == "cpu" and own.is_contiguous()
+            and own.dtype == placeholder.dtype and own.shape == placeholder.shape):
+        return own, True
+    return torch.empty_like(placeholder, device="cpu"), False
 
 
 class UntrustedSource(ConnectionError):
@@ -143,8 +145,8 @@ class Transport(HTTPTransport[dict[str, Any]]):
         """This pod's state (torchft's state dict): a heal reads each tensor into the one at
         the same place where it fits (LiveGroup.register_state sets it)."""
         self.damaged = False
-        """A heal broke off after writing into this pod's own weights (its optimizer's state:
-        the trainer fails when it finds that part did not arrive)."""
+        """A heal broke off after writing into this pod's own tensors. (Where those were its
+        optimizer's, the trainer fails first: that part of the heal did not arrive.)"""
         self._deferred = ThreadPoolExecutor(max_workers=1, thread_name_prefix="heal-deferred")
         # HTTPTransport.__init__ sets up its state and starts serving; the one server it builds
         # (on every interface, for anyone) is ours instead. Nothing else builds one meanwhile.
@@ -202,10 +204,7 @@ class Transport(HTTPTransport[dict[str, Any]]):
         leaves: list[Any] = []
         for path, leaf in paths_and_leaves:
             if isinstance(leaf, torch.Tensor) and leaf.device.type == "meta":
-                target = own.get(path)
-                in_place = isinstance(target, torch.Tensor) and fits(target, leaf)
-                tensor = (target if isinstance(target, torch.Tensor) and in_place
-                          else torch.empty_like(leaf, device="cpu"))
+                tensor, in_place = destination(own.get(path), leaf)
                 try:
                     read_into(response, tensor)
                 except BaseException:
@@ -271,12 +270,8 @@ class HealHandler(BaseHTTPRequestHandler):
                 self.send_header("Content-Type", "application/octet-stream")
                 self.end_headers()
                 rest, deferred = split_deferred(transport._state_dict)
-                skeleton, tensors = to_skeleton(rest)
-                _streaming_save(skeleton, self.wfile)
-                write_tensors(tensors, self.wfile)
-                skeleton, tensors = to_skeleton(deferred)
-                _streaming_save(skeleton, self.wfile)
-                write_tensors(tensors, self.wfile)
+                send_part(rest, self.wfile)
+                send_part(deferred, self.wfile)
         except TimeoutError:
             self.send_error(HTTPStatus.SERVICE_UNAVAILABLE, "no checkpoint is being served")
         except OSError as exc:  # the peer went away mid-transfer

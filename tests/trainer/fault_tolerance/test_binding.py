@@ -10,7 +10,7 @@ import pytest
 import torch
 from torchft._torchft import LighthouseServer
 
-from trainer.fault_tolerance.live import LiveGroup
+from trainer.fault_tolerance.live import HealBrokeOff, LiveGroup
 from trainer.model import DeviceChoice
 
 # Any loopback address but 127.0.0.1: neither the host name's address nor a wildcard's.
@@ -49,3 +49,21 @@ def test_every_socket_of_a_live_pod_is_on_its_address(lighthouse: str) -> None:
     # group's store, which only this process uses, is in memory.
     assert {ip for ip, _ in opened} == {POD_ADDRESS}
     assert len(opened) == 4, opened
+
+
+def test_a_heal_reads_into_the_registered_state_and_a_broken_one_ends_the_pod(
+        lighthouse: str) -> None:
+    group = LiveGroup(DeviceChoice(torch.device("cpu"), "gloo", None), pod="pod-0",
+                      lighthouse=lighthouse, address=POD_ADDRESS, peer_secret="s3cret",
+                      quorum_retries=0)
+    state: dict[str, Any] = {"weight": torch.zeros(2)}
+    try:
+        group.register_state(lambda loaded: state.update(loaded), lambda: state)
+        own = group._transport.own_state()  # where torchft's heal puts the trainer's state
+        assert own["user"]["trainer"]["weight"] is state["weight"]
+        group.start_step()
+        group._transport.damaged = True  # as a heal that broke off in the weights leaves it
+        with pytest.raises(HealBrokeOff, match="recreated and heal again"):
+            group.start_step()
+    finally:
+        group.close()
