@@ -32,14 +32,24 @@ def lighthouse() -> Iterator[str]:
     server.shutdown()
 
 
-def test_every_socket_of_a_live_pod_is_on_its_address(lighthouse: str) -> None:
-    before = listening()
+@pytest.fixture
+def pod(lighthouse: str) -> Iterator[tuple[LiveGroup, dict[str, Any]]]:
+    """A live pod's group, alone under the lighthouse, and the state it registered."""
     group = LiveGroup(DeviceChoice(torch.device("cpu"), "gloo", None), pod="pod-0",
                       lighthouse=lighthouse, address=POD_ADDRESS, peer_secret="s3cret",
                       quorum_retries=0)
     state: dict[str, Any] = {"weight": torch.zeros(2)}
+    group.register_state(lambda loaded: state.update(loaded), lambda: state)
+    yield group, state
+    group.close()
+
+
+def test_every_socket_of_a_live_pod_is_on_its_address(lighthouse: str) -> None:
+    before = listening()  # before the pod starts
+    group = LiveGroup(DeviceChoice(torch.device("cpu"), "gloo", None), pod="pod-0",
+                      lighthouse=lighthouse, address=POD_ADDRESS, peer_secret="s3cret",
+                      quorum_retries=0)
     try:
-        group.register_state(lambda loaded: state.update(loaded), lambda: state)
         group.start_step()  # the first quorum: its process group's store and gloo's listener
         assert group.participants == 1
         opened = listening() - before
@@ -52,18 +62,11 @@ def test_every_socket_of_a_live_pod_is_on_its_address(lighthouse: str) -> None:
 
 
 def test_a_heal_reads_into_the_registered_state_and_a_broken_one_ends_the_pod(
-        lighthouse: str) -> None:
-    group = LiveGroup(DeviceChoice(torch.device("cpu"), "gloo", None), pod="pod-0",
-                      lighthouse=lighthouse, address=POD_ADDRESS, peer_secret="s3cret",
-                      quorum_retries=0)
-    state: dict[str, Any] = {"weight": torch.zeros(2)}
-    try:
-        group.register_state(lambda loaded: state.update(loaded), lambda: state)
-        own = group._transport.own_state()  # where torchft's heal puts the trainer's state
-        assert own["user"]["trainer"]["weight"] is state["weight"]
+        pod: tuple[LiveGroup, dict[str, Any]]) -> None:
+    group, state = pod
+    own = group._transport.own_state()  # where torchft's heal puts the trainer's state
+    assert own["user"]["trainer"]["weight"] is state["weight"]
+    group.start_step()
+    group._transport.damaged = True  # as a heal that broke off in the weights leaves it
+    with pytest.raises(HealBrokeOff, match="recreated and heal again"):
         group.start_step()
-        group._transport.damaged = True  # as a heal that broke off in the weights leaves it
-        with pytest.raises(HealBrokeOff, match="recreated and heal again"):
-            group.start_step()
-    finally:
-        group.close()

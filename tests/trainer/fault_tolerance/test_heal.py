@@ -93,10 +93,11 @@ def test_a_heal_needs_the_jobs_secret_and_never_sends_it(
 
 class Stranger(ThreadingHTTPServer):
     """An HTTP server that answers every heal with `body`, as a process that reached a
-    job's quorum might: it records what it was sent."""
+    job's quorum might: it records what it was sent. Its reply carries `proof`, or, given the
+    job's `secret`, the real proof (a member of the job)."""
 
-    def __init__(self, body: bytes, proof: str | None = None) -> None:
-        self.body, self.proof = body, proof
+    def __init__(self, body: bytes, proof: str | None = None, secret: str | None = None) -> None:
+        self.body, self.proof, self.secret = body, proof, secret
         self.requests: list[dict[str, str]] = []
         super().__init__(("127.0.0.1", 0), StrangerHandler)
         Thread(target=self.serve_forever, daemon=True).start()
@@ -112,7 +113,11 @@ class StrangerHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self.server.requests.append(dict(self.headers))
         self.send_response(200)
-        if self.server.proof is not None:
+        if self.server.secret is not None:
+            self.send_header(REPLY_PROOF, credentials.sign(
+                self.server.secret, "healed", self.headers[NONCE],
+                urllib.parse.urlsplit(self.path).path))
+        elif self.server.proof is not None:
             self.send_header(REPLY_PROOF, self.server.proof)
         self.end_headers()
         self.wfile.write(self.server.body)
@@ -265,41 +270,13 @@ def test_the_weights_are_read_into_the_pods_own_tensors_where_they_fit(
     assert not healing.damaged
 
 
-class BreakingSource(ThreadingHTTPServer):
-    """A member of the job whose heal breaks off: it proves itself, then sends `body` and
-    closes the connection."""
-
-    def __init__(self, body: bytes, secret: str) -> None:
-        self.body, self.secret = body, secret
-        super().__init__(("127.0.0.1", 0), BreakingHandler)
-        Thread(target=self.serve_forever, daemon=True).start()
-
-    @property
-    def metadata(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/checkpoint/"
-
-
-class BreakingHandler(BaseHTTPRequestHandler):
-    server: BreakingSource
-
-    def do_GET(self) -> None:
-        path = urllib.parse.urlsplit(self.path).path
-        self.send_response(200)
-        self.send_header(REPLY_PROOF, credentials.sign(self.server.secret, "healed",
-                                                       self.headers[NONCE], path))
-        self.end_headers()
-        self.wfile.write(self.server.body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.mark.parametrize("fits", [True, False])
 def test_a_heal_that_breaks_off_in_the_pods_own_weights_leaves_it_damaged(
         transports: Callable[[str, str], Transport], fits: bool) -> None:
     """Half the weight's bytes, then the end: a pod whose own weight took them must end."""
     skeleton = {"user": {"trainer": {"model": {"weight": torch.empty(4, device="meta")}}}}
-    source = BreakingSource(saved(skeleton) + torch.arange(2.0).numpy().tobytes(), "secret-a")
+    # A member of the job (it proves itself) whose heal breaks off.
+    source = Stranger(saved(skeleton) + torch.arange(2.0).numpy().tobytes(), secret="secret-a")
     try:
         healing = transports(POD_ADDRESS, "secret-a")
         weight = torch.zeros(4 if fits else 5)
