@@ -122,12 +122,12 @@ def warm_up(prepared: Prepared, spec: JobSpec, device: DeviceChoice) -> None:
 
     A process's first step is slower than the next ones (kernels, buffers and threads set up
     on first use: 0.06-0.1 s of MiniLM's 0.45 s shard on 2 CPU cores; a GPU's lazily loaded
-    kernels and cuBLAS handles too). A standby pays it while it waits,
-    not the step it heals into, which its peers wait for. A pipeline job's pods train a stage
-    each: the whole model's activations are not theirs to hold."""
-    if spec.parallelism == "pipeline" or len(prepared.train.labels) == 0:
+    kernels and cuBLAS handles too). A standby pays it while it waits, not the step it heals
+    into, which its peers wait for. A pipeline job's pods train a stage each: the whole model's
+    activations are not theirs to hold."""
+    if spec.parallelism == "pipeline" or len(prepared.train) == 0:
         return
-    rows = np.arange(min(spec.batch_size, len(prepared.train.labels)))
+    rows = np.arange(min(spec.batch_size, len(prepared.train)))
     batch = {k: v.to(device.device) for k, v in prepared.train.batch(rows).items()}
     model, training = prepared.model, prepared.model.training
     cuda = [device.device] if device.device.type == "cuda" else []
