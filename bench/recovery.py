@@ -35,6 +35,7 @@ import itertools
 import json
 import statistics
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,25 +60,38 @@ def kill(http: httpx.Client, data_dir: Path, job_id: str, ordinal: int) -> tuple
     """SIGKILL a pod through the API; (when the supervisor sent the signal, restarts before)."""
     before = pod_state(data_dir, job_id, ordinal)
     http.post(f"/api/v1/jobs/{job_id}/pods/{ordinal}/kill", json={"grace_seconds": 0})
-    signalled = wait(lambda: pod_state(data_dir, job_id, ordinal)["signalled_at"], 30,
-                     "the kill")
-    return signalled, before["restarts"]
+
+    def signalled() -> float | None:
+        pod = pod_state(data_dir, job_id, ordinal)
+        if pod["restarts"] == before["restarts"]:
+            return pod["signalled_at"] or None
+        # Recreated already (a warm standby takes its place in the same tick): state.json
+        # has the new incarnation's, so the time is the supervisor's log line of the kill.
+        log = (data_dir / "jobs" / job_id / "supervisor.log").read_text().splitlines()
+        return next(datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                    for line in reversed(log)
+                    if f"kill: pod {pod['name']} (pid {before['pid']})" in line)
+
+    return wait(signalled, 30, "the kill"), before["restarts"]
 
 
 def recovery(committed: list[tuple[float, str, int, int]], pod: str, killed_at: float,
-             ) -> tuple[float, int, float]:
+             joined: int | None = None) -> tuple[float, int, float]:
     """(time, step) of the survivor's first commit computed after the group noticed the kill,
     and the median interval between its last commits before the kill (the usual step).
 
     A step in flight may still commit just after the kill, with the dead pod's gradients: that
     is not recovery. Recovery is the first commit with another participant count (live: the
-    survivors alone) or after a stall of over three usual step intervals (a restart).
+    survivors alone), of step `joined` or later (the first the recreated pod committed: live,
+    the survivors' first quorum may take it in, with their count unchanged) or after a stall of
+    over three usual step intervals (a restart).
     """
     times = [(t, step, n) for t, p, step, n in committed if p == pod]
     before = [(t, n) for t, _, n in times if t < killed_at][-11:]
     usual = statistics.median(b - a for (a, _), (b, _) in itertools.pairwise(before))
     for (previous, _, _), (t, step, participants) in itertools.pairwise(times):
-        if t > killed_at and (participants != before[-1][1] or t - previous > 3 * usual):
+        if t > killed_at and (participants != before[-1][1] or t - previous > 3 * usual
+                              or (joined is not None and step >= joined)):
             return t, step, usual
     raise SystemExit("no recovery seen after the kill")
 
@@ -129,10 +143,11 @@ def run_kills(http: httpx.Client, data_dir: Path, spec: dict[str, Any],
                                        for t, pod, _, _ in steps(http, job_id)), 300,
                  "a survivor's step after the rejoin")
             committed = steps(http, job_id)
-            recovered_at, first_step, usual = recovery(committed, survivor, killed_at)
+            rejoined, joined = min((t, step) for t, pod, step, _ in committed
+                                   if t > started and pod == victim)
+            recovered_at, first_step, usual = recovery(committed, survivor, killed_at, joined)
             last_before = max(step for t, pod, step, _ in committed
                               if t < recovered_at and pod == survivor)
-            rejoined = min(t for t, pod, _, _ in committed if t > started and pod == victim)
             parts = breakdown(http, job_id, victim, killed_at, recovered_at, started, rejoined)
             kills.append({"pause": recovered_at - killed_at, "step": usual,
                           "lost": max(0, last_before - first_step + 1),

@@ -32,6 +32,7 @@ from trainer.contract.process import ExitCode
 from trainer.contract.runtime import Runtime
 from trainer.main import configure_logging, main
 from trainer.model import ModelError, choose_device
+from trainer.report import trust
 
 logger = logging.getLogger("trainer.standby")
 NAME = "standby"
@@ -84,6 +85,7 @@ def run(ready_file: Path, die_with_parent: bool = False) -> int:
     from trainer.data import DataError
     from trainer.fault_tolerance import live  # noqa: F401  (imported now, not when the pod starts)
     from trainer.prepare import prepare, warm_up
+    from trainer.train import Trainer  # noqa: F401  (the same: 30 ms here)
 
     device = choose_device()
     try:
@@ -92,6 +94,7 @@ def run(ready_file: Path, die_with_parent: bool = False) -> int:
         logger.error("%s", exc)
         return ExitCode.BAD_INPUT
     warm_up(prepared, config.spec, device)
+    trust()  # what the pod's report client will need
     ready_file.touch()
     logger.info("ready in %.1f s: waiting to become a pod", time.monotonic() - started)
     line = sys.stdin.readline()

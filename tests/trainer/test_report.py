@@ -10,7 +10,7 @@ import pytest
 from tests.factories import metric_data
 from tests.support import ReportServer, wait_for
 from trainer.contract.records import CheckpointSaved, Kind, RecordData, Started
-from trainer.report import HttpSink, JsonlSink, Reporter
+from trainer.report import HttpSink, JsonlSink, Reporter, trust
 
 
 class Loose(RecordData):
@@ -190,3 +190,16 @@ def test_past_its_drain_an_ending_pod_says_what_it_lost(
         reporter.emit(metric_data(step))
     reporter.close()
     assert "7 report records not delivered" in caplog.text
+
+
+def test_every_report_client_of_a_process_shares_one_trust_store(
+        server: ReportServer) -> None:
+    """Built once (tens of ms on 2 cores), by a standby before it becomes a pod."""
+    sinks = [HttpSink(server.url, "secret", f"job-{i}", "inc-1") for i in range(2)]
+    try:
+        contexts = [sink._client._transport._pool._ssl_context  # type: ignore[attr-defined]
+                    for sink in sinks]
+        assert contexts[0] is contexts[1] is trust()
+    finally:
+        for sink in sinks:
+            sink.close(timeout=0)

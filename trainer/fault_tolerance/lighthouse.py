@@ -18,6 +18,13 @@ the previous one asked for the next ("fast quorum"); otherwise when more than ha
 heartbeating replicas asked and either all of them did or the join timeout passed since the
 first asked. A replica that left counts as neither a previous member nor a heartbeating one.
 
+Two rules of our own keep a recreated pod from waiting a whole step for its peers' next quorum.
+A replica heard from for the first time moments ago is waited for, up to the join timeout, by a
+quorum of the previous members. And a replica that died and is replaced at once (its supervisor
+hands its place to a warm standby, and says so as it reports it gone: `Leave` with `replaced`)
+is waited for before the replacement is even heard from, up to the join timeout: the survivors'
+next quorum then takes the replacement in, instead of leaving it to wait out their next step.
+
 One rule of our own tells a job's start from a rejoin. A pod is heard from only once it has
 loaded its model and data (trainer.main), so a pod still loading costs its peers' quorums no
 wait. At the job's start, no quorum has formed yet and every replica that asks is at step 0:
@@ -127,11 +134,24 @@ class Membership:
     previous: list[str] | None = None
     """The members of the last quorum, by replica id."""
     left: set[str] = field(default_factory=set)
+    replacements: list[float] = field(default_factory=list)
+    """When each replacement still to be heard from was announced (`Leave` with `replaced`)."""
 
     def beat(self, replica: str, now: float) -> None:
         """A heartbeat, or a request (which is one too)."""
         self.heartbeats[replica] = now
-        self.arrived.setdefault(replica, now)
+        if replica not in self.arrived:
+            self.arrived[replica] = now
+            self.replacements = self.replacements[1:]  # one of those announced, or a newcomer
+
+    def gone(self, replica: str, now: float, replaced: bool) -> None:
+        """`replica` left or died; `replaced`: a replacement has started."""
+        self.left.add(replica)
+        for record in (self.heartbeats, self.arrived, self.joined):
+            record.pop(replica, None)
+        if replaced:
+            self.replacements = [t for t in self.replacements
+                                 if now - t < self.options.join_timeout] + [now]
 
     def decide(self, now: float) -> tuple[list[Any] | None, str]:
         """The next quorum's members (sorted by replica id), or None; and why."""
@@ -154,6 +174,10 @@ class Membership:
                         now - self.arrived[r] < self.options.join_timeout
                         for r in healthy - set(self.previous) - set(asking)):
                     return None, f"waiting for a newcomer up to the join timeout {state}"
+                if not shrink_only and any(now - announced < self.options.join_timeout
+                                           for announced in self.replacements):
+                    return None, (f"waiting for a dead replica's replacement up to the join "
+                                  f"timeout {state}")
                 return members, f"fast quorum {state}"
         if self.previous is None and 0 < len(asking) < self.options.replicas and all(
                 j.member.step == 0 for j in asking.values()):
@@ -235,11 +259,9 @@ class Lighthouse:
     async def leave(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         replica = request.replica_id
         await self._member(replica, context)
-        self.membership.left.add(replica)
-        self.membership.heartbeats.pop(replica, None)
-        self.membership.arrived.pop(replica, None)
-        self.membership.joined.pop(replica, None)
-        logger.info("replica %s left", credentials.shown(replica))
+        self.membership.gone(replica, time.monotonic(), request.replaced)
+        logger.info("replica %s left%s", credentials.shown(replica),
+                    "; its replacement has started" if request.replaced else "")
         self._tick()
         return LeaveResponse()
 
@@ -301,14 +323,16 @@ async def serve(bind: str, options: Options, secret: str) -> None:
         ticks.cancel()
 
 
-def leave(lighthouse: str, replica_id: str, timeout: float = 5.0) -> None:
-    """Tell `lighthouse` (`http://host:port`) that `replica_id` has left."""
+def leave(lighthouse: str, replica_id: str, timeout: float = 5.0, replaced: bool = False,
+          ) -> None:
+    """Tell `lighthouse` (`http://host:port`) that `replica_id` has left; `replaced`: that a
+    process taking its place has started."""
     target = lighthouse.removeprefix("http://")
     with grpc.insecure_channel(target) as channel:
         call = channel.unary_unary(f"/{LEAVE_SERVICE.full_name}/{LEAVE.name}",
                                    request_serializer=LeaveRequest.SerializeToString,
                                    response_deserializer=LeaveResponse.FromString)
-        call(LeaveRequest(replica_id=replica_id), timeout=timeout)
+        call(LeaveRequest(replica_id=replica_id, replaced=replaced), timeout=timeout)
 
 
 def main(argv: list[str] | None = None) -> None:

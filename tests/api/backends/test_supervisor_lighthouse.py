@@ -12,8 +12,10 @@ import pytest
 from torchft._torchft import LighthouseClient
 
 from api.backends.local.jobdir import KillCommand, send_command
-from tests.api.backends.stand_ins import start_supervisor, ticks_until, up
+from api.backends.local.supervisor import loop
+from tests.api.backends.stand_ins import start_supervisor, ticks_until, took_part, up
 from tests.support import accepts, wait_for
+from trainer.contract import credentials
 from trainer.contract.spec import JobSpec
 
 
@@ -39,6 +41,41 @@ def test_a_pod_that_dies_is_reported_gone_to_the_lighthouse(
                     "pod 1 to be recreated")
         survivor = supervisor.pods[0]
         assert supervisor.job_dir.replica(survivor.name, survivor.incarnation).exists()
+    finally:
+        supervisor.kill_leftovers()
+
+
+def test_a_pod_that_dies_while_a_standby_is_loaded_is_replaced_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop's rest ends with the pod, the standby takes its place in the next tick, with
+    no backoff, and the lighthouse hears that it is replaced (so the survivors' next quorum
+    waits for the replacement)."""
+    supervisor = start_supervisor(tmp_path, monkeypatch, standby=True, lighthouse=True,
+                                  settle_seconds=0.0)
+    # Neither a backoff nor a full rest would end within the test.
+    supervisor.backoff = 3600.0
+    try:
+        wait_for(lambda: accepts(supervisor.coordinator.endpoint.port),
+                 what="the lighthouse to listen", timeout=30)
+        ticks_until(supervisor, lambda: up(supervisor), "the pods to be up")
+        took_part(supervisor)
+        standby = supervisor.standby
+        assert standby is not None
+        warm = ticks_until(supervisor, lambda: standby.ready and standby.process,
+                           "a loaded standby")
+        pod = supervisor.pods[1]
+        dead = supervisor.job_dir.replica(pod.name, pod.incarnation).read_text()
+
+        monkeypatch.setattr(loop, "POLL_SECONDS", 3600.0)
+        send_command(supervisor.job_dir, KillCommand(ordinal=1, grace_seconds=0))
+        supervisor.tick()  # the SIGKILL
+        if pod.process is not warm:  # not yet seen dead
+            supervisor.rest()
+            supervisor.tick()
+        assert pod.process is warm and pod.restarts == 1 and pod.phase == "Running"
+        log = supervisor.job_dir.log("lighthouse")
+        wait_for(lambda: f"replica {credentials.shown(dead)} left; its replacement has "
+                         f"started" in log.read_text(), what="the lighthouse to be told")
     finally:
         supervisor.kill_leftovers()
 

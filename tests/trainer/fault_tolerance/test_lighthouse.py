@@ -66,6 +66,35 @@ def test_a_newcomer_heard_from_moments_ago_is_waited_for_up_to_the_join_timeout(
     assert ids(members) == ["a", "b"] and reason.startswith("fast quorum")
 
 
+def test_a_dead_replicas_replacement_is_waited_for_before_it_is_heard_from() -> None:
+    """b died and its supervisor handed its place to a warm standby (c): the survivors' next
+    quorum waits for c, not yet heard from, and takes it in, so c does not wait out their
+    next step. A replacement that does not come is not waited for past the join timeout."""
+    def survivors() -> Membership:
+        return membership(["a", "b", "x"], beating=["a", "b", "x"], asking=["a", "x"],
+                          join_timeout=1.0, heartbeat_timeout=5.0)
+
+    state = survivors()
+    state.gone("b", now=10.0, replaced=True)
+    members, reason = state.decide(now=10.1)
+    assert members is None and "replacement" in reason
+    state.beat("c", 10.3)  # c starts heartbeating: a newcomer now
+    members, reason = state.decide(now=10.4)
+    assert members is None and "newcomer" in reason
+    state.joined["c"] = Joined(10.5, member("c"))
+    assert ids(state.decide(now=10.5)[0]) == ["a", "c", "x"]
+
+    state = survivors()
+    state.gone("b", now=10.0, replaced=True)
+    assert state.decide(now=10.9)[0] is None
+    members, reason = state.decide(now=11.0)
+    assert ids(members) == ["a", "x"] and reason.startswith("fast quorum")
+
+    state = survivors()
+    state.gone("b", now=10.0, replaced=False)  # recreated after a backoff: not waited for
+    assert ids(state.decide(now=10.0)[0]) == ["a", "x"]
+
+
 def test_the_jobs_first_quorum_waits_for_its_replicas_up_to_the_start_timeout() -> None:
     """A pod is heard from once it has loaded: at the job's start the first pod loaded is the
     only replica heartbeating, and would form a quorum alone without this rule."""
@@ -155,7 +184,8 @@ def test_the_messages_are_torchfts_on_the_wire() -> None:
     assert QuorumResponse(quorum=quorum).SerializeToString().hex() == (
         "0a34080712150a01611201621a01632003280230013a027b7d400112150a01611201621a0163200328023001"
         "3a027b7d40011a020805")
-    assert LeaveRequest(replica_id="x").SerializeToString() == b"\n\x01x"
+    assert LeaveRequest(replica_id="x").SerializeToString() == b"\n\x01x"  # a heartbeat's
+    assert LeaveRequest(replica_id="x", replaced=True).SerializeToString() == b"\n\x01x\x10\x01"
 
 
 def test_a_member_field_newer_than_the_protocol_reaches_the_peers() -> None:

@@ -78,9 +78,10 @@ class Coordinator:
             signal_group(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=STOP_GRACE_SECONDS)
 
-    def report_gone(self, pod: str, incarnation: int) -> None:
+    def report_gone(self, pod: str, incarnation: int, replaced: bool = False) -> None:
         """Tell a live job's lighthouse that this incarnation died, so its peers' next quorum
-        forms without waiting for its heartbeats to expire (a pod that leaves says so itself)."""
+        forms without waiting for its heartbeats to expire (a pod that leaves says so itself);
+        `replaced`: the standby takes its place at once, so that quorum waits for it."""
         replica = self.job_dir.replica(pod, incarnation)
         try:
             replica_id = replica.read_text().strip()
@@ -90,13 +91,14 @@ class Coordinator:
         if not replica_id:
             return
         try:
-            lighthouse.leave(f"http://{self.endpoint}", replica_id, timeout=LIGHTHOUSE_TIMEOUT)
+            lighthouse.leave(f"http://{self.endpoint}", replica_id, timeout=LIGHTHOUSE_TIMEOUT,
+                             replaced=replaced)
         except grpc.RpcError as exc:  # its heartbeats expire all the same
             logger.warning("could not tell the lighthouse that %s is gone: %s", replica_id,
                            exc.code() if isinstance(exc, grpc.Call) else exc)
             return
-        logger.info("told the lighthouse that %s (pod %s incarnation %d) is gone", replica_id,
-                    pod, incarnation)
+        logger.info("told the lighthouse that %s (pod %s incarnation %d) is gone%s", replica_id,
+                    pod, incarnation, ", replaced at once" if replaced else "")
 
     def forget_node(self, pod: str, pid: int) -> None:
         """Tell a restart job's store that this pod's process (its torchrun agent) ended, so

@@ -1,5 +1,6 @@
 """What an ended pod means, and what follows: it left (recreated at once), finished training,
-or failed (recreated alone after a backoff, until the job gives up: api/backends/policy.py)."""
+or failed (recreated alone, until the job gives up: api/backends/policy.py; at once by a live
+job's warm standby, else after a backoff)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,10 @@ logger = logging.getLogger(__name__)
 
 def reap(supervisor: Supervisor) -> None:
     now = time.monotonic()
+    standby = standby_ready(supervisor)  # the first pod found failed takes it at once
     for pod in supervisor.pods:
-        if pod.process is None or not pod.alive:
-            continue
+        if pod.process is None or (not pod.alive and pod.phase != "Running"):
+            continue  # none yet, or its end was dealt with (one seen ended elsewhere is not)
         if not pod.process.poll():
             if pod.process.overdue(now):
                 logger.warning("pod %s ignored SIGTERM: SIGKILL", pod.name)
@@ -49,9 +51,17 @@ def reap(supervisor: Supervisor) -> None:
         logger.info("pod %s exited with code %s: %s", pod.name,
                     "unknown" if pod.exit_code is None else pod.exit_code, pod.phase)
         if pod.phase == "Failed":
-            supervisor.coordinator.report_gone(pod.name, pod.incarnation)
+            supervisor.coordinator.report_gone(pod.name, pod.incarnation, replaced=standby)
+            standby = False
             stop_replica(supervisor, pod)
     drop_removed(supervisor)
+
+
+def standby_ready(supervisor: Supervisor) -> bool:
+    """Whether a failed pod is recreated at once: by the job's loaded standby (a live job's),
+    while it trains."""
+    standby = supervisor.standby
+    return standby is not None and standby.ready and supervisor.mode == "running"
 
 
 def stop_replica(supervisor: Supervisor, failed: Pod) -> None:
@@ -137,9 +147,11 @@ def recreate_failed(supervisor: Supervisor, failed: list[Pod]) -> None:
                 pod.name, pod.restarts, pod.exit_code))
             return
         if pod.restart_at is None:
-            pod.restart_at = now + supervisor.backoff
+            # Loading a new standby takes longer than the backoff: a pod failing again and
+            # again is recreated at once no more often than that.
+            pod.restart_at = now + (0.0 if standby_ready(supervisor) else supervisor.backoff)
             logger.info("pod %s failed: recreating it", pod.name)
-        elif now >= pod.restart_at:
+        if now >= pod.restart_at:
             pod.restart_at = None
             pod.restarts += 1
             supervisor.start_pod(pod)

@@ -36,6 +36,9 @@ from trainer.forkclient import ForkClient
 
 logger = logging.getLogger(__name__)
 
+EXIT_POLL_SECONDS = 0.02
+"""How often the loop looks for a running pod's end between its ticks."""
+
 
 class Supervisor:
     """One job's supervisor: the state it keeps, its loop and how it starts and stops pods."""
@@ -95,12 +98,23 @@ class Supervisor:
                 if pod.phase == "Pending" and self.mode == "running":
                     self.start_pod(pod, first=pod.started_at is None and self.previous is None)
             while not self.finished:
-                time.sleep(POLL_SECONDS)
+                self.rest()
                 self.tick()
         finally:
             self.kill_leftovers()
         logger.info("finished (%s)", self.reason or "every pod succeeded")
         return 0
+
+    def rest(self) -> None:
+        """Wait for the next tick: POLL_SECONDS, or less when a running pod's process ends
+        meanwhile. Its death is dealt with at once: the lighthouse told, so the survivors'
+        next quorum goes on, and the pod recreated (the standby, at once, takes part in it)."""
+        deadline = time.monotonic() + POLL_SECONDS
+        while (left := deadline - time.monotonic()) > 0:
+            if any(pod.alive and pod.process is not None and pod.process.poll()
+                   for pod in self.pods if pod.phase == "Running"):
+                return
+            time.sleep(min(left, EXIT_POLL_SECONDS))
 
     def tick(self) -> None:
         if self._sigterm:
