@@ -25,7 +25,7 @@ hands its place to a warm standby, and says so as it reports it gone: `Leave` wi
 is waited for before the replacement is even heard from, up to the join timeout: the survivors'
 next quorum then takes the replacement in, instead of leaving it to wait out their next step.
 
-One rule of our own tells a job's start from a rejoin. A pod is heard from only once it has
+A third tells a job's start from a rejoin. A pod is heard from only once it has
 loaded its model and data (trainer.main), so a pod still loading costs its peers' quorums no
 wait. At the job's start, no quorum has formed yet and every replica that asks is at step 0:
 the first quorum waits for the job's `replicas`, up to the start timeout, or the first pod
