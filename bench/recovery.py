@@ -68,9 +68,9 @@ def kill(http: httpx.Client, data_dir: Path, job_id: str, ordinal: int) -> tuple
         # Recreated already (a warm standby takes its place in the same tick): state.json
         # has the new incarnation's, so the time is the supervisor's log line of the kill.
         log = (data_dir / "jobs" / job_id / "supervisor.log").read_text().splitlines()
-        return next(datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-                    for line in reversed(log)
-                    if f"kill: pod {pod['name']} (pid {before['pid']})" in line)
+        return next((datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                     for line in reversed(log)
+                     if f"kill: pod {pod['name']} (pid {before['pid']})" in line), None)
 
     return wait(signalled, 30, "the kill"), before["restarts"]
 
