@@ -16,9 +16,11 @@ new pod's first committed step (its `joined` event). Goals, live mode: gap / med
 (migration, scale-up).
 
 The gap is also divided by pod 0's median step interval with as many trainer processes at work
-as the operation had at most (3 for a migration's overlap and a scale-up, measured before the
-scale-down): on a machine with fewer cores than processes, three pods step slower than two for
-want of CPU, not for a pause, and this ratio tells the two apart. Each operation starts when
+as the operation had at most (3 for a scale-up, measured before the scale-down; 2 for a
+migration, whose replacement takes over from the old process from one step to the next, and a
+SIGTERM, whose replacement starts beside the leaving process and does the same): on a machine
+with fewer cores than processes, three pods step slower than two for want of CPU, not for a
+pause, and this ratio tells the two apart. Each operation starts when
 pod 0's next periodic checkpoint is at least CLEAR_STEPS steps away: a checkpoint stalls a step
 by itself (bench/trainer_overhead.py measures it), whether or not an operation runs.
 
@@ -181,7 +183,7 @@ def run_mode(http: httpx.Client, data_dir: Path, mode: str) -> list[Result]:
             run.measure("migrate pod 1", lambda: run.post("pods/1/migrate"),
                         lambda called: called + wait(
                             lambda: run.reports("migrated", called), 300, "the migration",
-                        )[0]["seconds"], True, 2, 3),
+                        )[0]["seconds"], True, 2, 2),
             run.measure("scale 2 -> 3", lambda: run.patch(3),
                         lambda called: run.joined(2, called), True, 3, 3),
             run.measure("SIGKILL (the unplanned baseline)",

@@ -167,7 +167,8 @@ def test_a_killed_supervisor_is_replaced_and_its_pods_train_on(plane: ControlPla
 def test_a_pod_stopped_with_a_grace_leaves_gracefully_and_is_recreated(
         plane: ControlPlane) -> None:
     """SIGTERM (what an eviction or a drain sends): the pod leaves at a step boundary instead of
-    dying, so nothing fails and no restart is counted; the recreated pod heals and rejoins."""
+    dying, so nothing fails and no restart is counted. Its next incarnation, the warm standby,
+    starts at once beside it, heals from a peer and rejoins."""
     job = Job(plane, spec("live", epochs=6))  # the pod was back within 150 of the 380 steps
     wait_for(lambda: len(job.steps()) >= 30, timeout=180, what="training with three pods")
     # Once the pods take part, the job keeps a warm standby: the recreated pod is that process.
@@ -178,9 +179,10 @@ def test_a_pod_stopped_with_a_grace_leaves_gracefully_and_is_recreated(
     assert response.status_code == 202, response.text
     left = wait_for(lambda: job.reports("left", stopped_at), timeout=60, what="pod 2 to leave")
     assert left[0]["pod"] == job.pod(2)
-    job.wait_steps(3, stopped_at, 2, (0, 1), "pods 0 and 1 to train without pod 2")
     job.wait_rejoined((2,), stopped_at)
-    assert plane.state(job.id)["pods"][2]["pid"] == standby["pid"]
+    replacement = plane.state(job.id)["pods"][2]
+    assert replacement["pid"] == standby["pid"]
+    assert replacement["started_at"] < left[0]["time"]  # beside the leaving one, not after it
     # The live pods' replica ids, the standby's log and everything else: this user's alone.
     assert list((plane.data_dir / "jobs" / job.id / "ready").glob("*.replica"))
     assert not_private(plane.data_dir) == []
@@ -192,7 +194,9 @@ def test_a_pod_stopped_with_a_grace_leaves_gracefully_and_is_recreated(
     assert (2, "Running") in phases  # the pod events carry phases (from the start on)
     assert not [p for p in phases if p[1] == "Failed"], phases
     healed = [h for h in job.reports("healed", stopped_at) if h["target"] == job.pod(2)]
-    assert healed and healed[0]["step"] >= left[0]["step"]
+    # The quorum after the old one's last step, or (the old one told as that step ended) the
+    # one of that step, which the two took together.
+    assert healed and healed[0]["step"] >= left[0]["step"] - 1
     assert_identical_replicas(job)
     assert_exactly_once(job)
     assert_no_step_computed_twice(job)

@@ -16,7 +16,7 @@ from api.backends.local.jobdir import (
     signal_group,
 )
 from api.backends.local.supervisor import Supervisor
-from tests.api.backends.stand_ins import start_supervisor, ticks_until, up
+from tests.api.backends.stand_ins import start_supervisor, ticks_until, took_part, up
 
 
 @pytest.fixture
@@ -52,6 +52,7 @@ def test_scale_down_and_up_never_repeats_an_incarnation(supervisor: Supervisor) 
 
 def test_a_migration_keeps_the_old_process_until_the_replacement_takes_part(
         supervisor: Supervisor) -> None:
+    """No other pod has taken part (none holds the live state): make before break."""
     job_dir, pod = supervisor.job_dir, supervisor.pods[1]
     ticks_until(supervisor, lambda: up(supervisor), "the pods to be up")
     old, old_incarnation = pod.process, pod.incarnation
@@ -73,6 +74,46 @@ def test_a_migration_keeps_the_old_process_until_the_replacement_takes_part(
     assert (pod.process, pod.incarnation) == (surge.process, surge.incarnation)
     assert pod.incarnation > old_incarnation and pod.restarts == 0 and pod.phase == "Running"
     assert supervisor.pods[0].surge is None
+
+
+def test_a_replacement_in_the_lighthouse_takes_over_from_the_old_process_at_once(
+        supervisor: Supervisor) -> None:
+    """Another pod holds the live state: the old process is told to leave as soon as its
+    replacement has joined the lighthouse, before the replacement took part in a step."""
+    job_dir, pod = supervisor.job_dir, supervisor.pods[1]
+    ticks_until(supervisor, lambda: up(supervisor), "the pods to be up")
+    took_part(supervisor)
+    old = pod.process
+    send_command(job_dir, MigrateCommand(ordinal=1))
+    surge = ticks_until(supervisor, lambda: pod.surge, "the replacement to start")
+    ticks_until(supervisor, lambda: pod.retiring is None and old is not None and old.poll(),
+                "the old incarnation to leave")
+    assert old is not None and old.exit_code == 0  # SIGTERM: it left, it did not fail
+    assert job_dir.replica(pod.name, surge.incarnation).exists()  # in the lighthouse
+    assert not job_dir.ready(pod.name, surge.incarnation).exists()  # yet to take part
+    assert (pod.process, pod.incarnation) == (surge.process, surge.incarnation)
+    assert pod.phase == "Running" and pod.restarts == 0 and pod.surge is None
+
+
+def test_two_pods_migrating_at_once_never_both_leave_before_a_replacement_took_part(
+        supervisor: Supervisor) -> None:
+    """The first pod hands over: its replacement heals from the second pod's old process,
+    so the second waits for its own replacement to take part (make before break)."""
+    job_dir, (first, second) = supervisor.job_dir, supervisor.pods
+    ticks_until(supervisor, lambda: up(supervisor), "the pods to be up")
+    took_part(supervisor)
+    first_old, second_old = first.process, second.process
+    send_command(job_dir, MigrateCommand(ordinal=0))
+    send_command(job_dir, MigrateCommand(ordinal=1))
+    ticks_until(supervisor, lambda: first.surge is None and second.surge is not None
+                and up(supervisor), "the first pod to hand over")
+    for _ in range(10):
+        supervisor.tick()
+    assert first.process is not first_old and second.surge is not None
+    assert second.process is second_old and second_old is not None and not second_old.poll()
+    took_part(supervisor)  # the first pod's replacement took part: the second may go
+    ticks_until(supervisor, lambda: second.surge is None and second_old.poll(),
+                "the second pod's old process to leave")
 
 
 def test_a_replacement_that_dies_before_taking_part_leaves_the_pod_as_it_was(

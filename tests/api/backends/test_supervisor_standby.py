@@ -52,8 +52,13 @@ def test_the_next_pod_to_start_is_the_standby(supervisor: Supervisor) -> None:
     assert record == StandbyRecord(pid=warm.pid, pid_started=warm.started, ready=True)
 
     pod = supervisor.pods[1]
+    old = pod.process
     send_command(job_dir, KillCommand(ordinal=1, grace_seconds=5))
-    ticks_until(supervisor, lambda: pod.process is warm, "pod 1 to become the standby")
+    supervisor.tick()  # the standby takes over in the tick of the kill, not once the pod left
+    assert pod.process is warm and old is not None
+    ticks_until(supervisor, lambda: pod.retiring is None and old.poll(),
+                "the old process to leave")
+    assert old.exit_code == 0  # SIGTERM: it left
     ticks_until(supervisor, lambda: up(supervisor), "the standby to run as pod 1")
     assert pod.restarts == 0 and pod.phase == "Running"
     log = job_dir.log(pod.name).read_text()

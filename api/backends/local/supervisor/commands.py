@@ -13,7 +13,7 @@ from api.backends.local.jobdir import (
     pending_commands,
     read_command,
 )
-from api.backends.local.supervisor.migration import migrate
+from api.backends.local.supervisor.migration import migrate, replace_leaving
 from api.backends.local.supervisor.scaling import scale
 
 if TYPE_CHECKING:
@@ -48,4 +48,5 @@ def kill(supervisor: Supervisor, ordinal: int, grace: float) -> None:
         logger.warning("kill: no running pod with ordinal %r; ignored", ordinal)
         return
     logger.info("kill: pod %s (pid %d), grace %.1f s", pod.name, pod.process.pid, grace)
-    supervisor.signal_pod(pod, grace)
+    if grace == 0 or not replace_leaving(supervisor, pod, grace):
+        supervisor.signal_pod(pod, grace)

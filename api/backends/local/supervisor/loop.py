@@ -107,12 +107,17 @@ class Supervisor:
 
     def rest(self) -> None:
         """Wait for the next tick: POLL_SECONDS, or less when a running pod's process ends
-        meanwhile. Its death is dealt with at once: the lighthouse told, so the survivors'
-        next quorum goes on, and the pod recreated (the standby, at once, takes part in it)."""
+        meanwhile (its death is dealt with at once: the lighthouse told, so the survivors'
+        next quorum goes on, and the pod recreated: the standby, at once, takes part in it), or
+        a migration's replacement can take over (the old process must be told before its step
+        in flight ends)."""
         deadline = time.monotonic() + POLL_SECONDS
         while (left := deadline - time.monotonic()) > 0:
             if any(pod.alive and pod.process is not None and pod.process.poll()
                    for pod in self.pods if pod.phase == "Running"):
+                return
+            if any(pod.surge is not None and migration.can_hand_over(self, pod)
+                   for pod in self.pods):
                 return
             time.sleep(min(left, EXIT_POLL_SECONDS))
 
