@@ -167,7 +167,8 @@ class Pod:
     replace_on_exit: bool = False
     """Recreated at once when it stops, no restart counted (a restart-mode migration)."""
     surge: Extra | None = None
-    """A migration's replacement, running beside the current process until it takes part."""
+    """A migration's replacement, running beside the current process until it takes over
+    (supervisor.migration.promote_replacements)."""
     retiring: Extra | None = None
     """The process a replacement took over from, leaving."""
 

@@ -1,5 +1,6 @@
 """A pod's migration: a new incarnation replaces its process, beside it (live) or after it
-(restart)."""
+(restart); and a live pod that leaves on a kill with a grace, whose next incarnation starts
+beside it in the same way."""
 
 from __future__ import annotations
 
