@@ -88,8 +88,12 @@ def test_coordinator_killed_then_every_pod_during_a_checkpoint_write(
         plane: ControlPlane, mode: str, tmp_path: Path) -> None:
     # Wide embeddings make each checkpoint big enough (~45 MB) to be caught half-written.
     make_tiny_model(plane.inputs_dir / "wide", vocab_size=60_000)
-    # Every pod is killed at the second or third checkpoint's write (step 50 or 75, of 120).
-    job = Job(plane, spec(mode, model="wide", epochs=2, checkpoint_every_steps=25))
+    # Every pod is killed at the second or third checkpoint's write (step 50 or 75). A live job's
+    # loaded standby takes one dead pod's place at once and resumes alone; the others come back
+    # after the backoff (6 s) and heal from it: 360 steps (about 15 s left) outlast that, where
+    # 120 (restart mode's: its pods come back together) would end before they are back.
+    job = Job(plane, spec(mode, model="wide", epochs=6 if mode == "live" else 2,
+                          checkpoint_every_steps=25))
     wait_for(lambda: len(job.steps()) >= 30, timeout=180, what="training with three pods")
 
     coordinator = plane.state(job.id)["coordinator"]
