@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainer.allocator import keep_freed_memory
 from trainer.config import ConfigError, load_config
 from trainer.contract.process import ExitCode
 from trainer.contract.runtime import Runtime
@@ -72,6 +73,7 @@ def become(environ: dict[str, str]) -> None:
 
 def run(ready_file: Path, die_with_parent: bool = False) -> int:
     started = time.monotonic()
+    keep_freed_memory(os.environ)
     if die_with_parent:
         from trainer.distributed import die_with_parent as with_parent
 
