@@ -16,6 +16,9 @@ for the update that ends the healing pod's first step: the pod loads the rest, s
 that step, and receives the optimizer's state meanwhile (trainer.train loads it before the
 update). The source serves both parts under one read of its staged state, which it does not
 change until its step commits (torchft's checkpoint lock), so both parts are of the same step.
+The optimizer's part travels in threads scheduled below the step's own at both ends: where
+cores are short, the shards of that step, which the source and the healing pod compute
+meanwhile, come first.
 
 Each part's tensors travel as raw bytes after it (`send_part`: the part carries an empty "meta"
 tensor of the same dtype and shape in each one's place), and the healing pod reads each one
@@ -27,8 +30,12 @@ own weights has left them half one step's, half another's: the pod must end (`da
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import socket
+import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -57,6 +64,21 @@ SCHEME = "Heal "
 DEFERRED = ("user", "trainer", "trainer", "optimizer", "state")
 """Where torchft's state dict (its "user" part: trainer.train's live state) keeps the optimizer's
 per-parameter state, sent after the rest."""
+BACKGROUND_NICENESS = 10
+"""How much less CPU than the step's own threads the optimizer's part gets at both ends, where
+cores are short: it is needed only for the update that ends the healing pod's first step, and
+the shards of that step, the healing pod's and its source's, come first."""
+
+
+def in_background() -> None:
+    """Schedule the calling thread below the process's others (Linux schedules each thread on
+    its own niceness). An unprivileged thread cannot raise it back: only a thread that does
+    nothing else may call it."""
+    if sys.platform.startswith("linux"):
+        thread = threading.get_native_id()
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, thread,
+                           min(os.getpriority(os.PRIO_PROCESS, thread) + BACKGROUND_NICENESS, 19))
 
 
 def deferred_in(state: dict[str, Any]) -> tuple[bool, Any]:
@@ -147,7 +169,8 @@ class Transport(HTTPTransport[dict[str, Any]]):
         self.damaged = False
         """A heal broke off after writing into this pod's own tensors. (Where those were its
         optimizer's, the trainer fails first: that part of the heal did not arrive.)"""
-        self._deferred = ThreadPoolExecutor(max_workers=1, thread_name_prefix="heal-deferred")
+        self._deferred = ThreadPoolExecutor(max_workers=1, thread_name_prefix="heal-deferred",
+                                            initializer=in_background)
         # HTTPTransport.__init__ sets up its state and starts serving; the one server it builds
         # (on every interface, for anyone) is ours instead. Nothing else builds one meanwhile.
         original = http_transport._IPv6HTTPServer
@@ -271,6 +294,7 @@ class HealHandler(BaseHTTPRequestHandler):
                 self.end_headers()
                 rest, deferred = split_deferred(transport._state_dict)
                 send_part(rest, self.wfile)
+                in_background()  # this request's thread, which ends with it
                 send_part(deferred, self.wfile)
         except TimeoutError:
             self.send_error(HTTPStatus.SERVICE_UNAVAILABLE, "no checkpoint is being served")

@@ -3,7 +3,9 @@ secret never travels, and nothing a source sends is unpickled."""
 
 from __future__ import annotations
 
+import os
 import socket
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -20,6 +22,7 @@ import torch
 from torch.distributed._serialization import _streaming_save
 
 from trainer.contract import credentials
+from trainer.fault_tolerance import heal
 from trainer.fault_tolerance.heal import (
     NONCE,
     REPLY_PROOF,
@@ -289,3 +292,31 @@ def test_a_heal_that_breaks_off_in_the_pods_own_weights_leaves_it_damaged(
     assert healing.damaged is fits
     if fits:  # written in place up to the break
         assert torch.equal(weight, torch.tensor([0.0, 1.0, 0.0, 0.0]))
+
+
+def test_the_optimizers_state_travels_below_the_steps_threads(
+        transports: Callable[[str, str], Transport], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ends move the optimizer's part in threads of a lower priority (a higher niceness)
+    than the threads that compute the step; the rest goes first at the usual one, and the
+    process's own threads stay as they were."""
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    sent_at: list[int] = []
+
+    def send_part(state: Any, f: Any) -> None:
+        sent_at.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        sends(state, f)
+
+    sends = heal.send_part
+    monkeypatch.setattr(heal, "send_part", send_part)
+    source, healing = (transports(POD_ADDRESS, "secret-of-job-a") for _ in range(2))
+    source.send_checkpoint(dst_ranks=[1], step=7, state_dict=live_state(torch.ones(4)),
+                           timeout=TIMEOUT)
+    healed = healing.recv_checkpoint(src_rank=0, metadata=source.metadata(), step=7,
+                                     timeout=TIMEOUT)
+    deferred_in(healed)[1].result(timeout=30)
+    assert sent_at == [own, min(own + heal.BACKGROUND_NICENESS, 19)]  # the rest, the optimizer's
+    receiver = next(t for t in threading.enumerate() if t.name.startswith("heal-deferred"))
+    assert receiver.native_id is not None
+    assert (os.getpriority(os.PRIO_PROCESS, receiver.native_id)
+            == min(own + heal.BACKGROUND_NICENESS, 19))
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own
