@@ -97,23 +97,30 @@ def test_a_replacement_in_the_lighthouse_takes_over_from_the_old_process_at_once
 
 def test_two_pods_migrating_at_once_never_both_leave_before_a_replacement_took_part(
         supervisor: Supervisor) -> None:
-    """The first pod hands over: its replacement heals from the second pod's old process,
-    so the second waits for its own replacement to take part (make before break)."""
-    job_dir, (first, second) = supervisor.job_dir, supervisor.pods
+    """The pod whose replacement reaches the lighthouse first hands over: that replacement
+    heals from the other pod's old process, so the other waits for it to take part (make
+    before break)."""
+    job_dir, pods = supervisor.job_dir, supervisor.pods
     ticks_until(supervisor, lambda: up(supervisor), "the pods to be up")
     took_part(supervisor)
-    first_old, second_old = first.process, second.process
+    old = [pod.process for pod in pods]
     send_command(job_dir, MigrateCommand(ordinal=0))
     send_command(job_dir, MigrateCommand(ordinal=1))
-    ticks_until(supervisor, lambda: first.surge is None and second.surge is not None
-                and up(supervisor), "the first pod to hand over")
+    # Which replacement writes its replica file first is the stand-ins' race, as the trainers'.
+    def handed_over() -> list[int]:
+        return [i for i, pod in enumerate(pods) if pod.surge is None and pod.process is not old[i]]
+
+    ticks_until(supervisor, lambda: len(handed_over()) == 1 and up(supervisor),
+                "one pod to hand over")
+    moved = handed_over()[0]
+    waiting, waiting_old = pods[1 - moved], old[1 - moved]
     for _ in range(10):
         supervisor.tick()
-    assert first.process is not first_old and second.surge is not None
-    assert second.process is second_old and second_old is not None and not second_old.poll()
-    took_part(supervisor)  # the first pod's replacement took part: the second may go
-    ticks_until(supervisor, lambda: second.surge is None and second_old.poll(),
-                "the second pod's old process to leave")
+    assert pods[moved].process is not old[moved] and waiting.surge is not None
+    assert waiting.process is waiting_old and waiting_old is not None and not waiting_old.poll()
+    took_part(supervisor)  # the first replacement took part: the other pod may go
+    ticks_until(supervisor, lambda: waiting.surge is None and waiting_old.poll(),
+                "the other pod's old process to leave")
 
 
 def test_a_replacement_that_dies_before_taking_part_leaves_the_pod_as_it_was(
