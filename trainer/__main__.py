@@ -2,10 +2,12 @@ import logging
 import os
 import sys
 
+from trainer.allocator import keep_freed_memory
 from trainer.contract.process import PRIVATE_UMASK
 from trainer.main import main
 
 os.umask(PRIVATE_UMASK)  # checkpoints, the export, the tokenization cache, logs: private
+keep_freed_memory(os.environ)  # process-wide: here, not in main(), which tests call in-process
 code = main()
 logging.shutdown()
 sys.stdout.flush()

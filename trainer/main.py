@@ -9,7 +9,6 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from trainer.allocator import keep_freed_memory
 from trainer.config import ConfigError, TrainConfig, load_config
 from trainer.contract.process import ExitCode, log_format
 from trainer.contract.records import Failed
@@ -98,7 +97,6 @@ def make_group(config: TrainConfig, pod: str, environ: Mapping[str, str],
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ,
          prepared: Prepared | None = None) -> int:
     """Train as the pod the configuration names; `prepared`: what a standby loaded for it."""
-    keep_freed_memory(environ)
     try:
         config = load_config(argv, environ)
     except ConfigError as exc:

@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer.allocator import keep_freed_memory
 from trainer.config import ConfigError, load_config
 from trainer.contract.process import ExitCode
 from trainer.contract.runtime import Runtime
@@ -73,7 +72,6 @@ def become(environ: dict[str, str]) -> None:
 
 def run(ready_file: Path, die_with_parent: bool = False) -> int:
     started = time.monotonic()
-    keep_freed_memory(os.environ)
     if die_with_parent:
         from trainer.distributed import die_with_parent as with_parent
 
@@ -128,6 +126,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
+    from trainer.allocator import keep_freed_memory
+
+    keep_freed_memory(os.environ)  # process-wide, as in trainer/__main__.py
     args = parse_args(None)
     code = run(args.ready_file, args.die_with_parent)
     logging.shutdown()

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 
 PROBE = """
-import ctypes, json, os, sys
+import ctypes, json, os
 import torch
 from trainer.allocator import keep_freed_memory
 
