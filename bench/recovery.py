@@ -35,6 +35,7 @@ import itertools
 import json
 import statistics
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ import httpx
 
 from api.cli.demo import DEMO_SPEC
 from bench.control_plane import events, serve, steps, wait
+
+FINISHED = ("succeeded", "failed", "cancelled")
 
 
 def job_state(data_dir: Path, job_id: str) -> dict[str, Any]:
@@ -119,6 +122,37 @@ def breakdown(http: httpx.Client, job_id: str, victim: str, killed_at: float,
     return parts
 
 
+class JobEnded(Exception):
+    """The job finished while the bench waited for a kill's recovery."""
+
+
+def while_running(http: httpx.Client, job_id: str, condition: Callable[[], Any]
+                  ) -> Callable[[], Any]:
+    """`condition`, raising JobEnded once it is false and the job has finished: its pods will
+    not step again, so waiting on would only time out."""
+    def checked() -> Any:
+        if value := condition():
+            return value
+        status = http.get(f"/api/v1/jobs/{job_id}").json()["status"]
+        if status in FINISHED:
+            raise JobEnded(status)
+        return value
+    return checked
+
+
+def recreated(data_dir: Path, job_id: str, restarts: int) -> Callable[[], float | None]:
+    """When pod 1's incarnation after `restarts` started (None until there is one)."""
+    def started() -> float | None:
+        pod = pod_state(data_dir, job_id, 1)
+        return pod["started_at"] if pod["restarts"] > restarts else None
+    return started
+
+
+def stepped(http: httpx.Client, job_id: str, pod: str, after: float) -> Callable[[], bool]:
+    """Whether `pod` has committed a step after `after`."""
+    return lambda: any(p == pod and t > after for t, p, _, _ in steps(http, job_id))
+
+
 def run_kills(http: httpx.Client, data_dir: Path, spec: dict[str, Any],
               args: argparse.Namespace) -> list[dict[str, float]]:
     job_id = http.post("/api/v1/jobs", json=spec).json()["id"]
@@ -133,15 +167,20 @@ def run_kills(http: httpx.Client, data_dir: Path, spec: dict[str, Any],
                 break
             standby = job_state(data_dir, job_id).get("standby") or {}
             killed_at, restarts = kill(http, data_dir, job_id, 1)
-            started = wait(lambda r=restarts: (pod := pod_state(data_dir, job_id, 1))[
-                "restarts"] > r and pod["started_at"], 120, "pod 1 to be recreated")
-            warm = standby.get("ready") and pod_state(data_dir, job_id, 1)["pid"] == standby["pid"]
-            wait(lambda s=started: any(pod == victim and t > s
-                                       for t, pod, _, _ in steps(http, job_id)), 300,
-                 "the recreated pod's first step")
-            wait(lambda s=started: any(pod == survivor and t > s
-                                       for t, pod, _, _ in steps(http, job_id)), 300,
-                 "a survivor's step after the rejoin")
+            try:
+                started = wait(while_running(http, job_id, recreated(data_dir, job_id, restarts)),
+                               120, "pod 1 to be recreated")
+                warm = (standby.get("ready")
+                        and pod_state(data_dir, job_id, 1)["pid"] == standby["pid"])
+                wait(while_running(http, job_id, stepped(http, job_id, victim, started)), 300,
+                     "the recreated pod's first step")
+                wait(while_running(http, job_id, stepped(http, job_id, survivor, started)), 300,
+                     "a survivor's step after the rejoin")
+            except JobEnded as ended:
+                print(f"  {spec['fault_tolerance']}: the job {ended} before kill "
+                      f"{len(kills) + 1}'s recovery was seen: {len(kills)} kills measured "
+                      f"(fewer --kills or a shorter --every fit in its epoch)", flush=True)
+                break
             committed = steps(http, job_id)
             rejoined, joined = min((t, step) for t, pod, step, _ in committed
                                    if t > started and pod == victim)
@@ -162,9 +201,6 @@ def run_kills(http: httpx.Client, data_dir: Path, spec: dict[str, Any],
     finally:  # its pods outlive the API
         http.post(f"/api/v1/jobs/{job_id}/cancel")
     return kills
-
-
-FINISHED = ("succeeded", "failed", "cancelled")
 
 
 def run_demo(http: httpx.Client, mode: str, kill_every: float | None, deadline: float,
@@ -210,6 +246,10 @@ def run_chaos(http: httpx.Client, mode: str, args: argparse.Namespace,
 
 
 def report_kills(results: dict[str, list[dict[str, float]]]) -> None:
+    results = {mode: kills for mode, kills in results.items() if kills}
+    if not results:
+        print("\nno kill was measured")
+        return
     print("\n| mode | kills | survivors' pause (median) | usual step (median) | pause - step "
           "| steps lost per kill (max) | rejoin (median) |")
     print("|---|---|---|---|---|---|---|")
