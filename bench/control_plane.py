@@ -22,14 +22,22 @@ from bench.serve_noop import free_port
 TOKEN = "bench-admin-token-0123456789"
 
 
+_fetched: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+"""Every event read so far, by (API, job, type): a job's events are only ever appended."""
+
+
 def events(http: httpx.Client, job_id: str, kind: str) -> list[dict[str, Any]]:
-    found, after = [], 0
+    """The job's events of type `kind`, oldest first. Only those after the last one read are
+    asked for: benchmarks poll these several times a second, and the API serialising a job's
+    whole history each time would take CPU from the pods being measured."""
+    found = _fetched.setdefault((str(http.base_url), job_id, kind), [])
+    after = found[-1]["id"] if found else 0
     while True:
         page = http.get(f"/api/v1/jobs/{job_id}/events",
                         params={"after": after, "type": kind, "limit": 1000}).json()
         found += page["data"]
         if page["next_after"] is None:
-            return found
+            return list(found)
         after = page["next_after"]
 
 

@@ -24,13 +24,18 @@ pause, and this ratio tells the two apart. Each operation starts when
 pod 0's next periodic checkpoint is at least CLEAR_STEPS steps away: a checkpoint stalls a step
 by itself (bench/trainer_overhead.py measures it), whether or not an operation runs.
 
-    PYTHONPATH=. .venv/bin/python -m bench.elastic [--modes live,restart]
+With --rounds N, the operations run N times in a row in the same job, and the table gives each
+figure's median over the rounds and its range: one round's gap is one sample of a noisy
+machine's.
+
+    PYTHONPATH=. .venv/bin/python -m bench.elastic [--modes live,restart] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -79,6 +84,16 @@ class Run:
     def pod(self, ordinal: int) -> str:
         return f"{self.id}-{ordinal}"
 
+    def clear(self, step: int) -> bool:
+        """Whether pod 0's next periodic checkpoint and its epoch's end (an evaluation) are
+        both at least CLEAR_STEPS steps after `step`: each stalls a step by itself."""
+        every = SPEC["checkpoint_every_steps"]
+        total = self.http.get(f"/api/v1/jobs/{self.id}").json()["progress"]["total_samples"]
+        per_epoch = math.ceil((total or 0) / SPEC["epochs"]
+                              / (SPEC["replicas"] * SPEC["batch_size"]))
+        return (1 <= step % every <= every - CLEAR_STEPS
+                and (not per_epoch or 1 <= step % per_epoch <= per_epoch - CLEAR_STEPS))
+
     def survivor_steps(self) -> list[tuple[float, int, int]]:
         """(time, step, participants) of pod 0's commits, oldest first."""
         return [(t, step, n) for t, pod, step, n in steps(self.http, self.id)
@@ -112,9 +127,8 @@ class Run:
                 new_pod: bool, participants: int, processes: int) -> Result:
         """Run `act`, wait for `done(called_at)` (when the operation was over), then settle.
         `processes`: the most trainer processes at work during it."""
-        every = SPEC["checkpoint_every_steps"]
-        wait(lambda: 1 <= self.survivor_steps()[-1][1] % every <= every - CLEAR_STEPS, 120,
-             "a step clear of the next checkpoint")
+        wait(lambda: self.clear(self.survivor_steps()[-1][1]), 300,
+             "a step clear of the next checkpoint and epoch end")
         before = self.survivor_steps()[-21:]
         median = statistics.median(b[0] - a[0] for a, b in itertools.pairwise(before))
         self.medians.setdefault(before[-1][2], median)
@@ -170,51 +184,78 @@ class Run:
         return float(wait(gone, 300, f"pod {ordinal} to leave"))
 
 
-def run_mode(http: httpx.Client, data_dir: Path, mode: str) -> list[Result]:
+def operations(run: Run) -> list[Result]:
+    """Each operation once, from 3 pods training together back to 3."""
+    return [
+        run.measure("scale 3 -> 2 (graceful leave)", lambda: run.patch(2),
+                    lambda called: run.left(2, called), False, 2, 3),
+        run.measure("SIGTERM to a pod",
+                    lambda: run.post("pods/1/kill", {"grace_seconds": 30}),
+                    lambda called: run.joined(1, called), True, 2, 2),
+        run.measure("migrate pod 1", lambda: run.post("pods/1/migrate"),
+                    lambda called: called + wait(
+                        lambda: run.reports("migrated", called), 300, "the migration",
+                    )[0]["seconds"], True, 2, 2),
+        run.measure("scale 2 -> 3", lambda: run.patch(3),
+                    lambda called: run.joined(2, called), True, 3, 3),
+        run.measure("SIGKILL (the unplanned baseline)",
+                    lambda: run.post("pods/1/kill", {"grace_seconds": 0}),
+                    lambda called: run.joined(1, called), True, 3, 3),
+    ]
+
+
+def run_mode(http: httpx.Client, data_dir: Path, mode: str, rounds: int) -> list[list[Result]]:
+    """`rounds` rounds of the operations in one job: per round, each operation's result."""
     run = Run(http, data_dir, mode)
     try:
         run.settle(3)
-        return [
-            run.measure("scale 3 -> 2 (graceful leave)", lambda: run.patch(2),
-                        lambda called: run.left(2, called), False, 2, 3),
-            run.measure("SIGTERM to a pod",
-                        lambda: run.post("pods/1/kill", {"grace_seconds": 30}),
-                        lambda called: run.joined(1, called), True, 2, 2),
-            run.measure("migrate pod 1", lambda: run.post("pods/1/migrate"),
-                        lambda called: called + wait(
-                            lambda: run.reports("migrated", called), 300, "the migration",
-                        )[0]["seconds"], True, 2, 2),
-            run.measure("scale 2 -> 3", lambda: run.patch(3),
-                        lambda called: run.joined(2, called), True, 3, 3),
-            run.measure("SIGKILL (the unplanned baseline)",
-                        lambda: run.post("pods/1/kill", {"grace_seconds": 0}),
-                        lambda called: run.joined(1, called), True, 3, 3),
-        ]
+        return [operations(run) for _ in range(rounds)]
     finally:  # its pods outlive the API: they must not train on into the next measurement
         http.post(f"/api/v1/jobs/{run.id}/cancel")
 
 
-def report(results: dict[str, list[Result]]) -> None:
+def spread(values: list[float]) -> str:
+    """The median of `values`, and their range where there are several."""
+    median = f"{statistics.median(values):.2f}"
+    return median if len(values) == 1 else f"{median} ({min(values):.2f}-{max(values):.2f})"
+
+
+def report(results: dict[str, list[list[Result]]]) -> None:
+    """Per operation and mode, the median over the rounds (and their range) of each ratio and
+    of the new pod's time to take part; the most steps lost in any round."""
     modes = list(results)
+    rounds = len(next(iter(results.values())))
+    if rounds > 1:
+        print(f"\nmedians of {rounds} rounds (their range in brackets)")
     header = " | ".join(f"{mode}: gap / median step | {mode}: gap / median, as many processes "
                         f"| {mode}: lost | {mode}: new pod taking part" for mode in modes)
     print(f"\n| operation | {header} |")
     print("|---|" + "---|" * (4 * len(modes)))
-    for row in zip(*(results[mode] for mode in modes), strict=True):
-        cells = " | ".join(f"{r.gap_ratio:.2f} | {r.contended_ratio:.2f} | {r.lost} | "
-                           + (f"{r.joined:.2f} s" if r.joined is not None else "-") for r in row)
-        print(f"| {row[0].operation} | {cells} |")
+    for index, operation in enumerate(r.operation for r in results[modes[0]][0]):
+        cells = []
+        for mode in modes:
+            done = [round_[index] for round_ in results[mode]]
+            joined = [r.joined for r in done if r.joined is not None]
+            cells.append(f"{spread([r.gap_ratio for r in done])} | "
+                         f"{spread([r.contended_ratio for r in done])} | "
+                         f"{max(r.lost for r in done)} | "
+                         + (f"{spread(joined)} s" if joined else "-"))
+        print(f"| {operation} | {' | '.join(cells)} |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", default="live,restart")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="each operation this many times (one job per mode): the medians")
     parser.add_argument("--data-dir", type=Path, help="keep jobs, logs and database here")
     args = parser.parse_args()
-    results: dict[str, list[Result]] = {}
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    results: dict[str, list[list[Result]]] = {}
     with serve(args.data_dir) as (http, data_dir):
         for mode in args.modes.split(","):
-            results[mode] = run_mode(http, data_dir, mode)
+            results[mode] = run_mode(http, data_dir, mode, args.rounds)
     report(results)
 
 
