@@ -10,6 +10,9 @@ and 4-9% of a shard's forward and backward. Allocators written for this (jemallo
 keep what was freed; glibc does when told to map nothing and trim nothing, and a trainer's
 working set is the same every step, so its heap stops growing after the first.
 
+A process that waits before it trains (a warm standby) can then pay its first step's page
+faults while it waits (`reserve`): what it touches and frees stays in its heap for that step.
+
 Where the environment already tunes malloc (glibc's `MALLOC_*_` variables or
 `GLIBC_TUNABLES`), or the C library is not glibc, nothing changes.
 """
@@ -29,6 +32,8 @@ in one go."""
 TUNED_BY = ("MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
             "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES")
 """glibc reads these when a process starts: whoever set one chose for malloc already."""
+_told = False
+"""Whether this process told malloc to keep what is freed."""
 
 
 def keep_freed_memory(environ: Mapping[str, str]) -> bool:
@@ -40,4 +45,23 @@ def keep_freed_memory(environ: Mapping[str, str]) -> bool:
     if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, KEEP_UP_TO))
+    global _told
+    _told = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, KEEP_UP_TO))
+    return _told
+
+
+def reserve(nbytes: int) -> bool:
+    """Where malloc keeps what is freed (`keep_freed_memory`), touch `nbytes` of the calling
+    thread's heap and free them: the next allocations of this thread up to that much take
+    pages the kernel has mapped in already. Whether it did."""
+    if not _told or nbytes <= 0:
+        return False
+    libc = ctypes.CDLL(None)
+    libc.malloc.argtypes, libc.malloc.restype = [ctypes.c_size_t], ctypes.c_void_p
+    libc.free.argtypes, libc.free.restype = [ctypes.c_void_p], None
+    block = libc.malloc(nbytes)
+    if not block:
+        return False
+    ctypes.memset(block, 0, nbytes)
+    libc.free(block)
+    return True

@@ -96,6 +96,10 @@ class Group:
     recovery: type[Recovery] = Recovery
     """The fault-tolerance rules the training loop follows in this group."""
 
+    heals = False
+    """Whether a pod may take its state from a peer (a live heal) rather than from a checkpoint
+    or its own start."""
+
     redoes_steps = False
     """Whether a step that fails is redone by this process with the weights it started from
     (trainer.shards keeps what the failed attempt computed); a static world never fails one."""

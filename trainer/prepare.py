@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from trainer import lora
+from trainer import allocator, lora
 from trainer.config import TrainConfig
 from trainer.contract.spec import JobSpec
 from trainer.contract.staged import HUB_DIR, TOKENS_DIR, read_staged, staged, tokens_key
@@ -116,6 +116,12 @@ def prepared_for(config: TrainConfig, device: torch.device,
     return prepare(config, device)
 
 
+FIRST_STEP_HEAP = 5
+"""What a pod's first update and exact reduce allocate, in bytes of its trainable parameters
+(on a CPU): the optimizer's two moments, and the float64 sums of its shards' gradients with the
+flat buffer they are reduced in (trainer.shards), both at most twice the parameters' bytes."""
+
+
 def warm_up(prepared: Prepared, spec: JobSpec, device: DeviceChoice) -> None:
     """One forward and backward of a shard of the training data through the model, thrown
     away: the weights, the random state and the model's mode are left as they were.
@@ -124,7 +130,10 @@ def warm_up(prepared: Prepared, spec: JobSpec, device: DeviceChoice) -> None:
     on first use: 0.06-0.1 s of MiniLM's 0.45 s shard on 2 CPU cores; a GPU's lazily loaded
     kernels and cuBLAS handles too). A standby pays it while it waits, not the step it heals
     into, which its peers wait for. A pipeline job's pods train a stage each: the whole model's
-    activations are not theirs to hold."""
+    activations are not theirs to hold.
+
+    On a CPU, the memory of that first step's update and exact reduce is touched and freed too
+    (trainer.allocator.reserve): its page faults are the standby's, while it waits."""
     if spec.parallelism == "pipeline" or len(prepared.train) == 0:
         return
     rows = np.arange(min(spec.batch_size, len(prepared.train)))
@@ -141,3 +150,7 @@ def warm_up(prepared: Prepared, spec: JobSpec, device: DeviceChoice) -> None:
         finally:
             model.zero_grad(set_to_none=True)
             model.train(training)
+    if device.device.type == "cpu":
+        trainable = sum(p.numel() * p.element_size() for p in model.parameters()
+                        if p.requires_grad)
+        allocator.reserve(FIRST_STEP_HEAP * trainable)

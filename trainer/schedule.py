@@ -31,6 +31,38 @@ def build_optimizer(model: nn.Module, spec: JobSpec) -> torch.optim.Optimizer:
                              fused=fused)
 
 
+def start_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give each parameter of an Adam or AdamW `optimizer` the state its first update would
+    create (a step count of zero and zero moments, as torch makes them), now.
+
+    A live pod that heals reads its source's moments into these tensors in place
+    (trainer.fault_tolerance.heal): their memory is touched here, before the pod joins a
+    quorum, not while it receives the heal in the step its peers wait for. Updates are what
+    they would be: torch starts a parameter's state with the same zeros."""
+    if not isinstance(optimizer, torch.optim.Adam):  # AdamW is one
+        return
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            state = optimizer.state[parameter]
+            if state:
+                continue
+            # torch.optim.Adam._init_group: the step on the parameter's device where fused or
+            # capturable, else a CPU tensor of the default scalar type.
+            fused, capturable = bool(group["fused"]), bool(group["capturable"])
+            state["step"] = torch.zeros((), dtype=torch.float32 if fused else scalar_dtype(),
+                                        device=parameter.device if fused or capturable
+                                        else "cpu")
+            moments = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if group["amsgrad"]
+                                                   else [])
+            for name in moments:
+                state[name] = torch.zeros_like(parameter, memory_format=torch.preserve_format)
+
+
+def scalar_dtype() -> torch.dtype:
+    """The dtype of an unfused optimizer's step count (torch.optim.optimizer's)."""
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+
+
 class LinearSchedule:
     """Linear warm-up then linear decay, driven by the share of training samples consumed.
 

@@ -31,7 +31,7 @@ from trainer.progress import StepReports
 from trainer.recovery import Recovery
 from trainer.report import Reporter
 from trainer.sampler import Assignment, GlobalSampler
-from trainer.schedule import LinearSchedule, OptimizerLoader, build_optimizer
+from trainer.schedule import LinearSchedule, OptimizerLoader, build_optimizer, start_state
 from trainer.shards import ShardSums, seed_shard
 from trainer.state import rng_state, set_rng_state, weights_checksum
 
@@ -137,6 +137,8 @@ class Trainer:
         latest = self.checkpointer.newest_before_training()
         if latest is not None:
             self.resume(latest)
+        elif group.heals:  # a heal reads the moments into these, not into new memory
+            start_state(self.optimizer)
         group.register_state(self._load_live_state, self._live_state)
 
     # --- state ---------------------------------------------------------------------------

@@ -60,3 +60,43 @@ def test_an_environment_that_tunes_malloc_keeps_its_choice() -> None:
     assert found["told"] is False
     assert found["mapped"] >= 64 * MIB  # a mapping of its own, unmapped when freed
     assert found["heap_held"] < 64 * MIB
+
+
+FAULTS = """
+import json, os, resource, sys
+import torch
+from trainer.allocator import keep_freed_memory, reserve
+
+keep_freed_memory(os.environ)
+reserved = reserve(int(sys.argv[1]))
+
+def faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+before = faults()
+block = torch.ones(64 * 2**20, dtype=torch.uint8)  # a first step's buffer, touched
+print(json.dumps({"reserved": reserved, "faults": faults() - before}))
+"""
+PAGES = 64 * MIB // 4096
+
+
+def faults_of_a_first_block(reserved: int, **environ: str) -> dict[str, int]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_"))}
+    done = subprocess.run([sys.executable, "-c", FAULTS, str(reserved)],
+                          env={**env, **environ}, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, check=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_memory_reserved_ahead_takes_a_blocks_page_faults_before_it_is_allocated() -> None:
+    cold = faults_of_a_first_block(0)
+    warm = faults_of_a_first_block(80 * MIB)
+    assert cold["reserved"] is False and warm["reserved"] is True
+    assert cold["faults"] >= PAGES * 0.9  # every page of the block faulted in, one by one
+    assert warm["faults"] < PAGES * 0.1
+
+
+def test_nothing_is_reserved_where_malloc_hands_freed_memory_back() -> None:
+    found = faults_of_a_first_block(80 * MIB, MALLOC_MMAP_MAX_="65536")
+    assert found["reserved"] is False
+    assert found["faults"] >= PAGES * 0.9

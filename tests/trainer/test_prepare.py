@@ -1,15 +1,18 @@
-"""trainer.prepare.warm_up: a standby's thrown-away step leaves the model as it was."""
+"""trainer.prepare.warm_up: a standby's thrown-away step leaves the model as it was, and the
+memory of its first update is touched ahead."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.factories import make_reviews_csv, tiny_spec
+from trainer import allocator
 from trainer.config import JobSpec, Runtime, TrainConfig
 from trainer.model import choose_device
-from trainer.prepare import Prepared, prepare, warm_up
+from trainer.prepare import FIRST_STEP_HEAP, Prepared, prepare, warm_up
 
 
 def prepared_job(inputs: Path, work: Path, **overrides: object) -> tuple[Prepared, JobSpec]:
@@ -48,3 +51,18 @@ def test_a_pipeline_pod_is_not_warmed_up_with_the_whole_model(inputs_dir: Path,
         p.register_hook(lambda grad: backwards.append(1))
     warm_up(prepared, spec, choose_device())
     assert backwards == []
+
+
+def test_the_warm_up_reserves_the_first_updates_memory_on_a_cpu(
+        inputs_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    prepared, spec = prepared_job(inputs_dir, tmp_path)
+    asked: list[int] = []
+
+    def reserve(nbytes: int) -> bool:
+        asked.append(nbytes)
+        return True
+
+    monkeypatch.setattr(allocator, "reserve", reserve)
+    warm_up(prepared, spec, choose_device())
+    trainable = sum(p.numel() * 4 for p in prepared.model.parameters() if p.requires_grad)
+    assert asked == [FIRST_STEP_HEAP * trainable]

@@ -223,3 +223,23 @@ def test_an_uploaded_dataset_of_three_classes_trains_a_model_that_names_them(
     assert classify("the film was very dull and tedious")[0]["label"] == "negative"
     assert "labels `negative`, `neutral`, `positive`" in " ".join(
         (config.runtime.model_dir / "README.md").read_text().split())
+
+
+class HealingGroup(Group):
+    heals = True
+
+
+@pytest.mark.parametrize("group_type", [Group, HealingGroup])
+def test_a_pod_that_may_heal_holds_its_optimizers_state_before_its_first_step(
+        make_config, group_type: type[Group]) -> None:
+    """A heal reads the source's moments into them in place, so their memory is touched
+    before the pod joins a quorum; a pod that cannot heal leaves that to its first update."""
+    trainer = Trainer(make_config(), group_type(choose_device(), environ={}), Reporter("p"))
+    trainable = [p for p in trainer.model.parameters() if p.requires_grad]
+    state = trainer.optimizer.state
+    if group_type is HealingGroup:
+        assert trainable and all(
+            state[p]["step"].item() == 0 and torch.equal(state[p]["exp_avg"], torch.zeros_like(p))
+            and torch.equal(state[p]["exp_avg_sq"], torch.zeros_like(p)) for p in trainable)
+    else:
+        assert not state

@@ -58,6 +58,7 @@ class LiveGroup(Group):
 
     shards_evaluation = False  # peers may vanish mid-evaluation: each evaluates the whole split
     recovery = LiveRecovery
+    heals = True
     redoes_steps = True  # should_commit refuses a step a peer died in: the survivors redo it
 
     def __init__(self, device: DeviceChoice, pod: str, lighthouse: str, address: str,
