@@ -52,10 +52,12 @@ def keep_freed_memory(environ: Mapping[str, str]) -> bool:
 
 def reserve(nbytes: int) -> bool:
     """Where malloc keeps what is freed (`keep_freed_memory`), touch `nbytes` of the calling
-    thread's heap and free them: the next allocations of this thread up to that much take
-    pages the kernel has mapped in already. Whether it did."""
+    thread's heap (half the trim threshold at most: malloc hands back a larger top of its heap
+    at once) and free them: the next allocations of this thread up to that much take pages the
+    kernel has mapped in already. Whether it did."""
     if not _told or nbytes <= 0:
         return False
+    nbytes = min(nbytes, KEEP_UP_TO // 2)
     libc = ctypes.CDLL(None)
     libc.malloc.argtypes, libc.malloc.restype = [ctypes.c_size_t], ctypes.c_void_p
     libc.free.argtypes, libc.free.restype = [ctypes.c_void_p], None
