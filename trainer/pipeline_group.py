@@ -70,7 +70,9 @@ class PipelineGroup(Group, Pipelined):
 
     @property
     def is_primary(self) -> bool:
-        return self.global_rank == 0
+        # The pod the whole model is gathered on (stage 0 of replica 0: `gather_state`), which
+        # exports it: a restart's rendezvous may give global rank 0 to any pod.
+        return self.replica == 0 and self.stage == 0
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model  # gradients are averaged over a stage's replicas by PipelineModel

@@ -175,8 +175,10 @@ weights = {name: p.detach().flatten().tolist()
 from trainer.evaluation import evaluate
 evaluation = evaluate(runner.stage, Split(*samples(int(sys.argv[4]))), group, int(sys.argv[5]),
                       runner.logits)
+gathered = runner.gather_state()  # the export's: the whole model on one pod
 print(json.dumps({"losses": losses, "weights": weights, "evaluation": evaluation,
-                  "stage": group.stage,
+                  "stage": group.stage, "primary": group.is_primary,
+                  "gathered": gathered is not None,
                   "replica": group.replica, "widths": sorted(runner._schedules)}), flush=True)
 # As trainer/__main__.py does: gloo ranks tearing their groups down at the same moment were
 # seen to abort after a successful run ("terminate called without an active exception").
@@ -224,6 +226,10 @@ def test_two_pipelines_of_two_stages_train_as_the_whole_model(
                for rank in range(4)]
     assert [(r["replica"], r["stage"]) for r in reports] == [(o // 2, o % 2) for o in ordinal_of]
     reports = [reports[ordinal_of.index(o)] for o in range(4)]  # by ordinal from here on
+    # The primary, which exports and completes checkpoints, is the pod the whole model is
+    # gathered on: ordinal 0, whichever rank it has (after a restart's rendezvous, any).
+    assert [r["primary"] for r in reports] == [True, False, False, False]
+    assert [r["gathered"] for r in reports] == [True, False, False, False]
     losses, weights, evaluation = hybrid_reference()
     for report in reports:  # every pod reports the step's loss over the whole window
         assert report["losses"] == pytest.approx(losses, abs=1e-4)
