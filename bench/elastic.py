@@ -80,6 +80,8 @@ class Run:
         self.id: str = created.json()["id"]
         self.medians: dict[int, float] = {}
         """Pod 0's median step interval by the number of trainer processes at work."""
+        self.per_epoch: int | None = None
+        """Steps in an epoch (the global batch is fixed), once the job reports its samples."""
 
     def pod(self, ordinal: int) -> str:
         return f"{self.id}-{ordinal}"
@@ -88,11 +90,13 @@ class Run:
         """Whether pod 0's next periodic checkpoint and its epoch's end (an evaluation) are
         both at least CLEAR_STEPS steps after `step`: each stalls a step by itself."""
         every = SPEC["checkpoint_every_steps"]
-        total = self.http.get(f"/api/v1/jobs/{self.id}").json()["progress"]["total_samples"]
-        per_epoch = math.ceil((total or 0) / SPEC["epochs"]
-                              / (SPEC["replicas"] * SPEC["batch_size"]))
+        if self.per_epoch is None:  # known once the pods have read the data
+            total = self.http.get(f"/api/v1/jobs/{self.id}").json()["progress"]["total_samples"]
+            self.per_epoch = math.ceil((total or 0) / SPEC["epochs"]
+                                       / (SPEC["replicas"] * SPEC["batch_size"])) or None
+        per_epoch = self.per_epoch
         return (1 <= step % every <= every - CLEAR_STEPS
-                and (not per_epoch or 1 <= step % per_epoch <= per_epoch - CLEAR_STEPS))
+                and (per_epoch is None or 1 <= step % per_epoch <= per_epoch - CLEAR_STEPS))
 
     def survivor_steps(self) -> list[tuple[float, int, int]]:
         """(time, step, participants) of pod 0's commits, oldest first."""

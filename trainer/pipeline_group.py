@@ -41,7 +41,6 @@ class PipelineGroup(Group, Pipelined):
             raise PipelineError(f"a world of {world} pods does not make pipelines of "
                                 f"{stages} stages")
         self.stages, self.replicas = stages, world // stages
-        self.global_rank = self._rank
         ordinals: list[Any] = [None] * world
         dist.all_gather_object(ordinals, self._rank if ordinal is None else ordinal)
         if sorted(ordinals) != list(range(world)):

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.optimizer import _get_scalar_dtype
 
 from trainer.contract.spec import JobSpec
 
@@ -46,21 +47,16 @@ def start_state(optimizer: torch.optim.Optimizer) -> None:
             state = optimizer.state[parameter]
             if state:
                 continue
-            # torch.optim.Adam._init_group: the step on the parameter's device where fused or
-            # capturable, else a CPU tensor of the default scalar type.
+            # As torch.optim.Adam._init_group makes it: on the parameter's device where fused or
+            # capturable, else on the CPU.
             fused, capturable = bool(group["fused"]), bool(group["capturable"])
-            state["step"] = torch.zeros((), dtype=torch.float32 if fused else scalar_dtype(),
+            state["step"] = torch.zeros((), dtype=_get_scalar_dtype(is_fused=fused),
                                         device=parameter.device if fused or capturable
                                         else "cpu")
             moments = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if group["amsgrad"]
                                                    else [])
             for name in moments:
                 state[name] = torch.zeros_like(parameter, memory_format=torch.preserve_format)
-
-
-def scalar_dtype() -> torch.dtype:
-    """The dtype of an unfused optimizer's step count (torch.optim.optimizer's)."""
-    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
 
 class LinearSchedule:
