@@ -56,11 +56,23 @@ def steps(http: httpx.Client, job_id: str) -> list[tuple[float, str, int, int]]:
                   for e in events(http, job_id, "metric") if e["data"].get("kind") == "metric")
 
 
+def job_state(data_dir: Path, job_id: str) -> dict[str, Any]:
+    """The job's state.json, as its local supervisor wrote it."""
+    state: dict[str, Any] = json.loads((data_dir / "jobs" / job_id / "state.json").read_text())
+    return state
+
+
+def pod_state(data_dir: Path, job_id: str, ordinal: int) -> dict[str, Any]:
+    """One pod's entry in state.json: its current incarnation's pid, start, restarts."""
+    pod: dict[str, Any] = job_state(data_dir, job_id)["pods"][ordinal]
+    return pod
+
+
 def standby_ready(data_dir: Path, job_id: str) -> bool:
     """Whether the job's supervisor holds a loaded standby (local backend, live jobs): its
     loading costs the pods CPU, so a measurement waits for it to be over."""
     try:
-        state = json.loads((data_dir / "jobs" / job_id / "state.json").read_text())
+        state = job_state(data_dir, job_id)
     except (OSError, ValueError):
         return False
     return bool((state.get("standby") or {}).get("ready"))

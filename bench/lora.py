@@ -24,8 +24,8 @@ from typing import Any
 
 import httpx
 
-from bench.control_plane import events, serve, standby_ready, wait
-from bench.recovery import kill, pod_state
+from bench.control_plane import events, pod_state, serve, standby_ready, wait
+from bench.recovery import kill
 
 FINISHED = ("succeeded", "failed", "cancelled")
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -43,20 +42,9 @@ from typing import Any
 import httpx
 
 from api.cli.demo import DEMO_SPEC
-from bench.control_plane import events, serve, steps, wait
+from bench.control_plane import events, job_state, pod_state, serve, steps, wait
 
 FINISHED = ("succeeded", "failed", "cancelled")
-
-
-def job_state(data_dir: Path, job_id: str) -> dict[str, Any]:
-    """The job's state.json, as its local supervisor wrote it."""
-    state: dict[str, Any] = json.loads((data_dir / "jobs" / job_id / "state.json").read_text())
-    return state
-
-
-def pod_state(data_dir: Path, job_id: str, ordinal: int) -> dict[str, Any]:
-    pod: dict[str, Any] = job_state(data_dir, job_id)["pods"][ordinal]
-    return pod
 
 
 def kill(http: httpx.Client, data_dir: Path, job_id: str, ordinal: int) -> tuple[float, int]:
