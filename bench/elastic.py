@@ -14,9 +14,8 @@ pod 0 reports again after a restart from a checkpoint); and the time from the AP
 new pod's first committed step (its `joined` event), and from the new pod's start (its process,
 or the warm standby handed its identity: state.json's `started_at`) to that step. Goals, live
 mode (issue 26): the gap over the median step with as many processes (below) <= 1.3 and 0
-steps lost for every planned operation; a
-recreated or added pod taking part within 1.5 s of its start, a migration's replacement within
-3 s of the request.
+steps lost for every planned operation; a recreated or added pod taking part within 1.5 s of
+its start, a migration's replacement within 3 s of the request.
 
 The gap is also divided by pod 0's median step interval with as many trainer processes at work
 as the operation had at most (3 for a scale-up, measured before the scale-down; 2 for a
