@@ -2,9 +2,10 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from trainer.fault_tolerance.live import step_rank
 from trainer.sampler import GlobalSampler
 
 
@@ -77,3 +78,26 @@ def test_state_round_trip_resumes_at_the_cursor() -> None:
     restored.load_state_dict(sampler.state_dict())
     np.testing.assert_array_equal(restored.assign(1, 2).indices, sampler.assign(1, 2).indices)
     assert restored.cursor == 6
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=6).filter(lambda h: not all(h)),
+       st.integers(1, 12))
+@example(healing=[True, False], shards=3)  # pod 0 of two migrated, three shards
+def test_a_healing_participant_takes_a_smallest_run_whatever_its_replica_id(
+        healing: list[bool], shards: int) -> None:
+    """A live step's participants, in torchft's (replica id) order, some up to date and some
+    healing: their step ranks hand out every shard once, and a lone healer gets one of the
+    smallest runs, wherever its replica id sorts."""
+    participants = len(healing)
+    up_to_date = [r for r, heals in enumerate(healing) if not heals]
+    ranks = [step_rank(r, participants, len(up_to_date), None if heals else up_to_date.index(r))
+             for r, heals in enumerate(healing)]
+    assert sorted(ranks) == list(range(participants))
+    sampler = GlobalSampler(num_samples=1000, batch_size=4, seed=0, global_batch=4 * shards)
+    shares = [sampler.assign(rank, participants) for rank in ranks]
+    assert shares[0].window_ids is not None
+    assert sorted(np.concatenate([s.indices for s in shares])) == sorted(shares[0].window_ids)
+    if healing.count(True) == 1:
+        healer = shares[healing.index(True)]
+        assert len(healer.shards) == min(len(s.shards) for s in shares)

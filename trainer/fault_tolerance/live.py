@@ -5,6 +5,13 @@ it (its step is aborted and redone), and a new pod heals from a live peer (weigh
 sampler cursor, progress) before it participates. `start_step` runs the quorum and heals this
 pod where it is behind, before the step it then takes part in; `should_commit` says whether the
 step counts.
+
+A participant's rank orders the step's shards between the participants (trainer.sampler), the
+lowest ranks taking the larger runs where they do not divide evenly. torchft ranks the
+participants by replica id; in a step one of them heals in, the healer is ranked last instead,
+so that it, whose shards wait for its heal, takes one of the smaller runs, whatever its pod's
+name: migrating pod 0 of a job of two pods and three shards then costs what migrating pod 1
+does.
 """
 
 from __future__ import annotations
@@ -53,6 +60,34 @@ def lost_a_peer(error: BaseException) -> bool:
     return "Connection closed by peer" in message or "Connection reset by peer" in message
 
 
+def step_rank(replica_rank: int, participants: int, up_to_date: int,
+              up_to_date_rank: int | None) -> int:
+    """A participant's rank in the step from torchft's quorum: its rank by replica id of the
+    `participants`, and of the `up_to_date` ones (None where it heals). Where exactly one
+    participant heals, the others keep their order and the healer is last; else (several heal:
+    none of them knows the others' places among the up-to-date) it is the rank by replica id.
+    Every participant reads the same `participants` and `up_to_date`, so they agree."""
+    if participants - up_to_date != 1:
+        return replica_rank
+    return participants - 1 if up_to_date_rank is None else up_to_date_rank
+
+
+class QuorumSeen:
+    """torchft's manager client, keeping the last quorum it answered: the manager keeps only its
+    rank and size of it, not which participants are up to date (step_rank)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.last: Any = None
+
+    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
+        self.last = self._client._quorum(*args, **kwargs)
+        return self.last
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
 class LiveGroup(Group):
     """One torchft replica group (this process) of a job coordinated by a lighthouse."""
 
@@ -98,6 +133,7 @@ class LiveGroup(Group):
                 quorum_timeout=QUORUM_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
                 hostname=url_host(address), checkpoint_transport=self._transport,
                 quorum_retries=quorum_retries)
+        self._quorums = self.manager._client = QuorumSeen(self.manager._client)
         self._lighthouse = lighthouse
         self._participants = 0
         self._quorum_rank: int | None = None
@@ -116,7 +152,7 @@ class LiveGroup(Group):
 
     @property
     def rank(self) -> int:
-        """This participant's rank in the current step (0 where it takes no part)."""
+        """This participant's rank in the current step (step_rank; 0 where it takes no part)."""
         return self._quorum_rank if self._quorum_rank is not None else 0
 
     @property
@@ -153,12 +189,17 @@ class LiveGroup(Group):
 
     def start_step(self) -> None:
         previous = self.quorum_id
+        self._quorums.last = None
         self.manager.start_quorum()
         if self._transport.damaged:
             raise HealBrokeOff("a heal broke off after it had written part of this pod's "
                                "weights: the pod ends, to be recreated and heal again")
         self._participants = self.manager.num_participants()
         self._quorum_rank = self.manager.participating_rank()
+        quorum = self._quorums.last
+        if self._quorum_rank is not None and quorum is not None:
+            self._quorum_rank = step_rank(self._quorum_rank, self._participants,
+                                          quorum.max_world_size, quorum.max_replica_rank)
         if self._connections_dropped:
             if self.quorum_id == previous:
                 # Only a new quorum rebuilds the connections dropped below: none came (the

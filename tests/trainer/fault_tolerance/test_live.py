@@ -139,58 +139,74 @@ def test_a_live_job_runs_on_ipv6_addresses(inputs_dir: Path, tmp_path: Path,
 
 class Run(NamedTuple):
     losses: dict[int, float]
-    """Pod 0's loss of every step."""
+    """The surviving pod's loss of every step (the step's, every participant's)."""
     checksums: set[str]
     """Of the final weights, as each pod reported them."""
     alone: list[int]
-    """Steps pod 0 computed alone."""
+    """Steps the surviving pod computed alone."""
     healed: list[str]
     """Pods that healed from a peer."""
+    samples: list[dict[str, Any]]
+    """Each pod's samples of each step (`pod` added)."""
 
 
 def test_a_pod_killed_and_recreated_changes_no_bit_of_what_the_job_computes(
         inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
-    """A fixed global batch (trainer.shards): the survivor computes the dead pod's shards, the
-    recreated pod heals and takes them back, and every step's loss and the final weights are
-    those of the undisturbed run, to the bit; and those of one pod computing every shard."""
+    """A fixed global batch (trainer.shards) of three shards on two pods: the survivor computes
+    the dead pod's shards, the recreated pod heals and takes its share back, and every step's
+    loss and the final weights are those of the undisturbed run, to the bit; and those of one
+    pod computing every shard. The pod killed is pod 0, which torchft ranks first: in its
+    heal step the healer is ranked last all the same, and computes the smaller share."""
     make_reviews_csv(inputs_dir / "reviews.csv", rows=600)
-    spec = live_spec(epochs=6, checkpoint_every_steps=0, max_eval_samples=40)
+    spec = live_spec(epochs=6, checkpoint_every_steps=0, max_eval_samples=40,
+                     global_batch_size=24)
 
     def run(name: str, disturb: bool, pods_started: int = 2) -> Run:
         work = tmp_path / name
         work.mkdir()
+        survivor = f"live-{pods_started - 1}"
         lighthouse = start_lighthouse(processes, work / "lighthouse.log", pods_started)
         pods = [start_pod(processes, work, inputs_dir, lighthouse, spec, o)
                 for o in range(pods_started)]
         if disturb:
-            wait_for(lambda: sum(r["kind"] == "metric" and r["pod"] == "live-0"
+            wait_for(lambda: sum(r["kind"] == "metric" and r["pod"] == survivor
                                  for r in records(work / "reports.jsonl")) >= 15,
                      what="15 steps", timeout=120)
-            pods[1].send_signal(signal.SIGKILL)
-            pods[1].wait(timeout=10)
-            wait_for(lambda: any(r["kind"] == "metric" and r["pod"] == "live-0"
+            pods[0].send_signal(signal.SIGKILL)
+            pods[0].wait(timeout=10)
+            wait_for(lambda: any(r["kind"] == "metric" and r["pod"] == survivor
                                  and r["data"]["participants"] == 1
                                  for r in records(work / "reports.jsonl")),
-                     what="pod 0 to train a step alone", timeout=60)
-            pods[1] = start_pod(processes, work, inputs_dir, lighthouse, spec, 1, 1)
+                     what="the survivor to train a step alone", timeout=60)
+            pods[0] = start_pod(processes, work, inputs_dir, lighthouse, spec, 0, 1)
         for pod in pods:
             assert pod.wait(timeout=240) == 0
         everything = records(work / "reports.jsonl")
-        metrics = [r["data"] for r in everything if r["kind"] == "metric" and r["pod"] == "live-0"]
+        metrics = [r["data"] for r in everything if r["kind"] == "metric" and r["pod"] == survivor]
         events = [r for r in everything if r["kind"] == "event"]
         return Run({m["step"]: m["loss"] for m in metrics},
                    {r["data"]["checksum"] for r in events if r["data"]["type"] == "completed"},
                    [m["step"] for m in metrics if m["participants"] == 1],
-                   [r["pod"] for r in events if r["data"]["type"] == "healed"])
+                   [r["pod"] for r in events if r["data"]["type"] == "healed"],
+                   [r["data"] | {"pod": r["pod"]} for r in everything if r["kind"] == "samples"])
 
     undisturbed, disturbed = run("undisturbed", False), run("disturbed", True)
     alone = run("alone", False, pods_started=1)
-    # The kill happened: pod 0 trained steps alone, and pod 1's new incarnation healed.
-    assert max(disturbed.alone) > 15 and "live-1" in disturbed.healed
+    # The kill happened: pod 1 trained steps alone, and pod 0's new incarnation healed.
+    assert max(disturbed.alone) > 15 and "live-0" in disturbed.healed
     assert len(undisturbed.checksums) == 1 and disturbed.checksums == undisturbed.checksums
     assert disturbed.losses == undisturbed.losses  # every step's, to the bit
     # From the first step on: no pod's shards are lost to a sync at step 0.
     assert alone.checksums == undisturbed.checksums and alone.losses == undisturbed.losses
+    # Undisturbed, pod 0 is ranked first and takes two shards; in the step it healed in, it
+    # took one, last, and pod 1 the other two.
+    first = min(s["step"] for s in undisturbed.samples)
+    assert {(s["pod"], s["rank"], len(s["ids"])) for s in undisturbed.samples
+            if s["step"] == first} == {("live-0", 0, 16), ("live-1", 1, 8)}
+    healed_in = min(s["step"] for s in disturbed.samples
+                    if s["pod"] == "live-0" and s["step"] > max(disturbed.alone))
+    assert {(s["pod"], s["rank"], len(s["ids"])) for s in disturbed.samples
+            if s["step"] == healed_in} == {("live-0", 1, 8), ("live-1", 0, 16)}
 
 
 def test_a_pod_loads_its_data_before_the_lighthouse_hears_of_it(
