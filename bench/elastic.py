@@ -4,26 +4,26 @@ One job per mode (MiniLM, Rotten Tomatoes, 3 pods, local backend, the real contr
 in it, one after the other, each operation through the API:
 
     scale 3 -> 2 (graceful leave), SIGTERM to pod 1 (a kill with a grace), migrate pod 1,
-    scale 2 -> 3, SIGKILL pod 1 (the unplanned baseline).
+    migrate pod 0, scale 2 -> 3, SIGKILL pod 1 (the unplanned baseline).
 
-Per operation, from pod 0's committed steps (pod 0 is never touched): its largest gap between
-consecutive commits from the API call until the operation is over (and pod 0 has committed 3
-steps with the new membership after it), divided by its median step
-interval over the 20 steps before the call; the committed steps computed again (a step number
-pod 0 reports again after a restart from a checkpoint); and the time from the API call to the
+Per operation, from the committed steps of a pod it leaves alone (pod 0; pod 1 while pod 0
+migrates): its largest gap between consecutive commits from the API call until the operation
+is over (and it has committed 3 steps with the new membership after it), divided by its median
+step interval over the 20 steps before the call; the committed steps computed again (a step
+number it reports again after a restart from a checkpoint); and the time from the API call to the
 new pod's first committed step (its `joined` event), and from the new pod's start (its process,
 or the warm standby handed its identity: state.json's `started_at`) to that step. Goals, live
 mode (issue 26): the gap over the median step with as many processes (below) <= 1.3 and 0
 steps lost for every planned operation; a recreated or added pod taking part within 1.5 s of
 its start, a migration's replacement within 3 s of the request.
 
-The gap is also divided by pod 0's median step interval with as many trainer processes at work
+The gap is also divided by the median step interval with as many trainer processes at work
 as the operation had at most (3 for a scale-up, measured before the scale-down; 2 for a
 migration, whose replacement takes over from the old process from one step to the next, and a
 SIGTERM, whose replacement starts beside the leaving process and does the same): on a machine
 with fewer cores than processes, three pods step slower than two for want of CPU, not for a
 pause, and this ratio tells the two apart. Each operation starts when
-pod 0's next periodic checkpoint is at least CLEAR_STEPS steps away: a checkpoint stalls a step
+the job's next periodic checkpoint is at least CLEAR_STEPS steps away: a checkpoint stalls a step
 by itself (bench/trainer_overhead.py measures it), whether or not an operation runs.
 
 With --rounds N, the operations run N times in a row in the same job, and the table gives each
@@ -50,15 +50,16 @@ import httpx
 from bench.control_plane import events, pod_state, serve, standby_ready, steps, wait
 
 SETTLE_STEPS = 15
-"""Steps pod 0 commits with the expected participants before the next operation starts."""
+"""Steps the watched pod commits with the expected participants before the next operation
+starts."""
 AFTER_STEPS = 3
-"""Steps pod 0 commits with the new membership after an operation ended that still count as
-its window."""
+"""Steps the watched pod commits with the new membership after an operation ended that still
+count as its window."""
 SPEC: dict[str, Any] = {
     "model": "minilm", "dataset": "rotten_tomatoes", "replicas": 3, "max_replicas": 3,
     "epochs": 3, "batch_size": 8, "checkpoint_every_steps": 25, "max_eval_samples": 200}
 CLEAR_STEPS = 12
-"""Steps from an operation's start to pod 0's next periodic checkpoint, at least."""
+"""Steps from an operation's start to the job's next periodic checkpoint, at least."""
 
 
 @dataclass
@@ -83,7 +84,9 @@ class Run:
         created.raise_for_status()
         self.id: str = created.json()["id"]
         self.medians: dict[int, float] = {}
-        """Pod 0's median step interval by the number of trainer processes at work."""
+        """The median step interval by the number of trainer processes at work."""
+        self.watched = 0
+        """The pod whose commits are timed: one the operation leaves alone."""
         self.per_epoch: int | None = None
         """Steps in an epoch (the global batch is fixed), once the job reports its samples."""
 
@@ -91,7 +94,7 @@ class Run:
         return f"{self.id}-{ordinal}"
 
     def clear(self, step: int) -> bool:
-        """Whether pod 0's next periodic checkpoint and its epoch's end (an evaluation) are
+        """Whether the job's next periodic checkpoint and its epoch's end (an evaluation) are
         both at least CLEAR_STEPS steps after `step`: each stalls a step by itself."""
         every = SPEC["checkpoint_every_steps"]
         if self.per_epoch is None:  # known once the pods have read the data
@@ -103,17 +106,17 @@ class Run:
                 and (per_epoch is None or 1 <= step % per_epoch <= per_epoch - CLEAR_STEPS))
 
     def survivor_steps(self) -> list[tuple[float, int, int]]:
-        """(time, step, participants) of pod 0's commits, oldest first."""
+        """(time, step, participants) of the watched pod's commits, oldest first."""
         return [(t, step, n) for t, pod, step, n in steps(self.http, self.id)
-                if pod == self.pod(0)]
+                if pod == self.pod(self.watched)]
 
     def reports(self, kind: str, after: float) -> list[dict[str, Any]]:
         return [e["data"] | {"time": e["time"]} for e in events(self.http, self.id, "job")
                 if e["data"].get("type") == kind and e["time"] > after]
 
     def settle(self, participants: int, after: float = 0.0) -> None:
-        """Wait until pod 0 has committed SETTLE_STEPS steps in a row with `participants`, all
-        after `after` and after a live job's standby was loaded."""
+        """Wait until the watched pod has committed SETTLE_STEPS steps in a row with
+        `participants`, all after `after` and after a live job's standby was loaded."""
         if self.mode == "live":
             wait(lambda: standby_ready(self.data_dir, self.id), 600, "the standby")
             after = max(after, time.time())
@@ -132,10 +135,12 @@ class Run:
         return float(found[0]["time"])
 
     def measure(self, operation: str, act: Callable[[], None], done: Callable[[float], float],
-                new_pod: int | None, participants: int, processes: int) -> Result:
+                new_pod: int | None, participants: int, processes: int,
+                watch: int = 0) -> Result:
         """Run `act`, wait for `done(called_at)` (when the operation was over), then settle.
         `new_pod`: the ordinal of the pod it starts, if any; `processes`: the most trainer
-        processes at work during it."""
+        processes at work during it; `watch`: the pod whose commits are timed."""
+        self.watched = watch
         wait(lambda: self.clear(self.survivor_steps()[-1][1]), 300,
              "a step clear of the next checkpoint and epoch end")
         before = self.survivor_steps()[-21:]
@@ -150,8 +155,8 @@ class Run:
         self.settle(participants, after=finished)
         # From the last commit before the call on: a pause that starts with it counts.
         after = [s for s in self.survivor_steps() if s[0] >= before[-1][0]]
-        # Over once pod 0 has committed AFTER_STEPS steps with the new membership since the
-        # operation ended (a restart round, where there is one, is inside).
+        # Over once the watched pod has committed AFTER_STEPS steps with the new membership
+        # since the operation ended (a restart round, where there is one, is inside).
         settled = [s for s in after if s[0] > finished and s[2] == participants]
         window = [s for s in after if s[0] <= settled[AFTER_STEPS - 1][0]]
         gap = max(b[0] - a[0] for a, b in itertools.pairwise(window))
@@ -206,16 +211,22 @@ def operations(run: Run) -> list[Result]:
         run.measure("SIGTERM to a pod",
                     lambda: run.post("pods/1/kill", {"grace_seconds": 30}),
                     lambda called: run.joined(1, called), 1, 2, 2),
-        run.measure("migrate pod 1", lambda: run.post("pods/1/migrate"),
-                    lambda called: called + wait(
-                        lambda: run.reports("migrated", called), 300, "the migration",
-                    )[0]["seconds"], 1, 2, 2),
+        migrate(run, 1),
+        migrate(run, 0),
         run.measure("scale 2 -> 3", lambda: run.patch(3),
                     lambda called: run.joined(2, called), 2, 3, 3),
         run.measure("SIGKILL (the unplanned baseline)",
                     lambda: run.post("pods/1/kill", {"grace_seconds": 0}),
                     lambda called: run.joined(1, called), 1, 3, 3),
     ]
+
+
+def migrate(run: Run, ordinal: int) -> Result:
+    """Migrate pod `ordinal` of two, timing the other one's commits."""
+    return run.measure(f"migrate pod {ordinal}", lambda: run.post(f"pods/{ordinal}/migrate"),
+                       lambda called: called + wait(
+                           lambda: run.reports("migrated", called), 300, "the migration",
+                       )[0]["seconds"], ordinal, 2, 2, watch=1 - ordinal)
 
 
 def run_mode(http: httpx.Client, data_dir: Path, mode: str, rounds: int) -> list[list[Result]]:
