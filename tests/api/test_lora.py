@@ -53,9 +53,11 @@ def test_a_killed_lora_pod_heals_just_the_adapters_and_the_head(plane: ControlPl
 
 def test_a_restart_lora_job_resumes_from_a_checkpoint_of_the_trainable_state(
         plane: ControlPlane) -> None:
-    # The kill comes after 8 steps of 384; a new rendezvous round holds training until then.
+    # Pod 0 must still be training when pod 1 is back: the kill, the plane's 6 s backoff, the
+    # new pod's start and a new rendezvous round take about 9 s, which 1536 steps outlast at
+    # 100 steps/s (this job's fastest seen; 384 steps did not).
     job = Job(plane, spec("restart", replicas=2, finetune="lora", learning_rate=0.03,
-                          epochs=4))
+                          epochs=16))
     job.wait_steps(8, 0.0, 2, (0, 1), "both pods to train")
     killed_at = job.kill(1)
     resumed = wait_for(lambda: job.reports("resumed", killed_at), timeout=120,
