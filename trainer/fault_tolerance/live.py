@@ -11,7 +11,7 @@ lowest ranks taking the larger runs where they do not divide evenly. torchft ran
 participants by replica id; in a step one of them heals in, the healer is ranked last instead,
 so that it, whose shards wait for its heal, takes one of the smaller runs, whatever its pod's
 name: migrating pod 0 of a job of two pods and three shards then costs what migrating pod 1
-does.
+does. The primary stays torchft's rank 0.
 """
 
 from __future__ import annotations
@@ -137,6 +137,8 @@ class LiveGroup(Group):
         self._lighthouse = lighthouse
         self._participants = 0
         self._quorum_rank: int | None = None
+        """torchft's rank of this participant (by replica id); None where it takes no part."""
+        self._step_rank = 0
         self._connections_dropped = False
         logger.info("pod %s joined lighthouse %s", pod, lighthouse)
         if replica_file is not None:
@@ -152,8 +154,9 @@ class LiveGroup(Group):
 
     @property
     def rank(self) -> int:
-        """This participant's rank in the current step (step_rank; 0 where it takes no part)."""
-        return self._quorum_rank if self._quorum_rank is not None else 0
+        """This participant's rank in the current step's shards (step_rank; 0 where it takes
+        no part)."""
+        return self._step_rank
 
     @property
     def healing(self) -> bool:
@@ -165,6 +168,7 @@ class LiveGroup(Group):
 
     @property
     def is_primary(self) -> bool:
+        # torchft's rank, not the step's: the primary does not move for a heal step.
         return self._quorum_rank == 0
 
     @property
@@ -197,9 +201,11 @@ class LiveGroup(Group):
         self._participants = self.manager.num_participants()
         self._quorum_rank = self.manager.participating_rank()
         quorum = self._quorums.last
-        if self._quorum_rank is not None and quorum is not None:
-            self._quorum_rank = step_rank(self._quorum_rank, self._participants,
-                                          quorum.max_world_size, quorum.max_replica_rank)
+        if self._quorum_rank is None or quorum is None:
+            self._step_rank = self._quorum_rank or 0
+        else:
+            self._step_rank = step_rank(self._quorum_rank, self._participants,
+                                        quorum.max_world_size, quorum.max_replica_rank)
         if self._connections_dropped:
             if self.quorum_id == previous:
                 # Only a new quorum rebuilds the connections dropped below: none came (the

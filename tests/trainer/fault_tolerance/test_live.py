@@ -146,8 +146,12 @@ class Run(NamedTuple):
     """Steps the surviving pod computed alone."""
     healed: list[str]
     """Pods that healed from a peer."""
-    samples: list[dict[str, Any]]
-    """Each pod's samples of each step (`pod` added)."""
+    reports: list[dict[str, Any]]
+    """Every report of every pod, in the order written."""
+
+    def samples(self) -> list[dict[str, Any]]:
+        """Each pod's samples of each step (`pod` added)."""
+        return [r["data"] | {"pod": r["pod"]} for r in self.reports if r["kind"] == "samples"]
 
 
 def test_a_pod_killed_and_recreated_changes_no_bit_of_what_the_job_computes(
@@ -188,7 +192,7 @@ def test_a_pod_killed_and_recreated_changes_no_bit_of_what_the_job_computes(
                    {r["data"]["checksum"] for r in events if r["data"]["type"] == "completed"},
                    [m["step"] for m in metrics if m["participants"] == 1],
                    [r["pod"] for r in events if r["data"]["type"] == "healed"],
-                   [r["data"] | {"pod": r["pod"]} for r in everything if r["kind"] == "samples"])
+                   everything)
 
     undisturbed, disturbed = run("undisturbed", False), run("disturbed", True)
     alone = run("alone", False, pods_started=1)
@@ -200,13 +204,20 @@ def test_a_pod_killed_and_recreated_changes_no_bit_of_what_the_job_computes(
     assert alone.checksums == undisturbed.checksums and alone.losses == undisturbed.losses
     # Undisturbed, pod 0 is ranked first and takes two shards; in the step it healed in, it
     # took one, last, and pod 1 the other two.
-    first = min(s["step"] for s in undisturbed.samples)
-    assert {(s["pod"], s["rank"], len(s["ids"])) for s in undisturbed.samples
+    first = min(s["step"] for s in undisturbed.samples())
+    assert {(s["pod"], s["rank"], len(s["ids"])) for s in undisturbed.samples()
             if s["step"] == first} == {("live-0", 0, 16), ("live-1", 1, 8)}
-    healed_in = min(s["step"] for s in disturbed.samples
+    healed_in = min(s["step"] for s in disturbed.samples()
                     if s["pod"] == "live-0" and s["step"] > max(disturbed.alone))
-    assert {(s["pod"], s["rank"], len(s["ids"])) for s in disturbed.samples
+    assert {(s["pod"], s["rank"], len(s["ids"])) for s in disturbed.samples()
             if s["step"] == healed_in} == {("live-0", 1, 8), ("live-1", 0, 16)}
+    # Only the shards' order moved: pod 0, torchft's first, was the primary again from that
+    # step on (it said so before reporting the step), not one step later.
+    pod_0 = [r for r in disturbed.reports if r["pod"] == "live-0"]
+    became = max(i for i, r in enumerate(pod_0)
+                 if r["kind"] == "event" and r["data"]["type"] == "primary")
+    assert became < next(i for i, r in enumerate(pod_0)
+                         if r["kind"] == "samples" and r["data"]["step"] == healed_in)
 
 
 def test_a_pod_loads_its_data_before_the_lighthouse_hears_of_it(
