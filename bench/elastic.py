@@ -50,10 +50,10 @@ import httpx
 from bench.control_plane import events, pod_state, serve, standby_ready, steps, wait
 
 SETTLE_STEPS = 15
-"""Steps the watched pod commits with the expected participants before the next operation
+"""Steps the timed pod commits with the expected participants before the next operation
 starts."""
 AFTER_STEPS = 3
-"""Steps the watched pod commits with the new membership after an operation ended that still
+"""Steps the timed pod commits with the new membership after an operation ended that still
 count as its window."""
 SPEC: dict[str, Any] = {
     "model": "minilm", "dataset": "rotten_tomatoes", "replicas": 3, "max_replicas": 3,
@@ -85,8 +85,6 @@ class Run:
         self.id: str = created.json()["id"]
         self.medians: dict[int, float] = {}
         """The median step interval by the number of trainer processes at work."""
-        self.watched = 0
-        """The pod whose commits are timed: one the operation leaves alone."""
         self.per_epoch: int | None = None
         """Steps in an epoch (the global batch is fixed), once the job reports its samples."""
 
@@ -105,24 +103,24 @@ class Run:
         return (1 <= step % every <= every - CLEAR_STEPS
                 and (per_epoch is None or 1 <= step % per_epoch <= per_epoch - CLEAR_STEPS))
 
-    def survivor_steps(self) -> list[tuple[float, int, int]]:
-        """(time, step, participants) of the watched pod's commits, oldest first."""
+    def survivor_steps(self, watch: int = 0) -> list[tuple[float, int, int]]:
+        """(time, step, participants) of pod `watch`'s commits, oldest first."""
         return [(t, step, n) for t, pod, step, n in steps(self.http, self.id)
-                if pod == self.pod(self.watched)]
+                if pod == self.pod(watch)]
 
     def reports(self, kind: str, after: float) -> list[dict[str, Any]]:
         return [e["data"] | {"time": e["time"]} for e in events(self.http, self.id, "job")
                 if e["data"].get("type") == kind and e["time"] > after]
 
-    def settle(self, participants: int, after: float = 0.0) -> None:
-        """Wait until the watched pod has committed SETTLE_STEPS steps in a row with
+    def settle(self, participants: int, after: float = 0.0, watch: int = 0) -> None:
+        """Wait until pod `watch` has committed SETTLE_STEPS steps in a row with
         `participants`, all after `after` and after a live job's standby was loaded."""
         if self.mode == "live":
             wait(lambda: standby_ready(self.data_dir, self.id), 600, "the standby")
             after = max(after, time.time())
 
         def settled() -> bool:
-            recent = self.survivor_steps()[-SETTLE_STEPS:]
+            recent = self.survivor_steps(watch)[-SETTLE_STEPS:]
             return len(recent) == SETTLE_STEPS and all(
                 n == participants and t > after for t, _, n in recent)
         wait(settled, 600, f"{participants} pods to train together")
@@ -140,10 +138,9 @@ class Run:
         """Run `act`, wait for `done(called_at)` (when the operation was over), then settle.
         `new_pod`: the ordinal of the pod it starts, if any; `processes`: the most trainer
         processes at work during it; `watch`: the pod whose commits are timed."""
-        self.watched = watch
-        wait(lambda: self.clear(self.survivor_steps()[-1][1]), 300,
+        wait(lambda: self.clear(self.survivor_steps(watch)[-1][1]), 300,
              "a step clear of the next checkpoint and epoch end")
-        before = self.survivor_steps()[-21:]
+        before = self.survivor_steps(watch)[-21:]
         median = statistics.median(b[0] - a[0] for a, b in itertools.pairwise(before))
         self.medians.setdefault(before[-1][2], median)
         called = time.time()
@@ -152,10 +149,10 @@ class Run:
         # The incarnation that took part: state.json lists it once the operation is over.
         started = (None if new_pod is None else
                    float(pod_state(self.data_dir, self.id, new_pod)["started_at"]))
-        self.settle(participants, after=finished)
+        self.settle(participants, after=finished, watch=watch)
         # From the last commit before the call on: a pause that starts with it counts.
-        after = [s for s in self.survivor_steps() if s[0] >= before[-1][0]]
-        # Over once the watched pod has committed AFTER_STEPS steps with the new membership
+        after = [s for s in self.survivor_steps(watch) if s[0] >= before[-1][0]]
+        # Over once the timed pod has committed AFTER_STEPS steps with the new membership
         # since the operation ended (a restart round, where there is one, is inside).
         settled = [s for s in after if s[0] > finished and s[2] == participants]
         window = [s for s in after if s[0] <= settled[AFTER_STEPS - 1][0]]
