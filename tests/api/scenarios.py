@@ -64,19 +64,9 @@ class Job:
                 return True
             status = self.plane.job(self.id)["status"]
             assert status not in FINISHED_STATUSES, (
-                f"the job ended ({status}) before {what}; {self.tally(after)}")
+                f"the job ended ({status}) before {what}; {tally(steps)}")
             return False
         wait_for(enough, timeout=120, what=what)
-
-    def tally(self, after: float) -> str:
-        """What the pods committed after `after`: how the job got on, for a failure's message."""
-        steps = self.steps(after)
-        if not steps:
-            return "no step was reported since"
-        per_pod = Counter((s["pod"], s["participants"]) for s in steps)
-        counts = ", ".join(f"{pod} {n} with {k}" for (pod, k), n in sorted(per_pod.items()))
-        return (f"steps {min(s['step'] for s in steps)} to {max(s['step'] for s in steps)} "
-                f"since, reports per pod and participants: {counts}")
 
     def wait_rejoined(self, ordinals: tuple[int, ...], after: float) -> None:
         """The recreated pods take part in steps again, and every pod has reported such a step.
@@ -92,6 +82,17 @@ class Job:
         job = self.plane.wait_status(self.id, "succeeded", "failed", timeout=300)
         assert job["status"] == "succeeded", job["reason"]
         return job
+
+
+def tally(steps: list[dict[str, Any]]) -> str:
+    """How a job got on over these committed steps, for a failure's message."""
+    if not steps:
+        return "no step was reported since"
+    per_pod = Counter((s["pod"], s["participants"]) for s in steps)
+    counts = ", ".join(f"{pod} {n} with {k}" for (pod, k), n in sorted(per_pod.items()))
+    numbers = [s["step"] for s in steps]
+    return (f"steps {min(numbers)} to {max(numbers)} since, reports per pod and "
+            f"participants: {counts}")
 
 
 def alive(pid: int) -> bool:

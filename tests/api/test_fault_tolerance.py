@@ -36,9 +36,9 @@ def test_primary_killed_then_two_of_three(plane: ControlPlane, mode: str) -> Non
     live = mode == "live"
     # Live: long enough that pod 0, computing every shard alone, does not finish before the
     # recreated pods 1 and 2 start (6 s of back-off plus up to 15 s of start-up on a loaded
-    # machine) and rejoin. Alone, pod 0 was back by step 270 and pods 1 and 2 by step 570; in
-    # CI, with another test alongside, 640 steps (10 epochs) ended before pods 1 and 2 were
-    # back, so the job runs twice as long.
+    # machine) and rejoin. With this test running by itself, pod 0 was back by step 270 and
+    # pods 1 and 2 by step 570; in CI, with another test alongside, 640 steps (10 epochs) ended
+    # before pods 1 and 2 were back, so the job runs twice as long.
     # Restart: the survivors train on in a smaller world while the recreated pod starts, and
     # every pod's worker restarts again when it joins: usually both outages are over within 2
     # of the 8 epochs, but on a loaded machine a round that a slow-stopping worker misses has
