@@ -31,8 +31,16 @@ import torch
 from torch.nn import functional
 
 from trainer.config import JobSpec, Runtime, TrainConfig
+from trainer.data import on_device
 from trainer.distributed import Group
-from trainer.model import DeviceChoice, choose_device, load_model, offline_model_dir, resolve_model
+from trainer.model import (
+    DeviceChoice,
+    choose_device,
+    classify,
+    load_model,
+    offline_model_dir,
+    resolve_model,
+)
 from trainer.report import HttpSink, JsonlSink, Reporter
 from trainer.schedule import LinearSchedule, build_optimizer
 from trainer.train import Trainer
@@ -58,8 +66,8 @@ BF16_PEAK_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
 
 
 def bare_loop(trainer: Trainer, steps: int, device: DeviceChoice, warmup: int) -> float:
-    """The same work with nothing around it: forward, backward, clip, AdamW, schedule; timed
-    after `warmup` steps."""
+    """The same work with nothing around it: forward (the trainer's, which leaves out a batch's
+    mask where no row is padded), backward, clip, AdamW, schedule; timed after `warmup` steps."""
     spec = trainer.config.spec
     model = load_model(resolve_model(spec.model, trainer.config.runtime.inputs_dir), spec.seed)
     model.to(device.device)
@@ -75,13 +83,11 @@ def bare_loop(trainer: Trainer, steps: int, device: DeviceChoice, warmup: int) -
         if step == warmup:
             start = time.perf_counter()  # the previous step's loss.item() waited for the device
         indices = order[step * spec.batch_size:(step + 1) * spec.batch_size]
-        batch = {k: v.to(device.device, non_blocking=True)
-                 for k, v in trainer.train_data.batch(indices).items()}
+        batch = on_device(trainer.train_data.batch(indices), device.device)
         for group in optimizer.param_groups:
             group["lr"] = schedule.lr_at(step * spec.batch_size)
         with device.autocast():
-            logits = model(input_ids=batch["input_ids"],
-                           attention_mask=batch["attention_mask"]).logits
+            logits = classify(model, batch)
         loss = functional.cross_entropy(logits.float(), batch["labels"])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), spec.max_grad_norm)

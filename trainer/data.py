@@ -8,7 +8,7 @@ import importlib.util
 import json
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -331,6 +331,16 @@ class TokenizedSplit:
         """The token ids `batch(indices)` holds (padding's too), sorted, each once."""
         pieces = [self.ids[self.offsets[i]:self.offsets[i + 1]] for i in indices]
         return np.unique(np.concatenate([*pieces, np.array([self.pad_id], dtype=self.ids.dtype)]))
+
+
+def on_device(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """`batch` (on the host) copied to `device`, without its attention mask where no row is
+    padded. transformers skips such a mask itself only outside torch.compile, and only by
+    reading it back from the device: a compiled model builds the 4-D mask, which keeps
+    PyTorch's attention off its flash kernel. Texts cut at `max_length` fill every row."""
+    full = "attention_mask" in batch and bool(batch["attention_mask"].all())
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()
+            if not (full and k == "attention_mask")}
 
 
 def token_file(split: Split, tokenizer: TokenizerLike, max_length: int) -> str:

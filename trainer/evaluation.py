@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -9,19 +10,12 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from trainer.data import TokenizedSplit
+from trainer.data import TokenizedSplit, on_device
 from trainer.distributed import Group
+from trainer.model import classify
 
 Forward = Callable[[Mapping[str, torch.Tensor]], torch.Tensor | None]
 """A batch's logits; None where another process computes them (a pipeline's earlier stages)."""
-
-
-def model_forward(model: nn.Module) -> Forward:
-    def forward(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        logits: torch.Tensor = model(input_ids=batch["input_ids"],
-                                     attention_mask=batch["attention_mask"]).logits
-        return logits
-    return forward
 
 
 @torch.no_grad()
@@ -36,7 +30,7 @@ def evaluate(model: nn.Module, data: TokenizedSplit, group: Group, batch_size: i
     nothing to the sums.
     """
     model.eval()
-    forward = forward or model_forward(model)
+    forward = forward or functools.partial(classify, model)
     device = group.device
     rank, participants = (group.rank, group.participants) if group.shards_evaluation else (0, 1)
     shard = np.arange(rank, len(data), participants)
@@ -44,8 +38,7 @@ def evaluate(model: nn.Module, data: TokenizedSplit, group: Group, batch_size: i
     totals = torch.zeros(3 + 3 * classes, dtype=torch.float64)
     labels_range = torch.arange(classes, device=device.device)
     for start in range(0, len(shard), batch_size):
-        batch = {k: v.to(device.device) for k, v in data.batch(shard[start:start + batch_size])
-                 .items()}
+        batch = on_device(data.batch(shard[start:start + batch_size]), device.device)
         with device.autocast():
             output = forward(batch)
         if output is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,13 @@ def load_tokenizer(name_or_path: str) -> Any:
         return AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as exc:
         raise ModelError(f"model '{name_or_path}': cannot load its tokenizer ({exc})") from None
+
+
+def classify(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """`model`'s logits for `batch`, whose attention mask may be left out (`data.on_device`)."""
+    logits: torch.Tensor = model(input_ids=batch["input_ids"],
+                                 attention_mask=batch.get("attention_mask")).logits
+    return logits
 
 
 def load_model(name_or_path: str, seed: int, quantization: str = "none",

@@ -339,11 +339,13 @@ class PipelineModel:
     @torch.no_grad()
     def logits(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
         """Forward only, stage to stage: the last stage returns the logits, the others None.
-        Every stage of a replica loads the same batch, so each knows the shapes it receives."""
+        Every stage of a replica loads the same batch, so each knows the shapes it receives.
+        A batch left without its mask (no row padded) attends to every position."""
         stage, group, ranks = self.stage, self.group.pipeline_group, self.group.stage_ranks
         device = self.group.device.device
         input_ids = batch["input_ids"].to(device)
-        mask = batch["attention_mask"].to(device)
+        mask = (batch["attention_mask"].to(device) if "attention_mask" in batch
+                else torch.ones_like(input_ids))
         if stage.is_first:
             first = input_ids
         else:

@@ -21,9 +21,10 @@ from trainer.data import (
     load_source,
     load_tokens,
     make_splits,
+    on_device,
     tokenize,
 )
-from trainer.model import DeviceChoice, load_model, load_tokenizer, resolve_model
+from trainer.model import DeviceChoice, classify, load_model, load_tokenizer, resolve_model
 
 
 @dataclass
@@ -140,15 +141,14 @@ def warm_up(prepared: Prepared, spec: JobSpec, device: DeviceChoice) -> None:
     if spec.parallelism == "pipeline" or len(prepared.train) == 0:
         return
     rows = np.arange(min(spec.batch_size, len(prepared.train)))
-    batch = {k: v.to(device.device) for k, v in prepared.train.batch(rows).items()}
+    batch = on_device(prepared.train.batch(rows), device.device)
     model, training = prepared.model, prepared.model.training
     cuda = [device.device] if device.device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda):
         model.train()
         try:
             with device.autocast():
-                logits = model(input_ids=batch["input_ids"],
-                               attention_mask=batch["attention_mask"]).logits
+                logits = classify(model, batch)
             functional.cross_entropy(logits.float(), batch["labels"]).backward()
         finally:
             model.zero_grad(set_to_none=True)

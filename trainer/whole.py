@@ -13,8 +13,9 @@ from upath import UPath
 
 from trainer import checkpoint, lora
 from trainer.config import TrainConfig
+from trainer.data import on_device
 from trainer.distributed import Group
-from trainer.model import resolve_model, unwrap
+from trainer.model import classify, resolve_model, unwrap
 
 if TYPE_CHECKING:
     from trainer.checkpointer import Save
@@ -55,11 +56,9 @@ class WholeModel:
 
     def _summed_loss(self, model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """`model`'s cross-entropy on `batch`, summed over its samples (in float32)."""
-        device = self.group.device.device
-        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        batch = on_device(batch, self.group.device.device)
         with self.group.device.autocast():
-            logits = model(input_ids=batch["input_ids"],
-                           attention_mask=batch["attention_mask"]).logits
+            logits = classify(model, batch)
         return functional.cross_entropy(logits.float(), batch["labels"], reduction="sum")
 
     def sync_and_clip(self, max_norm: float) -> float:
@@ -76,9 +75,7 @@ class WholeModel:
         return stats
 
     def logits(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        logits: torch.Tensor = unwrap(self.module)(input_ids=batch["input_ids"],
-                                                   attention_mask=batch["attention_mask"]).logits
-        return logits
+        return classify(unwrap(self.module), batch)
 
     def model_state(self) -> dict[str, Any]:
         """The model's state that checkpoints and heals carry: LoRA's trainable part only (the

@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from tests.factories import make_reviews_csv
 from trainer.config import JobSpec
@@ -16,6 +17,7 @@ from trainer.data import (
     load_rotten_tomatoes,
     load_source,
     make_splits,
+    on_device,
     tokenize,
 )
 from trainer.model import load_tokenizer
@@ -154,6 +156,19 @@ def test_batches_pad_to_their_longest_text(tiny_model_dir: Path) -> None:
     assert batch["input_ids"].shape == (2, 5)  # truncated at max_length
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 0, 0], [1] * 5]
     assert batch["labels"].tolist() == [1, 0]
+
+
+def test_a_batch_goes_to_the_device_without_its_mask_only_where_no_row_is_padded(
+        tiny_model_dir: Path) -> None:
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    data = tokenize(Split(["good", "a very dull and boring plot", "dull, boring and slow"],
+                          np.array([1, 0, 0])), tokenizer, 5, None)
+    padded = on_device(data.batch(np.array([0, 1])), torch.device("cpu"))
+    assert padded["attention_mask"].tolist() == [[1, 1, 1, 0, 0], [1] * 5]
+    full = on_device(data.batch(np.array([1, 2])), torch.device("cpu"))
+    assert "attention_mask" not in full  # both cut at max_length
+    assert full["input_ids"].shape == (2, 5)
+    assert full["labels"].tolist() == [0, 0]
 
 
 def test_hub_datasets_map_their_columns_and_test_split(monkeypatch: pytest.MonkeyPatch,

@@ -8,6 +8,7 @@ from torch import nn
 from trainer.model import (
     ModelError,
     choose_device,
+    classify,
     in_own_memory,
     load_model,
     load_tokenizer,
@@ -80,6 +81,28 @@ def test_torch_compile_compiles_in_place_and_keeps_parameter_names(tiny_model_di
     assert list(model.state_dict()) == names  # checkpoints and heals see the same model
     assert adapt(plain, JobSpec())._compiled_call_impl is None
 
+
+
+def test_a_batch_without_a_mask_attends_to_every_position(tiny_model_dir: Path) -> None:
+    """What `data.on_device` relies on: no mask is a full one, compiled or not (where a
+    compiled model would otherwise build the 4-D mask)."""
+    from trainer.contract.spec import JobSpec
+    from trainer.prepare import adapt
+
+    seen: list[object] = []
+    for compiled in (False, True):
+        model = adapt(load_model(str(tiny_model_dir), seed=1), JobSpec(torch_compile=compiled))
+        model.register_forward_pre_hook(
+            lambda _, args, kwargs: seen.append(kwargs["attention_mask"]), with_kwargs=True)
+        model.eval()
+        ids = torch.tensor([[2, 7, 11, 3], [2, 13, 5, 3]])
+        masked = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        unmasked = classify(model, {"input_ids": ids})
+        torch.testing.assert_close(unmasked, masked)
+        padded = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+        assert not torch.allclose(classify(model, {"input_ids": ids, "attention_mask": padded}),
+                                  masked)
+    assert [mask is None for mask in seen] == [False, True, False] * 2
 
 
 def file_mapped(tensor: torch.Tensor) -> bool:
