@@ -481,6 +481,24 @@ def test_the_timeline_shows_the_latest_events_and_older_ones_on_demand(
     assert page.console.unexpected() == []
 
 
+def watch_connection(page: Any) -> None:
+    """From now on, every state the connection indicator takes, in order, seen as it changes:
+    after a restart the page may be live again before `restart` returns."""
+    page.evaluate("""() => {
+      const connection = document.querySelector('.connection');
+      window.connectionStates = [];
+      new MutationObserver(() => window.connectionStates.push(connection.dataset.state))
+        .observe(connection, { attributes: true, attributeFilter: ['data-state'] });
+    }""")
+
+
+def wait_live_again(page: Any) -> None:
+    """The watched stream broke (the indicator said so first) and is live again."""
+    wait_for(lambda: page.evaluate("window.connectionStates").count("live") >= 1, timeout=30,
+             what="the stream live again")
+    assert page.evaluate("window.connectionStates")[0] == "reconnecting"
+
+
 def test_the_stream_reconnects_after_a_control_plane_restart_and_misses_nothing(
         control_plane: ControlPlane, page: Any) -> None:
     job_id = cancelled_job(control_plane)
@@ -491,18 +509,9 @@ def test_the_stream_reconnects_after_a_control_plane_restart_and_misses_nothing(
     rows = page.locator(".timeline li[data-tag='validation eval']")
     wait_for(lambda: rows.count() == 3, timeout=10, what="three evaluations")
 
-    # Every state the indicator takes, seen as it changes: the page may be live again before
-    # the restart returns.
-    page.evaluate("""() => {
-      const connection = document.querySelector('.connection');
-      window.connectionStates = [];
-      new MutationObserver(() => window.connectionStates.push(connection.dataset.state))
-        .observe(connection, { attributes: true, attributeFilter: ['data-state'] });
-    }""")
+    watch_connection(page)
     control_plane.restart()
-    wait_for(lambda: page.evaluate("window.connectionStates").count("live") >= 1, timeout=30,
-             what="the stream live again")
-    assert page.evaluate("window.connectionStates")[0] == "reconnecting"
+    wait_live_again(page)
     report_evaluations(control_plane, job_id, 4, 6)
     wait_for(lambda: rows.count() == 6, timeout=15, what="the evaluations sent after the restart")
     ids = [rows.nth(i).get_attribute("data-event") for i in range(6)]
@@ -547,9 +556,9 @@ def test_the_stream_outlives_its_link_and_a_reconnect_takes_a_new_one(
     wait_for(lambda: rows.count() == 2, timeout=10, what="evaluations on the open stream")
     assert len(streams) == 1  # the same stream, open past its link's expiry
 
+    watch_connection(page)
     plane.restart()  # the stream breaks, long after its link expired
-    page.wait_for_selector(".connection[data-state=reconnecting]", state="attached")
-    page.wait_for_selector(".connection[data-state=live]", timeout=30_000)
+    wait_live_again(page)
     report_evaluations(plane, job_id, 3, 4)
     wait_for(lambda: rows.count() == 4, timeout=15, what="the evaluations after the reconnect")
     opened, url = streams[-1]
