@@ -144,7 +144,15 @@ def exported_metrics(target: Path | UPath, step: int) -> dict[str, Any] | None:
 
 def _save(model: nn.Module, tokenizer: Any, directory: Path, spec: JobSpec,
           metrics: dict[str, Any], data: dict[str, int], adapter: nn.Module | None) -> None:
-    unwrap(model).save_pretrained(directory)  # type: ignore[operator]
+    whole = unwrap(model)
+    # transformers writes the weights and config only on global rank 0 where torch.distributed
+    # is initialised; the pod that exports need not be that rank (a pipeline's primary, after a
+    # restart's rendezvous), and it is the one that saves.
+    whole.__dict__["should_save_on_this_rank"] = lambda is_main_process: is_main_process
+    try:
+        whole.save_pretrained(directory)  # type: ignore[operator]
+    finally:
+        del whole.__dict__["should_save_on_this_rank"]
     if adapter is not None:
         adapter.save_pretrained(directory / ADAPTER_DIR)  # type: ignore[operator]
     tokenizer.save_pretrained(directory)

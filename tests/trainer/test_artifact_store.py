@@ -18,7 +18,7 @@ from upath import UPath
 
 from tests.conftest import ROOT
 from tests.stores import Store
-from tests.support import wait_for
+from tests.support import free_port, wait_for
 from tests.trainer.test_checkpoint import check_supersede
 from trainer.checkpoint import (
     MARKER,
@@ -188,3 +188,37 @@ def test_entries_are_the_direct_children_and_none_where_nothing_was_written(blob
         assert [path.name for path in artifact_store.entries(root)] == ["a"]
         inner = next(path for path in artifact_store.entries(root / "a") if path.name == "b")
         assert (inner / "file").read_bytes() == b"1"  # the entries are paths to go on with
+
+
+RANK_EXPORT = """
+import os, sys, torch.distributed as dist
+from transformers import AutoTokenizer
+from trainer.config import JobSpec
+from trainer.export import export_model
+from trainer.model import load_model
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    export_model(load_model(sys.argv[1], seed=1), AutoTokenizer.from_pretrained(sys.argv[1]),
+                 __import__("pathlib").Path(sys.argv[2]), JobSpec(model="tiny",
+                 dataset="reviews.csv"), {}, {})
+dist.barrier()
+"""
+
+
+def test_a_pod_that_is_not_global_rank_0_exports_the_whole_model(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A pipeline's primary after a restart's rendezvous: transformers alone would write its
+    tokenizer and card but neither config nor weights there (seen in CI)."""
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "PYTHONPATH": str(ROOT)}
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK_EXPORT, str(tiny_model_dir),
+                               str(tmp_path / "model")], env={**env, "RANK": str(rank)})
+             for rank in range(2)]
+    try:
+        assert [rank.wait(timeout=120) for rank in ranks] == [0, 0]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    assert {"config.json", "model.safetensors"} <= {p.name for p in (tmp_path / "model").iterdir()}
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "model")
+    assert loaded.config.num_labels == 2
