@@ -216,9 +216,10 @@ def test_restarted_api_re_adopts_and_a_410_is_survived(
                  what="the watch to list again after 410", timeout=10)
         killed = second.post(f"/api/v1/jobs/{job_id}/pods/0/kill", headers=AUTH)
         assert killed.status_code == 202
-        state = wait_job(second, job_id, lambda s: s["pods"][0]["restarts"] == 1
-                         and s["pods"][0]["phase"] == "Running", "pod 0 to be recreated")
-        assert state["status"] == "running"
+        # Running again once the recreated pod takes part in a step (degraded until then).
+        wait_job(second, job_id, lambda s: s["pods"][0]["restarts"] == 1
+                 and s["pods"][0]["phase"] == "Running" and s["status"] == "running",
+                 "pod 0 to be recreated and the job to run in full again")
         assert any(e.get("name") == f"{job_id}-0" and e.get("restarts") == 1
                    for e in pod_events(second, job_id))
 
