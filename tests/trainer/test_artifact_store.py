@@ -16,7 +16,7 @@ from obstore.fsspec import FsspecStore
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from upath import UPath
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, Processes
 from tests.stores import Store
 from tests.support import free_port, wait_for
 from tests.trainer.test_checkpoint import check_supersede
@@ -191,7 +191,9 @@ def test_entries_are_the_direct_children_and_none_where_nothing_was_written(blob
 
 
 RANK_EXPORT = """
-import os, sys, torch.distributed as dist
+import sys
+from pathlib import Path
+import torch.distributed as dist
 from transformers import AutoTokenizer
 from trainer.config import JobSpec
 from trainer.export import export_model
@@ -199,26 +201,22 @@ from trainer.model import load_model
 dist.init_process_group("gloo")
 if dist.get_rank() == 1:
     export_model(load_model(sys.argv[1], seed=1), AutoTokenizer.from_pretrained(sys.argv[1]),
-                 __import__("pathlib").Path(sys.argv[2]), JobSpec(model="tiny",
-                 dataset="reviews.csv"), {}, {})
+                 Path(sys.argv[2]), JobSpec(model="tiny", dataset="reviews.csv"), {}, {})
 dist.barrier()
 """
 
 
 def test_a_pod_that_is_not_global_rank_0_exports_the_whole_model(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
+        tiny_model_dir: Path, tmp_path: Path, processes: Processes) -> None:
     """A pipeline's primary after a restart's rendezvous: transformers alone would write its
     tokenizer and card but neither config nor weights there (seen in CI)."""
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port()), "PYTHONPATH": str(ROOT)}
-    ranks = [subprocess.Popen([sys.executable, "-c", RANK_EXPORT, str(tiny_model_dir),
-                               str(tmp_path / "model")], env={**env, "RANK": str(rank)})
+    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    ranks = [processes.start([sys.executable, "-c", RANK_EXPORT, str(tiny_model_dir),
+                              str(tmp_path / "model")], {**env, "RANK": str(rank)},
+                             tmp_path / f"rank-{rank}.log")
              for rank in range(2)]
-    try:
-        assert [rank.wait(timeout=120) for rank in ranks] == [0, 0]
-    finally:
-        for rank in ranks:
-            rank.kill()
+    for rank, process in enumerate(ranks):
+        assert process.wait(timeout=120) == 0, (tmp_path / f"rank-{rank}.log").read_text()
     assert {"config.json", "model.safetensors"} <= {p.name for p in (tmp_path / "model").iterdir()}
     loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "model")
     assert loaded.config.num_labels == 2
