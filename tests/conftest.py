@@ -16,7 +16,7 @@ from tests.hub.mirror import HubMirror
 from tests.hub.uploads import UploadHub
 from tests.postgres import PostgresServer, server_bin
 from tests.stores import SERVERS, Store
-from tests.support import ReportServer
+from tests.support import ReportServer, free_port
 from trainer.config import JobSpec, Runtime, TrainConfig
 from trainer.contract.artifact_store import location
 from trainer.forkclient import ForkClient, ForkedProcess
@@ -208,12 +208,29 @@ class Processes:
                 ) -> Process:
         return self.start([sys.executable, "-m", "trainer", *args], env or {}, log)
 
+    def world(self, args: list[str], logs: list[Path], env: dict[str, str] | None = None,
+              rank_env: list[dict[str, str]] | None = None) -> list[tuple[Process, Path]]:
+        """`args` started as each rank of one static torch.distributed world (env://, on a
+        free port), rank r's output in `logs[r]`, with `rank_env[r]` beside `env`."""
+        common = {"WORLD_SIZE": str(len(logs)), "MASTER_ADDR": "127.0.0.1",
+                  "MASTER_PORT": str(free_port()), **(env or {})}
+        return [(self.start(args, {**common, "RANK": str(rank),
+                                   **(rank_env[rank] if rank_env else {})}, log), log)
+                for rank, log in enumerate(logs)]
+
     def cleanup(self) -> None:
         for process in self.started:
             if process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=10)
+
+
+def outputs(ranks: list[tuple[Process, Path]], timeout: float) -> list[str]:
+    """Each process's output once all have exited; one that failed fails the test with its own."""
+    for process, log in ranks:
+        assert process.wait(timeout=timeout) == 0, log.read_text()
+    return [log.read_text() for _, log in ranks]
 
 
 @pytest.fixture

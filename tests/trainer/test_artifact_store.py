@@ -16,9 +16,9 @@ from obstore.fsspec import FsspecStore
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from upath import UPath
 
-from tests.conftest import ROOT, Processes
+from tests.conftest import ROOT, Processes, outputs
 from tests.stores import Store
-from tests.support import free_port, wait_for
+from tests.support import wait_for
 from tests.trainer.test_checkpoint import check_supersede
 from trainer.checkpoint import (
     MARKER,
@@ -210,13 +210,9 @@ def test_a_pod_that_is_not_global_rank_0_exports_the_whole_model(
         tiny_model_dir: Path, tmp_path: Path, processes: Processes) -> None:
     """A pipeline's primary after a restart's rendezvous: transformers alone would write its
     tokenizer and card but neither config nor weights there (seen in CI)."""
-    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    ranks = [processes.start([sys.executable, "-c", RANK_EXPORT, str(tiny_model_dir),
-                              str(tmp_path / "model")], {**env, "RANK": str(rank)},
-                             tmp_path / f"rank-{rank}.log")
-             for rank in range(2)]
-    for rank, process in enumerate(ranks):
-        assert process.wait(timeout=120) == 0, (tmp_path / f"rank-{rank}.log").read_text()
+    outputs(processes.world([sys.executable, "-c", RANK_EXPORT, str(tiny_model_dir),
+                             str(tmp_path / "model")],
+                            [tmp_path / f"rank-{rank}.log" for rank in range(2)]), timeout=120)
     assert {"config.json", "model.safetensors"} <= {p.name for p in (tmp_path / "model").iterdir()}
     loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "model")
     assert loaded.config.num_labels == 2

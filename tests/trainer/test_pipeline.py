@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import Process, Processes
-from tests.support import free_port
+from tests.conftest import Process, Processes, outputs
 from trainer import pipeline
 from trainer.checkpoint import CheckpointWriter
 from trainer.checkpointer import Save
@@ -91,16 +90,10 @@ def reference() -> tuple[list[float], dict[str, torch.Tensor]]:
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_a_two_stage_pipeline_trains_as_the_whole_model(
         schedule: str, tmp_path: Path, processes: Processes) -> None:
-    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "OMP_NUM_THREADS": "1"}
     argv = [sys.executable, "-c", WORKER, schedule, *(str(n) for n in (4, STEPS, BATCH, WIDTH))]
-    workers = [processes.start(argv,
-                               {**env, "RANK": str(rank)}, tmp_path / f"stage-{rank}.log")
-               for rank in (0, 1)]
-    for rank, worker in enumerate(workers):
-        assert worker.wait(timeout=120) == 0, (tmp_path / f"stage-{rank}.log").read_text()
-    reports = [json.loads((tmp_path / f"stage-{rank}.log").read_text().splitlines()[-1])
-               for rank in (0, 1)]
+    stages = processes.world(argv, [tmp_path / f"stage-{rank}.log" for rank in (0, 1)],
+                             {"OMP_NUM_THREADS": "1"})
+    reports = [json.loads(text.splitlines()[-1]) for text in outputs(stages, timeout=120)]
     losses, weights = reference()
     assert reports[0]["losses"] == [None] * STEPS
     assert reports[1]["losses"] == pytest.approx(losses, abs=1e-4)
@@ -211,19 +204,13 @@ def hybrid_reference() -> tuple[list[float], dict[str, torch.Tensor], dict[str, 
 def test_two_pipelines_of_two_stages_train_as_the_whole_model(
         ordinals: list[int] | None, tmp_path: Path, processes: Processes) -> None:
     """Roles follow the pods' ordinals, whatever ranks the rendezvous handed out."""
-    env = {"WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "OMP_NUM_THREADS": "1"}
     ordinal_of = ordinals or list(range(4))
     argv = [sys.executable, "-c", HYBRID, "1f1b", ",".join(map(str, WINDOWS)), str(ROWS),
             str(EVAL_SAMPLES), str(EVAL_BATCH)]
-    workers = [processes.start(argv, {**env, "RANK": str(rank),
-                                      **({"ORDINAL": str(ordinals[rank])} if ordinals else {})},
-                               tmp_path / f"rank-{rank}.log")
-               for rank in range(4)]
-    for rank, worker in enumerate(workers):
-        assert worker.wait(timeout=180) == 0, (tmp_path / f"rank-{rank}.log").read_text()
-    reports = [json.loads((tmp_path / f"rank-{rank}.log").read_text().splitlines()[-1])
-               for rank in range(4)]
+    ranks = processes.world(argv, [tmp_path / f"rank-{rank}.log" for rank in range(4)],
+                            {"OMP_NUM_THREADS": "1"},
+                            [{"ORDINAL": str(o)} for o in ordinals] if ordinals else None)
+    reports = [json.loads(text.splitlines()[-1]) for text in outputs(ranks, timeout=180)]
     assert [(r["replica"], r["stage"]) for r in reports] == [(o // 2, o % 2) for o in ordinal_of]
     reports = [reports[ordinal_of.index(o)] for o in range(4)]  # by ordinal from here on
     # The primary, which exports and completes checkpoints, is the pod the whole model is
@@ -288,18 +275,13 @@ os._exit(0)
 
 
 def start_sharded(pods: int, tmp_path: Path, processes: Processes) -> list[tuple[Process, Path]]:
-    env = {"WORLD_SIZE": str(pods), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "OMP_NUM_THREADS": "1"}
     argv = [sys.executable, "-c", SHARDED, str(ROWS), str(GLOBAL), str(SHARDED_SAMPLES)]
-    logs = [tmp_path / f"{pods}-pods-rank-{rank}.log" for rank in range(pods)]
-    return [(processes.start(argv, {**env, "RANK": str(rank)}, log), log)
-            for rank, log in enumerate(logs)]
+    return processes.world(argv, [tmp_path / f"{pods}-pods-rank-{r}.log" for r in range(pods)],
+                           {"OMP_NUM_THREADS": "1"})
 
 
 def reports_of(workers: list[tuple[Process, Path]]) -> list[dict[str, Any]]:
-    for worker, log in workers:
-        assert worker.wait(timeout=180) == 0, log.read_text()
-    return [json.loads(log.read_text().splitlines()[-1]) for _, log in workers]
+    return [json.loads(text.splitlines()[-1]) for text in outputs(workers, timeout=180)]
 
 
 def test_two_pipelines_train_bitwise_what_one_trains_alone_with_a_fixed_global_batch(
