@@ -1,5 +1,13 @@
 """What each committed step reports: its metric (or the skipped step's event), the ids of the
-samples it trained on, and a progress line in the log now and then."""
+samples it trained on, and a progress line in the log now and then.
+
+A step's reports leave the pod once the pod has outlived the step. A collective can complete at
+one participant and fail at another (a peer killed as it sends its last part): a pod killed just
+after committing a step its surviving peers failed, and redo, would otherwise report a step
+the job never kept. The trainer says when the pod has outlived its last step
+(`StepReports.outlived`): its next step's collectives completed (in a static world every
+participant had committed it to take part; a live pod carries it on), an evaluation, its
+emergency checkpoint of the step, the end. The reports keep the time the step committed."""
 
 from __future__ import annotations
 
@@ -33,6 +41,7 @@ class StepReports:
         self.config, self.group, self.reporter, self.sampler = config, group, reporter, sampler
         self.reports_samples = reports_samples
         self._last_log = 0.0
+        self._held: list[tuple[records.RecordData, float]] = []
         self.start_window()
 
     def start_window(self) -> None:
@@ -42,7 +51,7 @@ class StepReports:
     def committed(self, result: StepResult, step: int, samples_seen: int, skipped_steps: int,
                   learning_rate: float) -> None:
         """Step `step` committed; report it where this pod took part in it (a pod that healed
-        into it leaves it to its peers)."""
+        into it leaves it to its peers), once the pod has outlived it."""
         assignment = result.assignment
         now = time.perf_counter()
         self._window_samples += assignment.window
@@ -52,24 +61,32 @@ class StepReports:
         if not result.took_part:
             return
         if result.skipped is not None:  # a loss to chart it has not: an event instead
-            self.reporter.emit(result.skipped.record(assignment.epoch + 1, skipped_steps))
+            self._hold(result.skipped.record(assignment.epoch + 1, skipped_steps))
         elif not math.isfinite(result.loss):
             # Gradients finite all the same: this pod's did not count (torchft's first step,
             # in which it only takes the first replica's weights).
             logger.warning("step %d: loss %s here, but not in the update", step, result.loss)
         else:
-            self.reporter.emit(records.Metric(
+            self._hold(records.Metric(
                 step=step, epoch=assignment.epoch + 1, loss=result.loss,
                 learning_rate=learning_rate, samples_per_second=throughput,
                 participants=self.group.participants, samples_seen=samples_seen))
         if self.config.runtime.log_sample_ids and self.reports_samples:
             window = self.sampler.order(assignment.epoch)[
                 assignment.cursor:assignment.cursor + assignment.window]
-            self.reporter.emit(records.SampleIds(step=step, epoch=assignment.epoch + 1,
-                                                 cursor=assignment.cursor, rank=self.group.rank,
-                                                 ids=result.used.tolist(),
-                                                 window=window.tolist()))
+            self._hold(records.SampleIds(step=step, epoch=assignment.epoch + 1,
+                                         cursor=assignment.cursor, rank=self.group.rank,
+                                         ids=result.used.tolist(), window=window.tolist()))
         self._log(step, assignment.epoch, samples_seen, result.loss, throughput)
+
+    def outlived(self) -> None:
+        """This pod outlived the steps it holds the reports of: send them."""
+        for record, at in self._held:
+            self.reporter.emit(record, at=at)
+        self._held.clear()
+
+    def _hold(self, record: records.RecordData) -> None:
+        self._held.append((record, time.time()))
 
     def _log(self, step: int, epoch: int, samples_seen: int, loss: float,
              throughput: float) -> None:

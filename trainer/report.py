@@ -292,13 +292,15 @@ class Reporter:
         self._seq = 0
         self._lock = threading.Lock()
 
-    def emit(self, data: RecordData) -> None:
+    def emit(self, data: RecordData, at: float | None = None) -> None:
+        """Hand `data` to the sinks, stamped with the time it happened (`at`, else now)."""
         payload = data.model_dump(mode="json")
         # Sinks get records in seq order even from several threads (the server drops a seq
         # below one it already stored as a duplicate); their write returns at once.
         with self._lock:
             self._seq += 1
-            record = {"seq": self._seq, "kind": data.KIND, "time": time.time(), "data": payload}
+            record = {"seq": self._seq, "kind": data.KIND,
+                      "time": time.time() if at is None else at, "data": payload}
             for sink in self.sinks:
                 sink.write(record)
 

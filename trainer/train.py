@@ -285,6 +285,7 @@ class Trainer:
             if self.epoch_end_pending:  # resumed from an emergency checkpoint at an epoch end
                 self._end_epoch(self.sampler.epoch - 1)
             finished = not self._run_epochs(self.config.spec, self.config.runtime.max_steps)
+            self.progress.outlived()
             self.checkpointer.wait()  # the last checkpoint is durable before anything else
             if finished and self.sampler.epoch >= self.config.spec.epochs:
                 self.checkpointer.save_final(self.step, self.sampler, self.metrics)
@@ -292,7 +293,9 @@ class Trainer:
         except nonfinite.NonFiniteLoss:
             raise  # not a failed collective: the last committed step needs no emergency copy
         except Exception:
-            self.checkpointer.save_after_failure(self.step, self.sampler, self.metrics)
+            # The last committed step's reports go out where a restart resumes from it.
+            if self.checkpointer.save_after_failure(self.step, self.sampler, self.metrics):
+                self.progress.outlived()
             raise
         finally:
             signal.signal(signal.SIGTERM, previous)
@@ -328,6 +331,7 @@ class Trainer:
             if max_steps is not None and self.step >= max_steps:
                 return False
             result = self.train_step()
+            self.progress.outlived()  # the step before: its peers committed it, or this pod
             if not result.committed:
                 if self.epoch_end_pending:  # resumed at an epoch end, before its evaluation
                     self._end_epoch(self.sampler.epoch - 1)
@@ -349,6 +353,7 @@ class Trainer:
                 self.checkpointer.save(self.step, self.sampler, self.metrics, epoch_end=False)
             if result.stop_requested:
                 self.checkpointer.save_at_stop(self.step, self.sampler, self.metrics, epoch_ended)
+                self.progress.outlived()
                 self.stop_reason = "sigterm" if self._stop_requested else "peer"
                 self.reporter.emit(records.Stopped(message="stopped on SIGTERM after a checkpoint"
                                            if self._stop_requested else
@@ -359,12 +364,14 @@ class Trainer:
 
     def _leave(self, last: Assignment) -> None:
         """Leave gracefully after the step just committed (see Membership.leave)."""
+        self.progress.outlived()
         self.membership.leave(self.step, last.epoch + 1)
         self.stop_reason = "left"
 
     def _end_epoch(self, epoch: int) -> None:
         """Validation, the epoch-end checkpoint and event for `epoch` (counted from 0)."""
         self.metrics["validation"] = self.evaluate(self.validation_data, "validation")
+        self.progress.outlived()  # a collective: every participant committed the last step
         self.epoch_end_pending = False
         self.checkpointer.save(self.step, self.sampler, self.metrics, epoch_end=True)
         self.reporter.emit(records.EpochEnd(message=f"epoch {epoch + 1} done", epoch=epoch + 1,

@@ -130,8 +130,9 @@ def assert_no_step_computed_twice(job: Job, stages: int = 1) -> None:
     """Each step was committed by one quorum: all its reports name the same number of
     participants, and there are no more reports than participants (times a pipeline's stages:
     each stage pod of a replica reports). (A pod's two incarnations both take part in the
-    steps of a migration's overlap; a pod killed within its report-flush second may have lost
-    its last few reports.)"""
+    steps of a migration's overlap; a killed pod has not reported the step it committed last,
+    which its peers may have failed and redone, and may have lost the reports of its last
+    second.)"""
     reports: dict[int, list[int]] = {}
     for step in job.steps():
         reports.setdefault(step["step"], []).append(step["participants"])

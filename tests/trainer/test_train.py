@@ -1,6 +1,7 @@
 import json
 import math
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -154,6 +155,51 @@ def test_a_restart_after_the_last_step_redoes_no_finished_phase(make_config, tmp
     assert completed["model_dir"] == str(model_dir) and completed["metrics"] == finished.metrics
     [test] = records(tmp_path / "4.jsonl", "eval")
     assert test["data"]["accuracy"] == finished.metrics["test"]["accuracy"]
+
+
+class Killed(BaseException):
+    """The process ends where it is, as on a SIGKILL: no handler of the trainer's runs."""
+
+
+@pytest.mark.parametrize("ending", ["killed", "failed"])
+def test_a_step_is_reported_once_the_pod_has_outlived_it(make_config, tmp_path: Path,
+                                                         monkeypatch, ending: str) -> None:
+    """A collective can complete at one participant and fail at another: a pod killed as it
+    commits a step that its peers failed, and redo, must not have reported it. The fourth
+    step's collective fails here. Killed, the pod reported steps 1 and 2 alone. Failed, it
+    kept step 3 in an emergency checkpoint, the step a restart resumes from: step 3 is
+    reported too, with the time it committed."""
+    config = make_config(epochs=1, checkpoint_every_steps=0)
+    config.runtime.log_sample_ids = True
+    # A participant of a group of two: a failed collective calls for an emergency checkpoint.
+    monkeypatch.setattr(Recovery, "saves_on_failure", lambda self, participants: True)
+    train_step = Trainer.train_step
+    committed_at: list[float] = []
+
+    def fourth_fails(self: Trainer):  # type: ignore[no-untyped-def]
+        if len(committed_at) == 3:
+            committed_at.append(time.time())
+            raise Killed() if ending == "killed" else RuntimeError("the collective failed")
+        result = train_step(self)
+        committed_at.append(time.time())
+        return result
+
+    monkeypatch.setattr(Trainer, "train_step", fourth_fails)
+    reports = tmp_path / "reports.jsonl"
+    reporter = Reporter("test-0", "i", [JsonlSink(reports, "test-0", "i")])
+    trainer = Trainer(config, Group(choose_device(), environ={}), reporter)
+    with pytest.raises(Killed if ending == "killed" else RuntimeError):
+        trainer.train()
+    reporter.close()
+
+    kept = [1, 2] if ending == "killed" else [1, 2, 3]
+    metrics = records(reports, "metric")
+    assert [m["data"]["step"] for m in metrics] == kept
+    assert [s["data"]["step"] for s in records(reports, "samples")] == kept
+    checkpoints = [info.step for info in list_checkpoints(config.runtime.checkpoint_dir)]
+    assert checkpoints == ([] if ending == "killed" else [3])
+    if ending == "failed":
+        assert committed_at[2] <= metrics[-1]["time"] <= committed_at[3]
 
 
 @pytest.mark.parametrize(("spec", "message"), [
