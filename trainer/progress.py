@@ -6,8 +6,9 @@ one participant and fail at another (a peer killed as it sends its last part): a
 after committing a step its surviving peers failed, and redo, would otherwise report a step
 the job never kept. The trainer says when the pod has outlived its last step
 (`StepReports.outlived`): its next step's collectives completed (in a static world every
-participant had committed it to take part; a live pod carries it on), an evaluation, its
-emergency checkpoint of the step, the end. The reports keep the time the step committed."""
+participant had committed it to take part; a live pod carries it on), the barrier before an
+epoch's validation, its emergency checkpoint of the step, the end. The reports keep the time the
+step committed."""
 
 from __future__ import annotations
 

@@ -291,7 +291,10 @@ class Trainer:
                 self.checkpointer.save_final(self.step, self.sampler, self.metrics)
             return finished
         except nonfinite.NonFiniteLoss:
-            raise  # not a failed collective: the last committed step needs no emergency copy
+            # Not a failed collective: the last committed step needs no emergency copy, and
+            # the step that refused it was judged from gradients every participant sent.
+            self.progress.outlived()
+            raise
         except Exception:
             # The last committed step's reports go out where a restart resumes from it.
             if self.checkpointer.save_after_failure(self.step, self.sampler, self.metrics):
@@ -370,8 +373,9 @@ class Trainer:
 
     def _end_epoch(self, epoch: int) -> None:
         """Validation, the epoch-end checkpoint and event for `epoch` (counted from 0)."""
+        self.group.barrier()  # every participant committed the epoch's last step: report it
+        self.progress.outlived()
         self.metrics["validation"] = self.evaluate(self.validation_data, "validation")
-        self.progress.outlived()  # a collective: every participant committed the last step
         self.epoch_end_pending = False
         self.checkpointer.save(self.step, self.sampler, self.metrics, epoch_end=True)
         self.reporter.emit(records.EpochEnd(message=f"epoch {epoch + 1} done", epoch=epoch + 1,
