@@ -117,22 +117,19 @@ class Checkpointer:
             self.save(step, sampler, metrics, epoch_end=epoch_end, everyone=everyone)
 
     def save_after_failure(self, step: int, sampler: GlobalSampler,
-                           metrics: dict[str, Any]) -> bool:
-        """After a failed collective: keep the last committed step so a restart loses none;
-        whether it was kept.
+                           metrics: dict[str, Any]) -> None:
+        """After a failed collective: keep the last committed step so a restart loses none.
 
         The model and optimizer change only when a step commits, so they hold that step's
         state whichever collective failed; every survivor writes, since any may be the lowest.
         """
         if not self.recovery.saves_on_failure(self.group.participants) or step == 0:
-            return False
+            return
         try:
             self.save(step, sampler, metrics, epoch_end=False, emergency=True)
+            logger.info("emergency checkpoint at step %d", step)
         except Exception:  # the failure being handled matters more; this one is logged
             logger.exception("emergency checkpoint at step %d failed", step)
-            return False
-        logger.info("emergency checkpoint at step %d", step)
-        return True
 
     def wait(self) -> None:
         """Block until the checkpoint in flight (if any) is durable; raise its error."""

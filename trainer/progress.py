@@ -7,8 +7,8 @@ after committing a step its surviving peers failed, and redo, would otherwise re
 the job never kept. The trainer says when the pod has outlived its last step
 (`StepReports.outlived`): its next step's collectives completed (in a static world every
 participant had committed it to take part; a live pod carries it on), the barrier before an
-epoch's validation, its emergency checkpoint of the step, the end. The reports keep the time the
-step committed."""
+epoch's validation, a failure it lives to handle (after its emergency checkpoint of the step,
+where it writes one), the end. The reports keep the time the step committed."""
 
 from __future__ import annotations
 

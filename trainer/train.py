@@ -291,14 +291,11 @@ class Trainer:
                 self.checkpointer.save_final(self.step, self.sampler, self.metrics)
             return finished
         except nonfinite.NonFiniteLoss:
-            # Not a failed collective: the last committed step needs no emergency copy, and
-            # the step that refused it was judged from gradients every participant sent.
             self.progress.outlived()
-            raise
+            raise  # not a failed collective: the last committed step needs no emergency copy
         except Exception:
-            # The last committed step's reports go out where a restart resumes from it.
-            if self.checkpointer.save_after_failure(self.step, self.sampler, self.metrics):
-                self.progress.outlived()
+            self.checkpointer.save_after_failure(self.step, self.sampler, self.metrics)
+            self.progress.outlived()  # a survivor: its last step stays (or is redone alike)
             raise
         finally:
             signal.signal(signal.SIGTERM, previous)

@@ -167,8 +167,8 @@ def test_a_step_is_reported_once_the_pod_has_outlived_it(make_config, tmp_path: 
     """A collective can complete at one participant and fail at another: a pod killed as it
     commits a step that its peers failed, and redo, must not have reported it. The fourth
     step's collective fails here. Killed, the pod reported steps 1 and 2 alone. Failed, it
-    kept step 3 in an emergency checkpoint, the step a restart resumes from: step 3 is
-    reported too, with the time it committed."""
+    lives to keep step 3 in an emergency checkpoint, the step a restart resumes from: step 3
+    is reported too, with the time it committed."""
     config = make_config(epochs=1, checkpoint_every_steps=0)
     config.runtime.log_sample_ids = True
     # A participant of a group of two: a failed collective calls for an emergency checkpoint.
