@@ -60,11 +60,8 @@ $(OLAH_STAMP): tests/hub/requirements.txt
 	$(OLAH_VENV)/bin/python -m pip install --quiet -r tests/hub/requirements.txt
 	touch $(OLAH_STAMP)
 
-# Idle OpenMP threads sleep instead of spinning: the two workers' trainer processes share two
-# cores, and a spinning pool took the CPU its peers waited for (a one-second training test took
-# 24 to 40 s beside a job; no result depends on how threads wait).
 test: lint test-setup
-	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .
