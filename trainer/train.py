@@ -290,11 +290,10 @@ class Trainer:
             if finished and self.sampler.epoch >= self.config.spec.epochs:
                 self.checkpointer.save_final(self.step, self.sampler, self.metrics)
             return finished
-        except nonfinite.NonFiniteLoss:
-            self.progress.outlived()
-            raise  # not a failed collective: the last committed step needs no emergency copy
-        except Exception:
-            self.checkpointer.save_after_failure(self.step, self.sampler, self.metrics)
+        except Exception as error:
+            # A non-finite loss is no failed collective: its last committed step needs no copy.
+            if not isinstance(error, nonfinite.NonFiniteLoss):
+                self.checkpointer.save_after_failure(self.step, self.sampler, self.metrics)
             self.progress.outlived()  # a survivor: its last step stays (or is redone alike)
             raise
         finally:
