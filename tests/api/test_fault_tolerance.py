@@ -23,6 +23,7 @@ from tests.api.scenarios import (
     assert_exactly_once,
     assert_identical_replicas,
     assert_no_step_computed_twice,
+    power_cut,
     spec,
 )
 from tests.factories import make_tiny_model
@@ -113,14 +114,10 @@ def test_coordinator_killed_then_every_pod_during_a_checkpoint_write(
         return next((entry for entry in os.scandir(checkpoints) if ".tmp" in entry.name), None)
 
     staging = wait_for(writing, timeout=120, what="a checkpoint write", interval=0.002)
-    # All at once, as a power cut: each pod is stopped before any is killed. Killed one after
-    # another, a pod that sees a peer die before its own turn may save the committed step in an
-    # emergency (rightly), and the restart resumes from that instead.
-    pgids = [pod["pid"] for pod in plane.state(job.id)["pods"]]
-    for pgid in pgids:
-        os.killpg(pgid, signal.SIGSTOP)
-    for pgid in pgids:
-        os.killpg(pgid, signal.SIGKILL)
+    # All at once, as a power cut: every process of every pod is stopped before any is killed.
+    # Killed one after another, a pod that sees a peer die before its own turn may save the
+    # committed step in an emergency (rightly), and the restart resumes from that instead.
+    power_cut([pod["pid"] for pod in plane.state(job.id)["pods"]])
     killed_at = time.time()
     half_written = int(staging.name.split(".")[0].removeprefix("step-"))
     assert not (checkpoints / f"step-{half_written}" / MARKER).exists()  # killed mid-write

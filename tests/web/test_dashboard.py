@@ -32,6 +32,9 @@ XSS = "<img src=x onerror=alert(1)>"
 # process needs seconds to import torch) and rejoin before training ends.
 SPEC = tiny_spec(replicas=2, epochs=3, batch_size=2, checkpoint_every_steps=200,
                  max_train_samples=1600, max_eval_samples=200)
+# The form's job needs less: the job's warm standby takes the killed pod's place (in a suite run,
+# pod 1 took part again from step 94, 2 s after its kill at step 23); 600 steps, not 1,200.
+FORM_SPEC = {**SPEC, "max_train_samples": 800}
 
 
 def login_url(plane: ControlPlane) -> str:
@@ -152,7 +155,7 @@ def test_a_job_from_the_form_to_a_model(control_plane: ControlPlane, page: Any,
     page.wait_for_selector("#field-replicas")
     assert page.input_value("#field-replicas") == "2"  # defaults come from the API's schema
     assert page.input_value("#field-fault_tolerance") == "live"
-    for name, value in {**SPEC, "replicas": 0}.items():
+    for name, value in {**FORM_SPEC, "replicas": 0}.items():
         page.fill(f"#field-{name}", str(value))
     page.click("button[type=submit]")
     error = page.locator("#field-replicas-error")
@@ -165,7 +168,7 @@ def test_a_job_from_the_form_to_a_model(control_plane: ControlPlane, page: Any,
     page.click("button[type=submit]")
     page.wait_for_url("**/#/jobs/job-*")
     job_id = page.url.rsplit("/", 1)[1]
-    assert control_plane.job(job_id)["spec"]["epochs"] == SPEC["epochs"]
+    assert control_plane.job(job_id)["spec"]["epochs"] == FORM_SPEC["epochs"]
 
     # Pods come up and points arrive live.
     wait_for(lambda: pod_state(page, 0)["phase"] == pod_state(page, 1)["phase"] == "Running",
@@ -219,7 +222,7 @@ def test_a_job_from_the_form_to_a_model(control_plane: ControlPlane, page: Any,
              timeout=20, what="the full history in a late tab")
     assert late.locator(".timeline li[data-tag=kill]").count() == 1
     assert late.locator(".timeline li[data-tag=healed]").count() >= 1
-    assert chart_points(late, "accuracy") == SPEC["epochs"]
+    assert chart_points(late, "accuracy") == FORM_SPEC["epochs"]
     assert page.console.unexpected(422) == []
 
 

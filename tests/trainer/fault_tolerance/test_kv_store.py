@@ -116,7 +116,7 @@ def test_a_stock_torchrun_agent_cannot_join_the_jobs_rendezvous(
     stranger = processes.start(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=1",
          "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=the-job",
-         "--rdzv-conf=is_host=false,join_timeout=20,read_timeout=5", "-m", "json.tool",
+         "--rdzv-conf=is_host=false,join_timeout=5,read_timeout=2", "-m", "json.tool",
          "--help"], {}, tmp_path / "stranger.log")
     assert stranger.wait(timeout=120) != 0
     assert "the-job" not in (tmp_path / "store.log").read_text()
