@@ -151,23 +151,31 @@ def make_config(tmp_path: Path, inputs_dir: Path):
     return build
 
 
+FORKED = {"trainer": ("peft", "trainer.lora", "trainer.pipeline"), "api": ("api.__main__",)}
+"""The programs forked from a fork server of the session (`trainer`: any of the trainer's
+modules; `api`: `python -m api` alone), and what each one's server imports beyond a trainer's
+own."""
+
+
 class Forks:
-    """One fork server for the session's trainer processes (trainer.forkserver, as the local
-    backend starts pods), started when the first is."""
+    """The session's fork servers (trainer.forkserver), one per program the tests start often:
+    trainer processes, as the local backend starts pods, and control planes (`python -m api`,
+    which imports for seconds on a loaded machine); each started when its first is."""
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
-        self.client: ForkClient | None = None
+        self.clients: dict[str, ForkClient] = {}
 
-    def get(self) -> ForkClient:
-        if self.client is None:
-            self.client = ForkClient.spawn(dict(os.environ), ROOT, self.log_dir / "forkserver.log",
-                                           ("peft", "trainer.lora", "trainer.pipeline"))
-        return self.client
+    def get(self, program: str) -> ForkClient:
+        if program not in self.clients:
+            self.clients[program] = ForkClient.spawn(
+                dict(os.environ), ROOT, self.log_dir / f"forkserver-{program}.log",
+                FORKED[program])
+        return self.clients[program]
 
     def close(self) -> None:
-        if self.client is not None:
-            self.client.close()
+        for client in self.clients.values():
+            client.close()
 
 
 @pytest.fixture(scope="session")
@@ -182,17 +190,19 @@ Process = subprocess.Popen[bytes] | ForkedProcess
 
 class Processes:
     """Processes a test started; each is killed (by pid, with its group) at teardown. Given
-    `forks`, trainer programs (`python -m trainer...`) are forks of the session's fork server."""
+    `forks`, trainer programs (`python -m trainer...`) and control planes (`python -m api`) are
+    forks of the session's fork servers."""
 
     def __init__(self, forks: Forks | None = None) -> None:
         self.forks = forks
         self.started: list[Process] = []
 
     def start(self, args: list[str], env: dict[str, str], log: Path) -> Process:
-        trainer = args[:2] == [sys.executable, "-m"] and args[2].split(".")[0] == "trainer"
-        if trainer and self.forks is not None:
+        module = args[2] if args[:2] == [sys.executable, "-m"] else ""
+        program = "trainer" if module.split(".")[0] == "trainer" else module
+        if program in FORKED and self.forks is not None:
             log.write_bytes(b"")
-            client = self.forks.get()
+            client = self.forks.get(program)
             if (pid := client.fork(args, {**os.environ, **env}, ROOT, log)) is not None:
                 forked = ForkedProcess(client, pid)
                 self.started.append(forked)
