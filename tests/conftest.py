@@ -24,6 +24,11 @@ from trainer.forkclient import ForkClient, ForkedProcess
 ROOT = Path(__file__).resolve().parent.parent
 # No test may reach the Hugging Face hub (there is no network here); fail fast instead.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# One thread per process for torch, read when it is first imported (after this): the suite's
+# two workers share two cores with the trainer processes their tests start, and an idle OpenMP
+# thread spins for a while. Beside two busy processes, tests/trainer/test_train.py took 41 s
+# with two threads and 18 s with one. (Pods set theirs: the local backend's, the tests' own.)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # torch writes its compile cache's directory into the environment of a process that loads a
 # model: set it before, so the trainers a test starts later see what the session's fork server
 # saw, and fork (trainer.forkserver) instead of starting as a fresh, slower interpreter.

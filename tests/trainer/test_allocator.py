@@ -51,8 +51,9 @@ def test_a_large_block_comes_from_the_heap_and_stays_there_once_freed() -> None:
     found = probe()
     assert found["told"] is True
     assert found["mapped"] == 0
-    assert found["heap_held"] >= 64 * MIB
-    assert found["heap_freed"] >= 64 * MIB  # kept for the next step, not handed back
+    # The heap grew by the block, less what it had free already (32 KiB in one run).
+    assert found["heap_held"] >= 63 * MIB
+    assert found["heap_freed"] >= 63 * MIB  # kept for the next step, not handed back
 
 
 def test_an_environment_that_tunes_malloc_keeps_its_choice() -> None:
