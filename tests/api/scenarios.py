@@ -4,8 +4,6 @@ views on what its pods reported, and the invariants of DESIGN.md that every scen
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import time
 from collections import Counter
 from typing import Any
@@ -98,39 +96,30 @@ def tally(steps: list[dict[str, Any]]) -> str:
             f"participants: {counts}")
 
 
-def power_cut(pgids: list[int]) -> None:
+def power_cut(pids: list[int]) -> None:
     """Every process of these pods stops at once, then all are SIGKILLed, as in a power cut:
-    their process groups and every descendant, such as the workers that restart-mode pods fork
-    into sessions of their own (which would otherwise run on for the moment their parents take
-    to die, long enough to finish a checkpoint's write)."""
+    each pod's first process and every descendant, such as the workers that restart-mode pods
+    fork into sessions of their own (which would otherwise run on for the moment their parents
+    take to die, long enough to finish a checkpoint's write)."""
     stopped: dict[int, psutil.Process] = {}
-    while found := {p.pid: p for p in pods_processes(pgids) if p.pid not in stopped}:
+    while found := {p.pid: p for p in pods_processes(pids) if p.pid not in stopped}:
         for process in found.values():  # a stopped process starts no other
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.suspend()
         stopped |= found
-    for pgid in pgids:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
     for process in stopped.values():
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
 
 
-def pods_processes(pgids: list[int]) -> list[psutil.Process]:
-    """The processes of these pods' groups (each led by the pod's first process) and their
-    descendants."""
-    found = [p for p in psutil.process_iter() if p.pid in pgids or safe_pgid(p) in pgids]
-    for process in list(found):
+def pods_processes(pids: list[int]) -> list[psutil.Process]:
+    """These pods' first processes and their descendants."""
+    found = []
+    for pid in pids:
         with contextlib.suppress(psutil.NoSuchProcess):
-            found += process.children(recursive=True)
+            pod = psutil.Process(pid)
+            found += [pod, *pod.children(recursive=True)]
     return found
-
-
-def safe_pgid(process: psutil.Process) -> int | None:
-    with contextlib.suppress(ProcessLookupError):
-        return os.getpgid(process.pid)
-    return None
 
 
 def alive(pid: int) -> bool:
