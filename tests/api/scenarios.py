@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 import psutil
@@ -96,17 +97,21 @@ def tally(steps: list[dict[str, Any]]) -> str:
             f"participants: {counts}")
 
 
-def power_cut(pids: list[int]) -> None:
+def power_cut(pids: list[int], known: Iterable[psutil.Process] = ()) -> None:
     """Every process of these pods stops at once, then all are SIGKILLed, as in a power cut:
     each pod's first process and every descendant, such as the workers that restart-mode pods
     fork into sessions of their own (which would otherwise run on for the moment their parents
-    take to die, long enough to finish a checkpoint's write)."""
+    take to die, long enough to finish a checkpoint's write). `known`: these pods' processes
+    found beforehand (`pods_processes`), stopped first: finding them reads every process's
+    parent, which on a loaded machine takes long enough for a write to end."""
     stopped: dict[int, psutil.Process] = {}
-    while found := {p.pid: p for p in pods_processes(pids) if p.pid not in stopped}:
+    found = {p.pid: p for p in known}
+    while found:
         for process in found.values():  # a stopped process starts no other
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.suspend()
         stopped |= found
+        found = {p.pid: p for p in pods_processes(pids) if p.pid not in stopped}
     for process in stopped.values():
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()

@@ -23,6 +23,7 @@ from tests.api.scenarios import (
     assert_exactly_once,
     assert_identical_replicas,
     assert_no_step_computed_twice,
+    pods_processes,
     power_cut,
     spec,
 )
@@ -114,11 +115,14 @@ def test_coordinator_killed_then_every_pod_during_a_checkpoint_write(
     def writing() -> os.DirEntry[str] | None:
         return next((entry for entry in os.scandir(checkpoints) if ".tmp" in entry.name), None)
 
-    staging = wait_for(writing, timeout=120, what="a checkpoint write", interval=0.002)
     # All at once, as a power cut: every process of every pod is stopped before any is killed.
     # Killed one after another, a pod that sees a peer die before its own turn may save the
     # committed step in an emergency (rightly), and the restart resumes from that instead.
-    power_cut([pod["pid"] for pod in plane.state(job.id)["pods"]])
+    # The processes are found before the write starts: a write can end while they are sought.
+    pids = [pod["pid"] for pod in plane.state(job.id)["pods"]]
+    known = pods_processes(pids)
+    staging = wait_for(writing, timeout=120, what="a checkpoint write", interval=0.002)
+    power_cut(pids, known)
     killed_at = time.time()
     half_written = int(staging.name.split(".")[0].removeprefix("step-"))
     assert not (checkpoints / f"step-{half_written}" / MARKER).exists()  # killed mid-write
