@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -112,8 +113,10 @@ class ControlPlane:
         return [p["pid"] for p in self.state(job_id)["pods"] if p.get("pid")]
 
     def close(self) -> None:
-        """Delete every job's workload (no pod outlives the test) and close the client."""
+        """Delete every job's workload (no pod outlives the test) and close the client. The
+        jobs are deleted side by side: each delete waits for its supervisor to stop its pods."""
         self.http.close()
         backend = LocalBackend(self.data_dir / "jobs")
-        for job_dir in (self.data_dir / "jobs").glob("job-*"):
-            backend.delete(job_dir.name)
+        jobs = [job_dir.name for job_dir in (self.data_dir / "jobs").glob("job-*")]
+        with ThreadPoolExecutor(max_workers=max(len(jobs), 1)) as pool:
+            list(pool.map(backend.delete, jobs))  # an error is raised here, as before
