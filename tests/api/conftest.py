@@ -83,18 +83,28 @@ def control_plane(tmp_path: Path, inputs_dir: Path, processes: Processes,
 
 
 @pytest.fixture
-def plane(tmp_path: Path, inputs_dir: Path, processes: Processes) -> Iterator[ControlPlane]:
+def mode() -> str:
+    """The fault-tolerance mode of the test's jobs on `plane`: live, unless the test
+    parametrizes `mode`."""
+    return "live"
+
+
+@pytest.fixture
+def plane(tmp_path: Path, inputs_dir: Path, processes: Processes, mode: str,
+          ) -> Iterator[ControlPlane]:
     """The control plane; its pods report the sample ids of every committed step.
 
-    Killed pods come back after 6 s: a live pod rejoins within about 5 s of its start, and a
-    kill that lands between a pod's quorum request and its group set-up stalls the survivors
-    for the 5 s collective timeout, which could otherwise outlast the whole outage."""
+    Killed pods of live jobs come back after 6 s: a live pod rejoins within about 5 s of its
+    start, and a kill that lands between a pod's quorum request and its group set-up stalls
+    the survivors for the 5 s collective timeout, which could otherwise outlast the whole
+    outage. A restart job has no quorum to stall: its pods come back after the product's
+    default second."""
     from tests.api.control_plane import ControlPlane
 
     make_reviews_csv(inputs_dir / "reviews.csv", rows=2400)
     control = ControlPlane(processes, tmp_path / "data", inputs_dir,
                            env={"LOG_SAMPLE_IDS": "true", "MIGRATOR_RESTART_BUDGET": "10",
-                                "MIGRATOR_RESTART_BACKOFF": "6"})
+                                "MIGRATOR_RESTART_BACKOFF": "6" if mode == "live" else "1"})
     control.start()
     yield control
     control.close()

@@ -19,11 +19,12 @@ from tests.support import wait_for
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.parametrize("mode", ["restart"])
 def test_a_killed_stage_pod_restarts_the_pipelines_from_a_checkpoint(plane: ControlPlane,
-                                                                      ) -> None:
+                                                                      mode: str) -> None:
     from transformers import pipeline
 
-    job = Job(plane, spec("restart", replicas=2, parallelism="pipeline", pipeline_stages=2,
+    job = Job(plane, spec(mode, replicas=2, parallelism="pipeline", pipeline_stages=2,
                           microbatches=4, schedule="gpipe", epochs=3))
     pods = plane.job(job.id)["pods"]
     assert [(p["replica"], p["stage"]) for p in pods] == [(0, 0), (0, 1), (1, 0), (1, 1)]
