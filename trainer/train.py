@@ -3,7 +3,6 @@ model (trainer.part), whole or a pipeline stage, data-parallel over the group's 
 
 from __future__ import annotations
 
-import faulthandler
 import logging
 import signal
 from dataclasses import dataclass
@@ -37,10 +36,6 @@ from trainer.shards import ShardSums, seed_shard
 from trainer.state import rng_state, set_rng_state, weights_checksum
 
 logger = logging.getLogger(__name__)
-
-STUCK_AFTER_SIGTERM_SECONDS = 5.0
-"""A pod still training this long after SIGTERM writes every thread's stack to its log: a step
-that cannot end (a collective whose peer hangs) shows where it waits."""
 
 
 @dataclass
@@ -303,7 +298,6 @@ class Trainer:
             raise
         finally:
             signal.signal(signal.SIGTERM, previous)
-            faulthandler.cancel_dump_traceback_later()
 
     def finish(self) -> None:
         """Evaluate on test, export the model (the primary, or a live pod that outlived it)
@@ -386,7 +380,6 @@ class Trainer:
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         logger.info("SIGTERM: stopping after the current step")
         self._stop_requested = True
-        faulthandler.dump_traceback_later(STUCK_AFTER_SIGTERM_SECONDS)
 
     # --- evaluation ----------------------------------------------------------------------
 

@@ -155,27 +155,6 @@ def test_a_sigterm_in_a_static_group_leaves_the_stop_step_saved_by_every_partici
     assert latest_checkpoint(tmp_path / "checkpoints").step == last["local-0"]
 
 
-def test_a_pod_whose_step_cannot_end_after_sigterm_logs_where_it_waits(
-        inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
-    """A peer that hangs (stopped, its connections open) holds the step in its collective: the
-    pod told to stop cannot, and a few seconds on its log shows the stack it waits in, which
-    its agent's SIGKILL (30 s after the SIGTERM, in restart mode) would leave unexplained."""
-    make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
-    logs = [tmp_path / "rank-0.log", tmp_path / "rank-1.log"]
-    args = [sys.executable, "-m", "trainer", *trainer_args(inputs_dir, tmp_path, "--epochs", "20")]
-    (pod, _), (peer, _) = processes.world(args, logs, {"OMP_NUM_THREADS": "1"})
-    reports = tmp_path / "reports.jsonl"
-    wait_for(lambda: reports.exists() and '"kind":"metric"' in reports.read_text(),
-             process=pod, timeout=120)
-    peer.send_signal(signal.SIGSTOP)
-    pod.send_signal(signal.SIGTERM)
-    dumped = wait_for(lambda: "Timeout (0:00:05)!" in (text := logs[0].read_text()) and text,
-                      process=pod, timeout=60, what="the stuck pod's stacks in its log")
-    stacks = dumped.split("Timeout (0:00:05)!")[1]
-    assert "(most recent call first)" in stacks and "in train_step" in stacks
-    assert pod.poll() is None  # still held in its step: the dump was no exit
-
-
 def test_a_nan_loss_fails_the_job_with_the_step_and_the_value(
         inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
     make_poisoned_model(inputs_dir / "poisoned")
