@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tomllib
@@ -15,11 +16,33 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 
 
-def setup_commands(*variables: str, target: str = "setup") -> list[str]:
-    """What `make <target>` would run from scratch (-B: whatever the stamps say)."""
+def make_commands(target: str, *variables: str, bytecode: bool = True) -> list[str]:
+    """What `make <target>` would run from scratch (-B: whatever the stamps say), where Python
+    writes the bytecode it compiles (`bytecode`) or where PYTHONDONTWRITEBYTECODE is set."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    if not bytecode:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
     result = subprocess.run(["make", "-n", "-B", "-C", str(ROOT), target, *variables],
-                            capture_output=True, text=True, timeout=60, check=True)
+                            capture_output=True, text=True, timeout=60, check=True, env=env)
     return result.stdout.splitlines()
+
+
+def setup_commands(*variables: str, target: str = "setup") -> list[str]:
+    """`make_commands`, whether pip compiles or not (see the next test)."""
+    return [c.replace(" --no-compile", "") for c in make_commands(target, *variables)]
+
+
+def test_pip_leaves_compiling_to_the_first_import_unless_python_writes_no_bytecode() -> None:
+    """An install compiles every module it unpacks (40 s of the project's 90 s), most of
+    which nothing imports; a first import compiles what it imports and caches it, unless
+    PYTHONDONTWRITEBYTECODE is set: every process would then compile again."""
+    def installs(commands: list[str]) -> list[str]:
+        return [c for c in commands if " -m pip install" in c and "--upgrade pip" not in c]
+    lazily = installs(make_commands("test-setup"))
+    assert len(lazily) == 4  # the project, the offline assets, moto's and olah's environments
+    assert all("--no-compile" in c for c in lazily)
+    eagerly = installs(make_commands("test-setup", bytecode=False))
+    assert len(eagerly) == 4 and not any("--no-compile" in c for c in eagerly)
 
 
 def torch_pin() -> str:

@@ -68,7 +68,9 @@ class Job:
             assert status not in FINISHED_STATUSES, (
                 f"the job ended ({status}) before {what}; {tally(steps)}")
             return False
-        wait_for(enough, timeout=120, what=what)
+        # Each look reads the job's new steps over HTTP: a few a second keep the API's and this
+        # process's share of the two cores small beside the pods'.
+        wait_for(enough, timeout=120, what=what, interval=0.2)
 
     def wait_rejoined(self, ordinals: tuple[int, ...], after: float) -> None:
         """The recreated pods take part in steps again, and every pod has reported such a step.
