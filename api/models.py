@@ -12,7 +12,7 @@ from sqlmodel import Field as SQLField
 from sqlmodel import SQLModel
 
 from api.db import ModelJSON
-from trainer.contract.spec import MAX_REPLICAS, JobSpec
+from trainer.contract.spec import MAX_INT, MAX_REPLICAS, JobSpec
 
 
 def utc_now() -> datetime:
@@ -81,6 +81,8 @@ class Job(SQLModel, table=True):
     model_id: str | None = None
     event_bytes: int = SQLField(default=0, sa_column_kwargs={"server_default": "0"})
     """Bytes of events its reports stored, against settings.max_job_event_bytes."""
+    finish_after_epoch: int | None = None
+    """POST /jobs/{id}/finish: the epoch after which its pods finish early (trainer.finish)."""
 
 
 class Progress(BaseModel):
@@ -145,6 +147,14 @@ class JobUpdate(BaseModel):
     replicas: int = Field(ge=1, le=MAX_REPLICAS)
     """Pods to run, 1 to the job's `max_replicas`: new ordinals heal from a peer and take part;
     the highest ones leave gracefully."""
+
+
+class FinishRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    after_epoch: int | None = Field(default=None, ge=1, le=MAX_INT)
+    """Finish after this epoch (from 1, at most the spec's `epochs`), or after the epoch under
+    way when the pods agree, if that is later; none: after the epoch under way now."""
 
 
 class MigrateRequest(BaseModel):
@@ -311,14 +321,6 @@ class Incarnation(SQLModel, table=True):
     pod: str = SQLField(primary_key=True)
     incarnation: str = SQLField(primary_key=True)
     last_seq: int = 0
-
-
-# --- reports (trainer -> API; records in trainer.contract.records) ----------------------
-
-
-class ReportAccepted(BaseModel):
-    accepted: int
-    duplicates: int
 
 
 # --- checkpoints ---------------------------------------------------------------------------

@@ -15,22 +15,39 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
+import numpy as np
+
+from trainer import nonfinite
 from trainer.config import TrainConfig
 from trainer.contract import records
 from trainer.distributed import Group
 from trainer.report import Reporter
-from trainer.sampler import GlobalSampler
-
-if TYPE_CHECKING:
-    from trainer.train import StepResult
+from trainer.sampler import Assignment, GlobalSampler
 
 logger = logging.getLogger(__name__)
 
 LOG_EVERY_SECONDS = 10.0
 WINDOW_SECONDS = 5.0
 """Throughput is measured over windows of about this long."""
+
+
+@dataclass
+class StepResult:
+    """What `Trainer.train_step` did."""
+
+    committed: bool
+    loss: float
+    assignment: Assignment
+    """The step's window as committed (after a heal: as the live peers assigned it)."""
+    used: np.ndarray
+    """Sample ids this participant trained on (none while healing)."""
+    stop_requested: bool
+    took_part: bool = True
+    """False for a pod that computed nothing in this step (healing, or about to resume)."""
+    skipped: nonfinite.NonFiniteStep | None = None
+    """Committed without its update: its gradients were not finite."""
 
 
 class StepReports:

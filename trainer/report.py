@@ -6,6 +6,7 @@ record data with (seq, kind, time) and hands the JSON form to every sink.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -163,6 +164,9 @@ class HttpSink:
         self._dropped = 0
         self._last_post = 0.0
         self.delivered = 0
+        self.finish_after_epoch: int | None = None
+        """The epoch after which the control plane asked the job to finish early, from its
+        replies (trainer.finish)."""
         self.unserializable = 0
         """Records dropped because they had no JSON form."""
         self._thread = threading.Thread(target=self._run, name="report-sender", daemon=True)
@@ -269,6 +273,7 @@ class HttpSink:
             logger.debug("report post failed (%s); will retry", exc)
             return "retry"
         if response.is_success:
+            self._read_reply(response)
             return "sent"
         if response.status_code in (408, 425, 429) or response.status_code >= 500:
             return "retry"
@@ -279,6 +284,12 @@ class HttpSink:
         logger.error("reports rejected with HTTP %d: %s; dropping %d records",
                      response.status_code, response.text[:200], len(batch))
         return "rejected"
+
+    def _read_reply(self, response: httpx.Response) -> None:
+        with contextlib.suppress(ValueError, AttributeError):  # a reply without one: no ask
+            asked = response.json().get("finish_after_epoch")
+            if isinstance(asked, int) and asked > 0:
+                self.finish_after_epoch = asked
 
 
 class Reporter:
@@ -303,6 +314,13 @@ class Reporter:
                       "time": time.time() if at is None else at, "data": payload}
             for sink in self.sinks:
                 sink.write(record)
+
+    @property
+    def finish_after_epoch(self) -> int | None:
+        """The epoch after which the control plane asked the job to finish early, where one
+        of the sinks heard it do so (trainer.finish)."""
+        asked = [getattr(sink, "finish_after_epoch", None) for sink in self.sinks]
+        return min((a for a in asked if a), default=None)
 
     def flush(self, timeout: float = 0.0) -> bool:
         return all([sink.flush(timeout) for sink in self.sinks])

@@ -101,7 +101,7 @@ class ShardSums:
         """Shards the last step took from its failed attempt instead of computing them."""
 
     def step(self, assignment: Assignment, data: TokenizedSplit, idle: bool,
-             spec: JobSpec) -> tuple[float, float, float]:
+             spec: JobSpec, votes: torch.Tensor | None = None) -> tuple[float, float, float]:
         """This pod's shards of the step (none while idle) summed with the other participants'
         (see `reduce`). A step of one shard (a one-pod job's, an epoch's short last step) has
         no sum to make exact: its mean is taken in float32, as plain training does."""
@@ -121,7 +121,7 @@ class ShardSums:
             self._attempt = Attempt((assignment.epoch, assignment.cursor),
                                     frozenset(shard for shard, _ in shards), self._sums,
                                     self._loss, self._counted)
-        return self.reduce(assignment.window, spec.max_grad_norm, lone)
+        return self.reduce(assignment.window, spec.max_grad_norm, lone, votes)
 
     def _keep(self, assignment: Assignment, shards: tuple[tuple[int, object], ...],
               lone: bool) -> frozenset[int]:
@@ -171,33 +171,40 @@ class ShardSums:
         self._loss = loss if self._loss is None else self._loss + loss
         self._counted += counted
 
-    def reduce(self, window: int, max_norm: float, lone: bool = False
-               ) -> tuple[float, float, float]:
+    def reduce(self, window: int, max_norm: float, lone: bool = False,
+               votes: torch.Tensor | None = None) -> tuple[float, float, float]:
         """Sum every participant's shards (a pod that computed none adds zeros; a process that
         is the whole group has nothing to add), set each parameter's gradient to the step's
         mean, clip by the whole model's norm; (the step's loss summed over its samples, its
-        samples, the gradients' norm before clipping)."""
+        samples, the gradients' norm before clipping). `votes` (float64) are summed over every
+        pod of the step alike, in place (trainer.finish)."""
         shapes = self._shapes()
         sums = self._sums or [torch.zeros(shape, dtype=p.dtype if lone else torch.float64,
                                           device=p.device)
                               for p, shape in zip(self.parameters, shapes, strict=True)]
         device = sums[0].device
-        stats = torch.stack([
+        stats = torch.cat([torch.stack([
             self._loss if self._loss is not None else torch.zeros((), dtype=torch.float64,
                                                                   device=device),
-            torch.tensor(float(self._counted), dtype=torch.float64, device=device)])
+            torch.tensor(float(self._counted), dtype=torch.float64, device=device)]),
+            torch.empty(0, dtype=torch.float64, device=device) if votes is None
+            else votes.to(device)])
         self._sums, self._loss, self._counted = None, None, 0
         if not self.group.alone:  # one collective for all: float64 sums stay exact
             total = torch.cat([*(s.reshape(-1).to(torch.float64) for s in sums), stats])
             self.group.sum_exactly(total)
             sums = [part.view(shape) for part, shape in zip(
-                total[:-2].split([shape.numel() for shape in shapes]), shapes, strict=True)]
-            stats = total[-2:]
+                total[:-len(stats)].split([shape.numel() for shape in shapes]), shapes,
+                strict=True)]
+            stats = total[-len(stats):]
         for index, (p, total) in enumerate(zip(self.parameters, sums, strict=True)):
             grad = (total if lone else total / max(window, 1)).to(p.dtype)
             if index == self._embedding and self._rows is not None:
                 grad = torch.zeros_like(p).index_copy_(0, self._rows, grad)
             p.grad = grad
         norm = self.part.clip(max_norm)
-        loss, counted = self.part.replica_totals(stats).tolist()
+        totals = self.part.replica_totals(stats)
+        if votes is not None:
+            votes.copy_(totals[2:])
+        loss, counted = totals[:2].tolist()
         return loss, counted, norm

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import signal
-from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -18,16 +17,16 @@ from trainer.checkpoint import CheckpointInfo
 from trainer.checkpointer import Checkpointer
 from trainer.config import TrainConfig
 from trainer.contract import records
-from trainer.contract.spec import JobSpec
 from trainer.data import TokenizedSplit
 from trainer.distributed import Group
 from trainer.evaluation import evaluate
 from trainer.export import export_model
+from trainer.finish import Finish
 from trainer.membership import Membership
 from trainer.model import model_labels, unwrap
 from trainer.part import ModelPart, build_part
 from trainer.prepare import Prepared, prepared_for
-from trainer.progress import StepReports
+from trainer.progress import StepReports, StepResult
 from trainer.recovery import Recovery
 from trainer.report import Reporter
 from trainer.sampler import Assignment, GlobalSampler
@@ -36,23 +35,6 @@ from trainer.shards import ShardSums, seed_shard
 from trainer.state import rng_state, set_rng_state, weights_checksum
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class StepResult:
-    """What `Trainer.train_step` did."""
-
-    committed: bool
-    loss: float
-    assignment: Assignment
-    """The step's window as committed (after a heal: as the live peers assigned it)."""
-    used: np.ndarray
-    """Sample ids this participant trained on (none while healing)."""
-    stop_requested: bool
-    took_part: bool = True
-    """False for a pod that computed nothing in this step (healing, or about to resume)."""
-    skipped: nonfinite.NonFiniteStep | None = None
-    """Committed without its update: its gradients were not finite."""
 
 
 class Trainer:
@@ -82,6 +64,8 @@ class Trainer:
     """Reports this pod's readiness, heals, joins and leaves, and the group's quorums."""
     progress: StepReports
     """Reports each committed step."""
+    finishing: Finish
+    """An early finish the control plane asked for, once the participants agreed on it."""
     step: int
     """Committed optimizer steps of the whole job."""
     samples_seen: int
@@ -131,6 +115,7 @@ class Trainer:
         self.membership = Membership(group, reporter, runtime.ready_file)
         self.progress = StepReports(config, group, reporter, self.sampler,
                                     self.part.reports_samples)
+        self.finishing = Finish(reporter, spec.epochs, spec.constant_batch or not group.heals)
         self._stop_requested = False
         self._first_step = True
         self.resumed_from = None
@@ -148,7 +133,8 @@ class Trainer:
                 "sampler": self.sampler.state_dict(), "rng": rng_state(),
                 "progress": {"step": self.step, "samples_seen": self.samples_seen,
                              "skipped_steps": self.skipped_steps,
-                             "epoch_end_pending": self.epoch_end_pending},
+                             "epoch_end_pending": self.epoch_end_pending,
+                             "finish_epoch": self.finishing.epoch},
                 "metrics": self.metrics}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -161,6 +147,7 @@ class Trainer:
         self.samples_seen = int(state["progress"]["samples_seen"])
         self.skipped_steps = int(state["progress"].get("skipped_steps", 0))
         self.epoch_end_pending = bool(state["progress"].get("epoch_end_pending", False))
+        self.finishing.epoch = state["progress"].get("finish_epoch")
         self.metrics = state["metrics"]
         if self.shards is not None:  # the weights changed: no failed attempt holds for them
             self.shards.settled()
@@ -203,8 +190,10 @@ class Trainer:
         if not idle and not self.membership.ready:
             self.membership.mark_ready()
         self._train_mode()
-        stats, grad_norm = (self._compute_shards(assignment, idle) if self.shards is not None
-                            else self._compute_share(assignment, idle))
+        votes = self.finishing.votes()
+        stats, grad_norm = (self._compute_shards(assignment, idle, votes)
+                            if self.shards is not None
+                            else self._compute_share(assignment, idle, votes))
         committed = self.group.should_commit()
         self.optimizer_loader.arrived()
         if committed and self.shards is not None:
@@ -230,6 +219,7 @@ class Trainer:
             self.sampler.commit(assignment)
             self.step += 1
             self.samples_seen += assignment.window
+            self.finishing.settle(votes, assignment.epoch, self.step)
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(committed, loss_total / max(counted, 1.0), assignment, used, stops > 0,
                           took_part=not idle, skipped=skipped)
@@ -239,22 +229,24 @@ class Trainer:
             self.model.train()
             self._training_mode = True
 
-    def _compute_shards(self, assignment: Assignment, idle: bool) -> tuple[torch.Tensor, float]:
+    def _compute_shards(self, assignment: Assignment, idle: bool, votes: torch.Tensor
+                        ) -> tuple[torch.Tensor, float]:
         """A fixed global batch's step (trainer.shards): (the step's loss summed, its samples,
-        the stops requested), every participant's; and the gradients' norm. Only the stops
-        are summed here: a live group's stay local (each pod leaves alone)."""
+        the stops requested), every participant's; and the gradients' norm; `votes` summed.
+        Only the stops are summed here: a live group's stay local (each pod leaves alone)."""
         assert self.shards is not None
         loss_sum, counted, grad_norm = self.shards.step(assignment, self.train_data, idle,
-                                                        self.config.spec)
+                                                        self.config.spec, votes)
         stops = self.group.all_reduce_sum(torch.tensor([float(self._stop_requested)]))
         return torch.tensor([loss_sum, counted, float(stops[0])], dtype=torch.float64), grad_norm
 
-    def _compute_share(self, assignment: Assignment, idle: bool) -> tuple[torch.Tensor, float]:
+    def _compute_share(self, assignment: Assignment, idle: bool, votes: torch.Tensor
+                       ) -> tuple[torch.Tensor, float]:
         """An elastic batch's step: forward and backward of this pod's share, gradients
         synchronised and clipped; (the loss summed over the samples counted, those samples,
         the stops requested: all participants' in a static world, this pod's in a live one,
-        whose statistics stay local), and the gradients' norm. A pipeline's earlier stages
-        count none: the last one holds the loss."""
+        whose statistics stay local, as `votes` do), and the gradients' norm. A pipeline's
+        earlier stages count none: the last one holds the loss."""
         seed_shard(self.config.spec.seed, assignment, self.group.rank)
         indices, weight = assignment.indices, 1.0
         if len(indices) == 0 or idle:
@@ -266,8 +258,10 @@ class Trainer:
         loss, counted = self.part.forward_backward(self.train_data.batch(indices), weight,
                                                    self.group.participants / assignment.window)
         norm = self.part.sync_and_clip(self.config.spec.max_grad_norm)
-        return self.group.all_reduce_sum(torch.tensor(
-            [float(loss), counted, float(self._stop_requested)], dtype=torch.float64)), norm
+        stats = self.group.all_reduce_sum(torch.cat([torch.tensor(
+            [float(loss), counted, float(self._stop_requested)], dtype=torch.float64), votes]))
+        votes.copy_(stats[3:])
+        return stats[:3], norm
 
     def train(self) -> dict[str, Any]:
         """Run the remaining epochs, evaluate on test, export; return the final metrics."""
@@ -284,10 +278,10 @@ class Trainer:
         try:
             if self.epoch_end_pending:  # resumed from an emergency checkpoint at an epoch end
                 self._end_epoch(self.sampler.epoch - 1)
-            finished = not self._run_epochs(self.config.spec, self.config.runtime.max_steps)
+            finished = not self._run_epochs(self.config.runtime.max_steps)
             self.progress.outlived()
             self.checkpointer.wait()  # the last checkpoint is durable before anything else
-            if finished and self.sampler.epoch >= self.config.spec.epochs:
+            if finished and self.sampler.epoch >= self.finishing.last_epoch:
                 self.checkpointer.save_final(self.step, self.sampler, self.metrics)
             return finished
         except Exception as error:
@@ -323,10 +317,10 @@ class Trainer:
                                      model_dir=model_dir, metrics=self.metrics,
                                      checksum=checksum, primary=self.group.is_primary))
 
-    def _run_epochs(self, spec: JobSpec, max_steps: int | None) -> bool:
+    def _run_epochs(self, max_steps: int | None) -> bool:
         """Train until every epoch is done (False) or a stop was requested and saved (True)."""
         self.progress.start_window()
-        while self.sampler.epoch < spec.epochs:
+        while self.sampler.epoch < self.finishing.last_epoch:
             if max_steps is not None and self.step >= max_steps:
                 return False
             result = self.train_step()

@@ -68,6 +68,11 @@ def build_parser() -> Parser:
     kill.add_argument("job_id")
     kill.add_argument("ordinal", type=int)
     kill.add_argument("--grace-seconds", type=float, default=0)
+    finish = commands.add_parser("finish", help="end a job early, after an epoch, and export "
+                                                "its model")
+    finish.add_argument("job_id")
+    finish.add_argument("--after-epoch", type=int, help="the epoch (from 1) to end after; "
+                                                        "default: the one under way")
     scale = commands.add_parser("scale", help="run a job on N pods (1 to its max_replicas)")
     scale.add_argument("job_id")
     scale.add_argument("replicas", type=int)
@@ -148,6 +153,10 @@ def run(client: Client, args: argparse.Namespace) -> int:
         answer = client.request("POST", f"/api/v1/jobs/{args.job_id}/pods/{args.ordinal}/kill",
                                 json={"grace_seconds": args.grace_seconds})
         echo(answer["detail"])
+    elif args.command == "finish":
+        answer = client.request("POST", f"/api/v1/jobs/{args.job_id}/finish",
+                                json={"after_epoch": args.after_epoch})
+        echo(f"{answer['id']}: {answer['detail']}")
     elif args.command == "scale":
         job = client.request("PATCH", f"/api/v1/jobs/{args.job_id}",
                              json={"replicas": args.replicas})

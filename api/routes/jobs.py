@@ -1,4 +1,4 @@
-"""Jobs: create, list, read, cancel, delete, and their event history."""
+"""Jobs: create, list, read, scale, cancel, finish early, delete, and their event history."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from api.errors import error_responses
 from api.models import (
     Accepted,
     EventsPublic,
+    FinishRequest,
     JobCreate,
     JobPublic,
     JobsPublic,
@@ -73,6 +74,19 @@ def cancel_job(job_id: str, session: SessionDep, backend: BackendDep,
                events: EventsDep) -> Accepted:
     """Stop the job: its workload is deleted, its checkpoints are kept."""
     job, detail = service.cancel_job(session, backend, events, job_id)
+    return Accepted(id=job.id, status=job.status.value, detail=detail)
+
+
+@router.post("/{job_id}/finish", status_code=status.HTTP_202_ACCEPTED, response_model=Accepted,
+             responses=error_responses(404, 409))
+def finish_job(job_id: str, session: SessionDep, events: EventsDep,
+               request: FinishRequest | None = None) -> Accepted:
+    """Finish the job early, after epoch `after_epoch` (none: the epoch under way): its pods
+    agree on the epoch through their steps (a later one where they are past it), then evaluate
+    on test, export the model and succeed, as at the end of a whole run. The learning-rate
+    schedule stays the whole run's: the model is the one a whole run holds after that epoch. A
+    live job on an elastic batch cannot agree on it (409)."""
+    job, detail = service.finish_job(session, events, job_id, request or FinishRequest())
     return Accepted(id=job.id, status=job.status.value, detail=detail)
 
 

@@ -9,10 +9,9 @@ from fastapi import APIRouter, Request
 from api.auth import ReportRoute
 from api.errors import documented_body, error_responses, parse_body
 from api.metrics import REPORTS_INGESTED
-from api.models import ReportAccepted
 from api.routes import API_PREFIX
 from api.services.reports import ReportWriter
-from trainer.contract.records import ReportBatch
+from trainer.contract.records import ReportAccepted, ReportBatch
 
 # The body limit (settings.max_report_bytes) is set where the app includes this router.
 router = APIRouter(prefix=API_PREFIX + "/jobs/{job_id}/reports", tags=["reports"],
@@ -32,6 +31,7 @@ async def post_report(job_id: str, request: Request) -> ReportAccepted:
     # Read from app.state, not through a dependency: on this route FastAPI's dependency
     # resolution cost measurable throughput (bench/api_ingest, PostgreSQL).
     writer: ReportWriter = request.app.state.report_writer
-    events, duplicates = await asyncio.wrap_future(writer.submit(job_id, batch))
+    events, duplicates, finish = await asyncio.wrap_future(writer.submit(job_id, batch))
     REPORTS_INGESTED.inc(len(events))
-    return ReportAccepted(accepted=len(batch.records) - duplicates, duplicates=duplicates)
+    return ReportAccepted(accepted=len(batch.records) - duplicates, duplicates=duplicates,
+                          finish_after_epoch=finish)

@@ -14,6 +14,7 @@ from api.models import JobStatus
 from trainer.contract.records import (
     Completed,
     Evaluation,
+    Finishing,
     Metric,
     RecordData,
     Started,
@@ -46,6 +47,11 @@ class JobView:
     """Bytes of events its reports stored; at or past the quota once it was reached."""
     quota: int
     """settings.max_job_event_bytes."""
+    finish_after_epoch: int | None = None
+    """The epoch after which its pods are to finish early (POST .../finish): as asked, then as
+    they agreed (trainer.finish), which is where they were past the one asked."""
+    agreed: bool = False
+    """A pod reported the agreed finish: `finish_after_epoch` is to be written."""
     changed: bool = False
     started_running: bool = False
     """The first report arrived: starting -> running."""
@@ -67,6 +73,9 @@ class JobView:
             case Completed() if data.model_dir:
                 # The primary's export, or a live pod's that outlived it.
                 self.completed_model_dir = data.model_dir
+            case Finishing():
+                self.finish_after_epoch = max(self.finish_after_epoch or 0, data.epoch)
+                self.agreed = True
             case StepSkipped():  # every participant counts the job's skipped steps alike
                 skipped = max(data.skipped, self.metrics.get("skipped_steps", 0))
                 self.metrics = {**self.metrics, "skipped_steps": skipped}

@@ -29,6 +29,7 @@ from api.models import (
     Event,
     EventPublic,
     EventsPublic,
+    FinishRequest,
     Incarnation,
     Job,
     JobCreate,
@@ -152,8 +153,9 @@ def current_pods(job: Job, pods: list[Pod]) -> list[Pod]:
 
 def to_public(session: Session, job: Job, pods: list[Pod] | None = None) -> JobPublic:
     """The job as the API shows it; `pods`, when given, are all of its pods (else read)."""
-    epochs = job.spec.epochs
-    remaining = (job.total_samples - job.samples_seen) if job.total_samples else None
+    epochs = min(job.finish_after_epoch or job.spec.epochs, job.spec.epochs)
+    total = job.total_samples * epochs // job.spec.epochs if job.total_samples else None
+    remaining = (total - job.samples_seen) if total else None
     throughput = job.metrics.get("samples_per_second")
     eta = None
     if remaining is not None and throughput and not job.status.finished:
@@ -172,7 +174,7 @@ def to_public(session: Session, job: Job, pods: list[Pod] | None = None) -> JobP
                   "replica": p.ordinal // stages, "stage": p.ordinal % stages})
               for p in current_pods(job, pods_of(session, job.id) if pods is None else pods)],
         progress=Progress(epoch=job.epoch, epochs=epochs, step=job.step,
-                          samples_seen=job.samples_seen, total_samples=job.total_samples,
+                          samples_seen=job.samples_seen, total_samples=total,
                           eta_seconds=eta),
         metrics=job.metrics, created_at=job.created_at, started_at=job.started_at,
         finished_at=job.finished_at, model_id=job.model_id, links=links)
@@ -224,6 +226,40 @@ def cancel_job(session: Session, backend: Backend, events: EventLog,
         logger.warning("job %s: cancelled, but its workload is not deleted yet: %s", job_id, exc)
         return job, f"cancelled; deleting the workload failed ({exc}) and is retried"
     return job, "workload deleted; checkpoints are kept"
+
+
+def finish_job(session: Session, events: EventLog, job_id: str,
+               request: FinishRequest) -> tuple[Job, str]:
+    """Ask the job's pods to finish after `request.after_epoch` (else the epoch under way): they
+    agree through their steps on the epoch, this one or the one under way where they are past
+    it (trainer.finish), then evaluate, export and succeed. Asking again for the same epoch
+    changes nothing; another is a conflict."""
+    job = get_job(session, job_id)
+    if job.status.finished:
+        raise Conflict(f"job {job_id} already {job.status.value}")
+    spec = job.spec
+    if spec.fault_tolerance == "live" and not spec.constant_batch:
+        raise Conflict("a live job on an elastic batch (elastic_batch: true) cannot finish "
+                       "early: its pods sum no statistics of their steps to agree on when")
+    epoch = request.after_epoch or max(job.epoch, 1)
+    if epoch > spec.epochs:
+        raise InvalidSpec("after_epoch", f"must be at most the job's epochs ({spec.epochs})")
+    if job.finish_after_epoch is not None:
+        if request.after_epoch in (None, job.finish_after_epoch):
+            return job, f"finishing after epoch {job.finish_after_epoch} of {spec.epochs}"
+        raise Conflict(f"job {job_id} already finishes after epoch {job.finish_after_epoch}")
+    job.finish_after_epoch = epoch
+    session.add(job)
+    message = (f"asked to finish after epoch {epoch} of {spec.epochs} (or the epoch under way "
+               "when its pods agree, if later)")
+    with events.append(session, guard=lambda: still_active(session, job_id)) as asked:
+        asked.add(new_event(job_id, "job", type="finish_requested", epoch=epoch, by="admin",
+                            message=message))
+    if not asked.committed:
+        session.refresh(job)
+        raise Conflict(f"job {job_id} {job.status.value} before it could be asked to finish")
+    logger.info("job %s asked to finish after epoch %d", job_id, epoch)
+    return job, message
 
 
 def delete_job(session: Session, settings: Settings, job_id: str, artifacts: bool) -> None:

@@ -47,11 +47,15 @@ SeqKey = tuple[str, str, str]
 """(job, pod, incarnation)."""
 
 
+Taken = tuple[Items, int, int | None]
+"""A stored batch's stream items, its duplicates, and its job's `finish_after_epoch`."""
+
+
 @dataclass
 class _Pending:
     job_id: str
     batch: ReportBatch
-    done: Future[tuple[Items, int]] = field(default_factory=Future)
+    done: Future[Taken] = field(default_factory=Future)
 
 
 @dataclass
@@ -64,6 +68,7 @@ class _Staged:
     refused: int
     """Events the job's quota refused."""
     pod: PodView
+    finish_after_epoch: int | None
     key: SeqKey
     last_seq: int | None
     """Its new seq high-water mark, if it had new records."""
@@ -99,8 +104,8 @@ class ReportWriter:
         self._queue.put(None)
         self._thread.join(timeout=10)
 
-    def submit(self, job_id: str, batch: ReportBatch) -> Future[tuple[Items, int]]:
-        """Queue an authenticated batch; the future gives (stored stream items, duplicates)."""
+    def submit(self, job_id: str, batch: ReportBatch) -> Future[Taken]:
+        """Queue an authenticated batch; the future gives what it took (`Taken`)."""
         pending = _Pending(job_id, batch)
         self._queue.put(pending)
         return pending.done
@@ -134,7 +139,8 @@ class ReportWriter:
                     "were not stored. Its lifecycle events still are, and every record still "
                     "moves its progress."))
             else:
-                pending.done.set_result((outcome.rows, outcome.duplicates))
+                pending.done.set_result((outcome.rows, outcome.duplicates,
+                                         outcome.finish_after_epoch))
 
     def _store(self, group: list[_Pending]) -> list[Outcome]:
         """Each batch's outcome: the group in one transaction, or else each batch in a
@@ -231,19 +237,19 @@ class ReportWriter:
         rows, duplicates, last_seq = stage(connection, job, pod, batch,
                                            seqs.get(key) or self._last_seq(connection, key))
         kept, refused = admit(job, batch, rows)
-        return _Staged(kept, duplicates, refused, pod, key, last_seq)
+        return _Staged(kept, duplicates, refused, pod, job.finish_after_epoch, key, last_seq)
 
     def _jobs(self, connection: Connection, ids: set[str]) -> dict[str, JobView]:
         columns = (JOBS.c.id, JOBS.c.status, JOBS.c.spec, JOBS.c.step,
                    JOBS.c.epoch, JOBS.c.samples_seen, JOBS.c.total_samples, JOBS.c.metrics,
-                   JOBS.c.completed_model_dir, JOBS.c.event_bytes)
+                   JOBS.c.completed_model_dir, JOBS.c.event_bytes, JOBS.c.finish_after_epoch)
         found = {}
         for row in connection.execute(select(*columns).where(JOBS.c.id.in_(ids))):
             found[row.id] = JobView(
                 row.id, JobStatus(row.status), row.spec.epochs,
                 row.spec.pods, row.step, row.epoch, row.samples_seen,
                 row.total_samples, row.metrics or {}, row.completed_model_dir,
-                row.event_bytes, self.quota)
+                row.event_bytes, self.quota, row.finish_after_epoch)
         return found
 
     def _pod(self, connection: Connection, job_id: str, name: str) -> PodView:
@@ -283,6 +289,9 @@ class ReportWriter:
                     step=job.step, epoch=job.epoch, samples_seen=job.samples_seen,
                     total_samples=job.total_samples, metrics=job.metrics,
                     completed_model_dir=job.completed_model_dir, event_bytes=job.event_bytes))
+            if job.agreed:  # on its own: the request may have set it since it was read
+                connection.execute(update(JOBS).where(JOBS.c.id == job.id).values(
+                    finish_after_epoch=job.finish_after_epoch))
             if job.started_running:
                 connection.execute(update(JOBS).where(
                     JOBS.c.id == job.id, JOBS.c.status == JobStatus.starting).values(

@@ -82,10 +82,35 @@ class Job:
         self.wait_steps(1, after, 3, ordinals, f"pods {ordinals} to train with the others")
         self.wait_steps(1, after, 3, (0, 1, 2), "every pod to report a step with all three")
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self, after_epoch: int | None = None, early: bool = True) -> dict[str, Any]:
+        """The job, once it succeeded. `early`: asked first to finish after `after_epoch` (none:
+        the epoch under way), as a user does once the scenario has played out: the epochs are
+        sized for a loaded machine, and what they would run on after it checks nothing new."""
+        if early:
+            self.ask_to_finish(after_epoch)
         job = self.plane.wait_status(self.id, "succeeded", "failed", timeout=300)
         assert job["status"] == "succeeded", job["reason"]
+        agreed = {r["epoch"] for r in self.reports("finishing")}
+        assert len(agreed) <= 1, agreed  # every participant settled on the same epoch
+        if agreed:  # none, where the job ended before its pods heard
+            assert max(s["epoch"] for s in self.steps()) == agreed.pop() == job["progress"][
+                "epochs"]
         return job
+
+    def ask_to_finish(self, after_epoch: int | None = None) -> None:
+        asked = self.plane.http.post(f"/api/v1/jobs/{self.id}/finish",
+                                     json={"after_epoch": after_epoch})
+        assert asked.status_code == 202 or "already succeeded" in asked.text, asked.text
+
+
+def finish_together(*jobs: Job) -> list[dict[str, Any]]:
+    """Jobs compared step for step, finished after the same epoch: the one after the latest any
+    of them is in, so that none is past it when its pods agree."""
+    progress = [job.plane.job(job.id)["progress"] for job in jobs]
+    after = min(max(p["epoch"] for p in progress) + 1, min(p["epochs"] for p in progress))
+    for job in jobs:
+        job.ask_to_finish(after)
+    return [job.finish(early=False) for job in jobs]
 
 
 def tally(steps: list[dict[str, Any]]) -> str:

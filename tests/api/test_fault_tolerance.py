@@ -129,6 +129,7 @@ def test_coordinator_killed_then_every_pod_during_a_checkpoint_write(
     complete = latest_checkpoint(checkpoints)
     assert complete is not None and complete.step < half_written
 
+    job.wait_rejoined((0, 1, 2), killed_at)  # before it is asked to finish
     finished = job.finish()
     # Every pod was recreated and training resumed from the newest complete checkpoint, never
     # from the half-written one (later restarts may resume from newer checkpoints). In a live

@@ -12,6 +12,7 @@ from tests.api.scenarios import (
     Job,
     assert_exactly_once,
     assert_no_step_computed_twice,
+    finish_together,
     spec,
 )
 from tests.support import wait_for
@@ -78,7 +79,7 @@ def test_a_killed_stage_pod_takes_its_replica_out_and_back_live_changing_no_bit(
     assert {r["source"] for r in healed} <= {job.pod(0), job.pod(1)}
     job.wait_steps(2, killed_at, 2, (0, 1, 2, 3), "both replicas to train together again")
 
-    finished, finished_alone = job.finish(), alone.finish()
+    finished, finished_alone = finish_together(job, alone)
     assert finished["pods"][3]["restarts"] == 1
     assert [(p["stage"], p["restarts"]) for p in finished_alone["pods"]] == [(0, 0), (1, 0)]
     for one in (job, alone):

@@ -194,7 +194,15 @@ def test_a_job_from_the_form_to_a_model(control_plane: ControlPlane, page: Any,
     assert "after the kill" in healed.first.inner_text()
     save_artifact(page, artifacts_dir, "dashboard-job-live.png")
 
-    # The job finishes: test metrics, the model archive, a prediction.
+    # Finished after the epoch under way, from its button: the job ends early as a whole run
+    # ends, with test metrics, the model archive, a prediction.
+    page.click(".title-row button.finish")
+    page.wait_for_selector("#confirm[open]")
+    with page.expect_request(lambda r: r.method == "POST"
+                             and r.url.endswith(f"/api/v1/jobs/{job_id}/finish")):
+        page.click("#confirm-ok")
+    page.locator(".title-row button.finish").wait_for(state="hidden", timeout=10_000)
+    assert "Finishing: asked to finish after epoch" in page.inner_text(".notice")
     page.locator("#model-download").wait_for(timeout=180_000)
     assert control_plane.job(job_id)["status"] == "succeeded"
     assert page.locator("#test-accuracy").inner_text().endswith("%")
@@ -222,7 +230,9 @@ def test_a_job_from_the_form_to_a_model(control_plane: ControlPlane, page: Any,
              timeout=20, what="the full history in a late tab")
     assert late.locator(".timeline li[data-tag=kill]").count() == 1
     assert late.locator(".timeline li[data-tag=healed]").count() >= 1
-    assert chart_points(late, "accuracy") == FORM_SPEC["epochs"]
+    epochs = control_plane.job(job_id)["progress"]["epochs"]  # the one it finished after
+    assert chart_points(late, "accuracy") == epochs <= FORM_SPEC["epochs"]
+    assert late.locator(".timeline li[data-tag=finish_requested]").count() == 1
     assert page.console.unexpected(422) == []
 
 

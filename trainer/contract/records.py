@@ -273,6 +273,16 @@ class StepSkipped(Event):
     """Steps of the job skipped so far, this one included."""
 
 
+class Finishing(Event):
+    """The step's participants agreed to end the job early, after `epoch` (as the control
+    plane asked: trainer.finish); reported by each of them."""
+
+    type: Literal["finishing"] = "finishing"
+    epoch: Ordinal
+    step: Count
+    """The committed step at which they agreed."""
+
+
 class Failed(Event):
     type: Literal["failed"] = "failed"
     reason: Literal["bad_input", "error", "non_finite_loss"]
@@ -280,7 +290,7 @@ class Failed(Event):
 
 
 EventData = Annotated[Started | Resumed | Healed | Quorum | Primary | EpochEnd | Stopped
-                      | Left | Joined | Completed | StepSkipped | Failed,
+                      | Left | Joined | Completed | StepSkipped | Finishing | Failed,
                       Field(discriminator="type")]
 
 
@@ -337,11 +347,25 @@ class ReportBatch(BaseModel):
     records: list[Record] = Field(max_length=10_000)
 
 
+class ReportAccepted(BaseModel):
+    """The control plane's reply to a ReportBatch."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    accepted: int
+    duplicates: int
+    """Records it had stored already (by pod, incarnation and seq)."""
+    finish_after_epoch: int | None = None
+    """The epoch after which the job is to finish early, if it was asked to (trainer.finish)."""
+
+
 RECORD_KINDS: tuple[str, ...] = get_args(Kind)
 EVENT_TYPES: tuple[str, ...] = tuple(
     value for cls in get_args(get_args(EventData)[0])
     for value in get_args(cls.model_fields["type"].annotation))
 """Every `data.type` an event record may carry."""
-CONTROL_EVENT_TYPES = ("scaled", "migrated", "migration_failed", "pushed", "push_failed")
+CONTROL_EVENT_TYPES = ("scaled", "migrated", "migration_failed", "finish_requested", "pushed",
+                       "push_failed")
 """The `data.type` of job events the control plane itself records (membership changes it
-made: a scale, a migration; a succeeded job's model pushed to the hub, or why not)."""
+made: a scale, a migration; an early finish asked for; a succeeded job's model pushed to the
+hub, or why not)."""

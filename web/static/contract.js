@@ -18,7 +18,7 @@ export const STREAM = names('STREAM', ['metric', 'checkpoint', 'samples', 'job',
 export const KIND = names('KIND', ['metric', 'eval', 'checkpoint', 'samples', 'event']);
 
 /** A job event's `data.type`: the pods' event records and the control plane's own (EVENT_TYPES, CONTROL_EVENT_TYPES). */
-export const EVENT = names('EVENT', ['started', 'resumed', 'healed', 'synced', 'quorum', 'primary', 'epoch_end', 'sigterm', 'left', 'joined', 'completed', 'step_skipped', 'failed', 'scaled', 'migrated', 'migration_failed', 'pushed', 'push_failed']);
+export const EVENT = names('EVENT', ['started', 'resumed', 'healed', 'synced', 'quorum', 'primary', 'epoch_end', 'sigterm', 'left', 'joined', 'completed', 'step_skipped', 'finishing', 'failed', 'scaled', 'migrated', 'migration_failed', 'finish_requested', 'pushed', 'push_failed']);
 
 /** An evaluation's split (trainer.contract.records.EvalSplit). */
 export const SPLIT = names('SPLIT', ['validation', 'test']);

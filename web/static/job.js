@@ -76,6 +76,7 @@ function layout(view) {
     title: h('h1'),
     status: badge('…'),
     connection: h('span.connection', { role: 'status', dataset: { state: 'connecting' } }, 'connecting'),
+    finish: h('button.finish', { type: 'button', hidden: true }, 'Finish after this epoch'),
     cancel: h('button.danger', { type: 'button', hidden: true }, 'Cancel job'),
     notice: h('p.notice', { role: 'status' }),
     bar: h('progress', { max: 1, value: 0, 'aria-label': 'progress' }),
@@ -93,7 +94,7 @@ function layout(view) {
   const section = (title, ...children) => h('section.card', { 'aria-label': title }, h('h2', {}, title), ...children);
   const content = [
     h('p.crumbs', {}, h('a', { href: '#/' }, 'Jobs'), ' / ', h('span.mono', {}, view.id)),
-    h('div.title-row', {}, el.title, el.status, el.connection, h('span.spacer'), el.cancel),
+    h('div.title-row', {}, el.title, el.status, el.connection, h('span.spacer'), el.finish, el.cancel),
     el.notice,
     h('section.card.summary', { 'aria-label': 'Progress' }, el.bar, el.stats, el.reason),
     el.result,
@@ -169,6 +170,10 @@ export function showJob(main, id) {
     el.reason.hidden = !job.reason || job.status === JOB_STATUS.succeeded;
     setText(el.reason, job.reason ?? '');
     el.cancel.hidden = view.finished;
+    // Asked already (its epochs are fewer than the spec's), or a live job on an elastic batch,
+    // whose pods cannot agree on when (the API would answer 409).
+    el.finish.hidden = view.finished || progress.epochs < job.spec.epochs
+      || (job.spec.fault_tolerance === FAULT_TOLERANCE.live && job.spec.elastic_batch);
   }
 
   // --- applying stream events (called once per frame with everything that arrived) --------
@@ -333,6 +338,20 @@ export function showJob(main, id) {
     }
     if (!stopped && !view.finished) pollTimer = setTimeout(poll, POLL_MS);
   }
+
+  el.finish.addEventListener('click', async () => {
+    const ok = await confirmDialog('Finish after this epoch?', `The pods of ${id} end the job `
+      + 'after the epoch under way, then evaluate it on test and export the model, as at the end '
+      + 'of a whole run.', 'Finish');
+    if (!ok) return;
+    try {
+      const answer = await api(`/api/v1/jobs/${encodeURIComponent(id)}/finish`, { method: 'POST' });
+      notice(el.notice, `Finishing: ${answer.detail}`);
+      poll();
+    } catch (error) {
+      if (!error.unauthorized) notice(el.notice, `Not finishing: ${error.message}`, 'error');
+    }
+  });
 
   el.cancel.addEventListener('click', async () => {
     const ok = await confirmDialog('Cancel this job?', `Every pod of ${id} is stopped and its `

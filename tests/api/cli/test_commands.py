@@ -155,6 +155,15 @@ def test_cancel_stops_the_job(cli: Run, client: TestClient, backend: FakeBackend
     assert backend.deleted == [job_id]
 
 
+def test_finish_asks_the_job_to_end_after_an_epoch(cli: Run, client: TestClient) -> None:
+    job_id = create_job(client, epochs=3)["id"]
+    code, out, _ = cli("finish", job_id, "--after-epoch", "2")
+    assert code == 0 and out.startswith(f"{job_id}: asked to finish after epoch 2 of 3")
+    assert client.get(f"/api/v1/jobs/{job_id}", headers=AUTH).json()["progress"]["epochs"] == 2
+    code, _, err = cli("finish", job_id, "--after-epoch", "4")
+    assert code == 1 and "after_epoch" in err and "at most the job's epochs (3)" in err
+
+
 def test_cancel_posts_to_the_cancel_route(capsys: pytest.CaptureFixture[str]) -> None:
     http, requests = recorded(lambda _: httpx.Response(202, json={
         "id": "job-1", "status": "cancelled", "detail": "workload deleted; checkpoints kept"}))
