@@ -26,10 +26,10 @@ def test_reports_update_progress_and_are_idempotent(client: TestClient,
     started = record(1, Started(message="go", step=0, epoch=1, samples={"train": 800},
                                 parameters={"trainable": 4_226, "total": 82_180}))
     first = report(client, backend, job["id"], [started, metric(2, 1), metric(3, 2)])
-    assert first == {"accepted": 3, "duplicates": 0}
+    assert first == {"accepted": 3, "duplicates": 0, "finish_after_epoch": None}
     # A retried batch overlapping the first: only the new record is stored.
     again = report(client, backend, job["id"], [metric(2, 1), metric(3, 2), metric(4, 3)])
-    assert again == {"accepted": 1, "duplicates": 2}
+    assert again == {"accepted": 1, "duplicates": 2, "finish_after_epoch": None}
     state = client.get(f"/api/v1/jobs/{job['id']}", headers=AUTH).json()
     assert state["status"] == "running"
     assert state["progress"]["step"] == 3 and state["progress"]["samples_seen"] == 48
@@ -244,7 +244,8 @@ def test_past_its_event_quota_a_job_keeps_its_progress_and_lifecycle(
         stored = events(job, "metric")
         assert 100 < len(stored) < 200 and stored[-1]["data"]["step"] == len(stored)
         # Its sender retries the batch, as after any 429: the refused records stay refused.
-        assert post(job, metrics).json() == {"accepted": 0, "duplicates": 200}
+        assert post(job, metrics).json() == {"accepted": 0, "duplicates": 200,
+                                          "finish_after_epoch": None}
         assert client.get(f"/api/v1/jobs/{job}", headers=AUTH).json()["progress"]["step"] == 200
 
         model_dir = backend.launches[0].model_dir
@@ -268,4 +269,5 @@ def test_past_its_event_quota_a_job_keeps_its_progress_and_lifecycle(
             sizes = session.exec(select(Event.size).where(Event.job_id == job)).all()
         assert sum(sizes) <= quota + quota // LIFECYCLE_RESERVE + 1_000  # the control plane's
         # Another job's reports are its own.
-        assert post(other, metrics[:10]).json() == {"accepted": 10, "duplicates": 0}
+        assert post(other, metrics[:10]).json() == {"accepted": 10, "duplicates": 0,
+                                                 "finish_after_epoch": None}

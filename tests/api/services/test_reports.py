@@ -72,10 +72,10 @@ def test_a_batch_the_database_refuses_fails_alone(client: TestClient,
     event.listen(engine, "commit", count)
     writer.start()
     try:
-        first_items, _ = first.result(timeout=30)
+        first_items, _, _ = first.result(timeout=30)
         error = poisoned.exception(timeout=30)
-        other_items, other_duplicates = other.result(timeout=30)
-        resent_items, resent_duplicates = resent.result(timeout=30)
+        other_items, other_duplicates, finish = other.result(timeout=30)
+        resent_items, resent_duplicates, _ = resent.result(timeout=30)
     finally:
         writer.stop()
         event.remove(engine, "commit", count)
@@ -85,7 +85,7 @@ def test_a_batch_the_database_refuses_fails_alone(client: TestClient,
     assert "the database refused this batch" in error.detail[0]["msg"]
     assert "poisoned batch" in error.detail[0]["msg"]
     assert metric_steps(first_items) == [1, 2]
-    assert (metric_steps(other_items), other_duplicates) == ([1, 2], 0)
+    assert (metric_steps(other_items), other_duplicates, finish) == ([1, 2], 0, None)
     # The failed batch's seqs were not taken as stored, nor its step as the job's progress.
     assert (metric_steps(resent_items), resent_duplicates) == ([3, 4, 5], 0)
     assert {job_id for job_id, _ in published} == {poisoned_job, other_job}
