@@ -171,6 +171,17 @@ def test_a_batch_goes_to_the_device_without_its_mask_only_where_no_row_is_padded
     assert full["labels"].tolist() == [0, 0]
 
 
+def test_a_full_batch_keeps_its_mask_where_a_compiled_model_would_build_one_anyway(
+        monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path) -> None:
+    import trainer.data
+
+    monkeypatch.setattr(trainer.data, "MASKLESS_WHEN_COMPILED", False)  # torch before 2.13
+    data = tokenize(Split(["a very dull and boring plot", "dull, boring and slow"],
+                          np.array([0, 0])), load_tokenizer(str(tiny_model_dir)), 5, None)
+    full = on_device(data.batch(np.array([0, 1])), torch.device("cpu"))
+    assert full["attention_mask"].tolist() == [[1] * 5, [1] * 5]
+
+
 def test_hub_datasets_map_their_columns_and_test_split(monkeypatch: pytest.MonkeyPatch,
                                                        tmp_path: Path) -> None:
     import datasets

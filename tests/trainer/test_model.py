@@ -1,9 +1,12 @@
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional
 
 from trainer.model import (
     ModelError,
@@ -105,6 +108,31 @@ def test_a_batch_without_a_mask_attends_to_every_position(tiny_model_dir: Path) 
     assert not torch.allclose(classify(eager, {"input_ids": ids, "attention_mask": padded}),
                               masked)
     assert [mask is None for mask in seen] == [False, True, True, False]
+
+
+def test_a_compiled_model_given_no_mask_attends_without_one_where_torch_allows(
+        tiny_model_dir: Path) -> None:
+    """`data.MASKLESS_WHEN_COMPILED` holds for the installed torch: the graph Dynamo traces
+    for a maskless call hands PyTorch's attention no mask (so it may take the flash kernel)
+    exactly where on_device leaves the mask out."""
+    from trainer.data import MASKLESS_WHEN_COMPILED
+
+    masks: list[object] = []
+
+    def inspect(graph: torch.fx.GraphModule, _: object) -> Callable[..., Any]:
+        masks.extend(node.kwargs.get("attn_mask") for node in graph.graph.nodes
+                     if node.target is functional.scaled_dot_product_attention)
+        return graph.forward
+
+    model = load_model(str(tiny_model_dir), seed=1).train()
+    assert model.config._attn_implementation == "sdpa"
+    torch._dynamo.reset()
+    try:
+        torch.compile(model, backend=inspect)(input_ids=torch.tensor([[2, 7, 11, 3]]))
+    finally:
+        torch._dynamo.reset()
+    assert masks, "no attention call was traced"
+    assert all(mask is None for mask in masks) == MASKLESS_WHEN_COMPILED
 
 
 def file_mapped(tensor: torch.Tensor) -> bool:
