@@ -247,6 +247,10 @@ def test_past_its_event_quota_a_job_keeps_its_progress_and_lifecycle(
         assert post(job, metrics).json() == {"accepted": 0, "duplicates": 200,
                                           "finish_after_epoch": None}
         assert client.get(f"/api/v1/jobs/{job}", headers=AUTH).json()["progress"]["step"] == 200
+        # Past the quota, a pod still hears an early finish: in the reply to the retry.
+        assert client.post(f"/api/v1/jobs/{job}/finish", headers=AUTH,
+                           json={"after_epoch": 1}).status_code == 202
+        assert post(job, metrics).json()["finish_after_epoch"] == 1
 
         model_dir = backend.launches[0].model_dir
         shutil.copytree(tiny_model_dir, model_dir)
@@ -254,7 +258,7 @@ def test_past_its_event_quota_a_job_keeps_its_progress_and_lifecycle(
         assert post(job, last).status_code == 429  # the metric was refused, the completion not
         assert post(job, []).status_code == 200  # nor are heartbeats
         assert [e["data"]["type"] for e in events(job, "job") if "type" in e["data"]] == [
-            "completed"]
+            "finish_requested", "completed"]  # lifecycle events, stored past the quota
         assert len(events(job, "metric")) == len(stored)
         warnings = [e for e in events(job, "log") if e["data"].get("quota_bytes") == quota]
         assert len(warnings) == 1 and "reached its event quota" in warnings[0]["data"]["message"]
