@@ -347,11 +347,11 @@ def on_device(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[s
     padded (texts cut at `max_length` fill every row). transformers skips such a mask itself
     only outside torch.compile, and only by reading it back from the device: a compiled model
     builds the 4-D mask, which keeps PyTorch's attention off its flash kernel. Where torch
-    builds it anyway (`MASKLESS_WHEN_COMPILED`), the batch keeps its mask."""
-    full = (MASKLESS_WHEN_COMPILED and "attention_mask" in batch
-            and bool(batch["attention_mask"].all()))
+    builds it even without one (`MASKLESS_WHEN_COMPILED` false), the batch keeps its mask."""
+    drop_mask = (MASKLESS_WHEN_COMPILED and "attention_mask" in batch
+                 and bool(batch["attention_mask"].all()))
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()
-            if not (full and k == "attention_mask")}
+            if not (drop_mask and k == "attention_mask")}
 
 
 def token_file(split: Split, tokenizer: TokenizerLike, max_length: int) -> str:
