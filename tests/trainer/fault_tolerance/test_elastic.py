@@ -27,3 +27,23 @@ PIPELINE = JobSpec(parallelism="pipeline", pipeline_stages=3, fault_tolerance="r
 def test_a_warm_worker_is_kept_for_data_parallel_jobs_only(environ: dict[str, str],
                                                             wanted: bool) -> None:
     assert warm_worker_wanted(environ) is wanted
+
+
+def test_its_rendezvous_records_name_their_methods_as_torchs_own_would() -> None:
+    """`elastic.method_name` stands in for torch's `get_method_name` (which reads the source of
+    every frame of the stack, twice): the same name at every depth, without a stack."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    from trainer.fault_tolerance.elastic import method_name
+
+    def caller() -> list[tuple[str, str]]:
+        get = dynamic_rendezvous.get_method_name
+        return [(get(1), method_name(1)), (get(2), method_name(2)), (get(3), method_name(3))]
+
+    def outer() -> list[tuple[str, str]]:
+        return caller()
+
+    names = outer()
+    assert names[:2] == [("caller", "caller"), ("outer", "outer")]
+    assert names[2][0] == names[2][1]
+    assert method_name(10_000) == dynamic_rendezvous.get_method_name(10_000) == "no_method_name"
