@@ -75,10 +75,15 @@ def admin_token(settings: Settings) -> AdminToken:
 def make_backend(settings: Settings) -> Backend:
     if settings.backend == "local":
         from api.backends.local.backend import LocalBackend
+        from api.backends.local.template import Template
+        from api.backends.local.watchdog import child_env
 
+        template: Path | Template | None = settings.fork_template
+        if settings.fork_pods and template is None:
+            template = Template(child_env(), settings.data_dir / "fork-template.log")
         return LocalBackend(settings.jobs_dir, max_restarts=settings.restart_budget,
                             restart_backoff=settings.restart_backoff, standby=settings.standby,
-                            fork_pods=settings.fork_pods)
+                            fork_pods=settings.fork_pods, fork_template=template)
     from api.backends.kubernetes.backend import KubernetesBackend
 
     return KubernetesBackend.from_settings(settings)

@@ -90,6 +90,11 @@ class Settings(BaseSettings):
     """Local backend: start a job's pods as forks of one process per job that has imported
     torch, transformers and the trainer, instead of each importing them again (seconds of CPU
     per pod start). Costs one idle process's memory per job."""
+    fork_template: Path | None = None
+    """Local backend, with `fork_pods`: the socket of a fork-server template
+    (`python -m trainer.forktemplate`) that forks each job's fork server, ready at once; unset,
+    the control plane starts its own (one more idle process's memory). A job started while
+    the template still imports spawns its server, which imports."""
     predict_cache_size: int = 2
     """Models kept in memory for predictions."""
     log_format: Literal["text", "json"] = "text"

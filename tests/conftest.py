@@ -11,6 +11,7 @@ from typing import NoReturn
 
 import pytest
 
+from api.backends.local.template import Template
 from tests.factories import make_reviews_csv, make_tiny_model, tiny_spec
 from tests.hub.mirror import HubMirror
 from tests.hub.uploads import UploadHub
@@ -24,6 +25,7 @@ from trainer.forkclient import ForkClient, ForkedProcess
 ROOT = Path(__file__).resolve().parent.parent
 # No test may reach the Hugging Face hub (there is no network here); fail fast instead.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # as every pod has both (OFFLINE_ENV)
 # One thread per process for torch, read when it is first imported (after this): the suite's
 # two workers share two cores with the trainer processes their tests start, and an idle OpenMP
 # thread spins for a while. Beside two busy processes, tests/trainer/test_train.py took 41 s
@@ -170,6 +172,21 @@ class Forks:
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
         self.clients: dict[str, ForkClient] = {}
+        self._template: Template | None = None
+
+    def template(self) -> Path:
+        """The socket of the session's fork-server template, as `python -m api` starts its own
+        (api.backends.local.template): its control planes' jobs fork their servers from it."""
+        if self._template is None:
+            from api.backends.local.watchdog import child_env
+
+            self._template = Template(child_env(), self.log_dir / "fork-template.log")
+        return self._template.socket
+
+    def template_process(self) -> subprocess.Popen[bytes]:
+        self.template()
+        assert self._template is not None
+        return self._template.process
 
     def get(self, program: str) -> ForkClient:
         if program not in self.clients:
@@ -181,6 +198,8 @@ class Forks:
     def close(self) -> None:
         for client in self.clients.values():
             client.close()
+        if self._template is not None:
+            self._template.close()
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ import logging
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from trainer.forkserver import Server, preload
+from trainer.forkserver import IMPORT_TIME_PREFIXES, Server, preload
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,39 @@ class ForkClient:
             return cls.over(subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.PIPE,
                                              stdout=subprocess.PIPE, stderr=handle,
                                              start_new_session=True))
+
+    @classmethod
+    def attach(cls, template: str, env: dict[str, str], cwd: Path, log: Path,
+               preload: tuple[str, ...] = ()) -> ForkClient | None:
+        """A server forked by the template listening at `template` (trainer.forktemplate),
+        for children with environment `env`, ready at once; None where the template cannot
+        (it is not there, or its imports are not what `env` would import): spawn one."""
+        requests_read, requests = os.pipe()
+        replies, replies_write = os.pipe()
+        answer: dict[str, Any] = {}
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+                connection.settimeout(REPLY_SECONDS)
+                connection.connect(template)
+                request = {"serve": {"env": {k: v for k, v in env.items()
+                                             if k.startswith(IMPORT_TIME_PREFIXES)},
+                                     "cwd": str(cwd), "log": str(log), "preload": preload}}
+                socket.send_fds(connection, [(json.dumps(request) + "\n").encode()],
+                                [requests_read, replies_write])
+                with connection.makefile("rb") as reader:
+                    answer = json.loads(reader.readline() or b"{}")
+        except (OSError, ValueError) as exc:
+            answer = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            os.close(requests_read)
+            os.close(replies_write)
+        if "started" not in answer:
+            logger.info("fork server template %s: %s; spawning one", template,
+                        answer.get("error", "no answer"))
+            os.close(requests)
+            os.close(replies)
+            return None
+        return cls(int(answer["started"]), requests, replies)
 
     @classmethod
     def over(cls, popen: subprocess.Popen[bytes]) -> ForkClient:

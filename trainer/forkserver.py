@@ -53,12 +53,14 @@ IMPORT_TIME_PREFIXES = ("HF_", "TRANSFORMERS_", "TORCH_", "TORCHINDUCTOR_", "TOR
                         "TOKENIZERS_")
 """Variables read when a library or the interpreter loads: a child whose values differ needs a
 fresh interpreter. (CUDA's and NCCL's are read when they initialise, in the child.)"""
-READ_LATER = ("OMP_NUM_THREADS", "TORCH_NCCL_", "TOKENIZERS_PARALLELISM")
+READ_LATER = ("OMP_NUM_THREADS", "TORCH_NCCL_", "TOKENIZERS_PARALLELISM",
+              "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
 """Of those, what is read again or only later: the thread count (set again in the child),
 torch's NCCL options (read when a process group is created), which torchrun sets per worker,
-and the tokenizers library's parallelism (read each time it tokenizes; transformers' pipelines
+the tokenizers library's parallelism (read each time it tokenizes; transformers' pipelines
 set it in a running process, so a parent's environment may gain it after its fork server
-started)."""
+started), and whether torchrun's workers share its rendezvous store (read as it rendezvouses;
+restart-mode pods set it)."""
 
 REAP_SECONDS = 0.05
 """How often children that ended are looked for while no request comes."""

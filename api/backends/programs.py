@@ -114,6 +114,11 @@ def pod_argv(launch: Launch, coordinator: Endpoint, local_addr: str,
             f"--local-addr={local_addr}", "-m", "trainer"]
 
 
+TEMPLATE_ENV = "MIGRATOR_FORK_TEMPLATE"
+"""Local backend: a supervisor's variable, the socket of the fork-server template it asks for
+its job's fork server (api/backends/local/template.py)."""
+
+
 def preloads(launch: Launch) -> tuple[str, ...]:
     """What a job's fork server (trainer.forkserver) imports beyond what every pod does."""
     spec = launch.spec

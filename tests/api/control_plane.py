@@ -56,9 +56,12 @@ class ControlPlane:
         return False
 
     def _start(self) -> Path:
+        # The session's fork-server template stands in for the one each `python -m api` starts.
+        template = ({"MIGRATOR_FORK_TEMPLATE": str(self.processes.forks.template())}
+                    if self.processes.forks is not None else {})
         env = {"MIGRATOR_DATA_DIR": str(self.data_dir), "MIGRATOR_ADMIN_TOKEN": ADMIN_TOKEN,
                "MIGRATOR_INPUTS_DIR": str(self.inputs_dir), "MIGRATOR_RECONCILE_INTERVAL": "0.3",
-               **self.env}
+               **template, **self.env}
         log = self.data_dir.parent / f"api-{time.monotonic_ns()}.log"
         self.process = self.processes.start(
             [sys.executable, "-m", "api", "--port", str(self.port)], env, log)

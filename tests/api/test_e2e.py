@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from api import migrations
+from tests.api.conftest import ADMIN_TOKEN
 from tests.api.control_plane import ControlPlane
 from tests.conftest import Processes
 from tests.factories import (
@@ -102,6 +103,28 @@ def test_killed_pod_is_recreated_and_the_job_succeeds(control_plane: ControlPlan
     assert any(e["data"].get("action") == "kill" and e["data"]["ordinal"] == 1
                for e in pod_events)
     assert any(e["data"].get("restarts") == 1 for e in pod_events)
+
+
+def test_a_jobs_fork_server_comes_from_the_template_with_no_secret(
+        control_plane: ControlPlane) -> None:
+    """The control plane's template (api/backends/local/template.py) forks the job's fork
+    server, whose forks the pods are: none of them imports torch again, and none holds the
+    control plane's secrets in its environment block, nor its own job's."""
+    job_id = control_plane.http.post("/api/v1/jobs", json={**SPEC, "epochs": 30}).json()["id"]
+    wait_for(lambda: control_plane.job(job_id)["progress"]["step"] >= 2, what="training",
+             timeout=180)
+    servers = {psutil.Process(pid).ppid() for pid in control_plane.pod_pids(job_id)}
+    assert len(servers) == 1
+    assert control_plane.processes.forks is not None
+    template = control_plane.processes.forks.template_process()
+    assert psutil.Process(servers.pop()).ppid() == template.pid
+    secrets = [ADMIN_TOKEN, json.loads((control_plane.data_dir / "jobs" / job_id
+                                        / "launch.json").read_text())["peer_secret"]]
+    for pid in control_plane.pod_pids(job_id):
+        block = json.dumps(psutil.Process(pid).environ())
+        assert "MIGRATOR_" not in block and not [s for s in secrets if s in block]
+    assert control_plane.http.post(f"/api/v1/jobs/{job_id}/finish").status_code == 202
+    assert control_plane.wait_status(job_id, "succeeded", "failed")["status"] == "succeeded"
 
 
 def test_api_killed_mid_job_loses_no_report(control_plane: ControlPlane) -> None:
@@ -242,11 +265,13 @@ def test_a_jobs_pods_hold_a_credential_for_their_own_container_alone(
         checkpoints = location(f"{root}-{job_id}/checkpoints")
         wait_for(lambda: latest_checkpoint(checkpoints) is not None, timeout=180,
                  what="a checkpoint in the job's container")
+        # The pods get the launch's store environment: a SAS, never the key. (Forks, they show
+        # in /proc the environment their template started with: nothing of any job's.)
+        launch = json.loads((plane.data_dir / "jobs" / job_id / "launch.json").read_text())
+        assert "SharedAccessSignature=" in launch["store_env"]["AZURE_STORAGE_CONNECTION_STRING"]
         environments = [process.environ() for pid in plane.pod_pids(job_id)
                         for process in [psutil.Process(pid), *psutil.Process(pid).children()]]
-        assert environments and all(
-            "SharedAccessSignature=" in env["AZURE_STORAGE_CONNECTION_STRING"]
-            and azure_server.secret not in json.dumps(env) for env in environments)
+        assert environments and azure_server.secret not in json.dumps([launch, environments])
         assert plane.http.post(f"/api/v1/jobs/{job_id}/pods/1/kill",
                                json={"grace_seconds": 0}).status_code == 202
         job = plane.wait_status(job_id, "succeeded", "failed")

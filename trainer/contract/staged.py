@@ -51,6 +51,8 @@ STAGED_FILE = "staged.json"
 DEFAULT_REVISION = "main"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 """Every pod's hub client is offline: what it loads from the hub was staged before it started."""
+HUB_TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+"""The hub token (and the name older clients read): for initializers, never a job's pods."""
 ONLINE_ENV = {name: "0" for name in OFFLINE_ENV}
 """The initializer's: the one process that reaches the hub."""
 

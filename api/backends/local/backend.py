@@ -44,6 +44,7 @@ from api.backends.local.jobdir import (
     tail_lines,
     write_launch,
 )
+from api.backends.local.template import Template
 from api.backends.local.watchdog import DELETE_TIMEOUT, Watchdog
 
 logger = logging.getLogger(__name__)
@@ -59,11 +60,22 @@ class LocalBackend:
     def __init__(self, jobs_dir: Path, max_restarts: int = DEFAULT_MAX_RESTARTS,
                  restart_backoff: float = DEFAULT_BACKOFF_SECONDS,
                  supervisor_restarts: int = SUPERVISOR_RESTARTS, standby: bool = True,
-                 delete_timeout: float = DELETE_TIMEOUT, fork_pods: bool = True) -> None:
+                 delete_timeout: float = DELETE_TIMEOUT, fork_pods: bool = True,
+                 fork_template: Path | Template | None = None) -> None:
+        """`fork_template`: a fork-server template (api.backends.local.template) that jobs'
+        supervisors ask for their fork servers, by its socket, or one to close with this."""
         self.jobs_dir = jobs_dir
         self.max_restarts, self.restart_backoff = max_restarts, restart_backoff
         self.standby, self.fork_pods = standby, fork_pods
-        self._watchdog = Watchdog(supervisor_restarts, delete_timeout)
+        self._template = fork_template if isinstance(fork_template, Template) else None
+        socket = fork_template.socket if isinstance(fork_template, Template) else fork_template
+        self._watchdog = Watchdog(supervisor_restarts, delete_timeout,
+                                  socket if fork_pods else None)
+
+    def close(self) -> None:
+        """Stop its template (the jobs' supervisors and pods run on)."""
+        if self._template is not None:
+            self._template.close()
         self._initializers = Initializers()
 
     def launch(self, launch: Launch) -> None:

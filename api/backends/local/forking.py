@@ -1,22 +1,36 @@
-"""Pods forked from their job's fork server (trainer.forkserver): each job's supervisor starts
-one (`ForkClient.spawn`) that imports torch, transformers and the trainer once, and its pods
-and standby are forks of it, watched as the processes it spawns are.
+"""Pods forked from their job's fork server (trainer.forkserver): each job's supervisor has one
+that holds torch, transformers and the trainer imported, and its pods and standby are forks of
+it, watched as the processes it spawns are. The server is forked by the control plane's
+template (api/backends/local/template.py) where it serves, ready at once; else the supervisor
+spawns it (`ForkClient.spawn`), and it imports first.
 
 Anything wrong with the server makes the supervisor spawn instead: forking only saves time.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import psutil
 
+from api.backends import programs
 from api.backends.local.jobdir import same_process
 from api.backends.local.processes import Watched
 from trainer.forkclient import ForkClient
 
 NAME = "forkserver"
 """Its log's name among the job's logs."""
+
+
+def job_server(env: dict[str, str], cwd: Path, log: Path,
+               preload: tuple[str, ...]) -> ForkClient:
+    """The fork server for a job's pods (`env`: theirs, without their identity): from the
+    control plane's template where it serves (ready at once), else spawned (it imports)."""
+    template = os.environ.get(programs.TEMPLATE_ENV)
+    if template and (client := ForkClient.attach(template, env, cwd, log, preload)):
+        return client
+    return ForkClient.spawn(env, cwd, log, preload)
 
 
 def fork(client: ForkClient, argv: list[str], env: dict[str, str], cwd: Path, log: Path,

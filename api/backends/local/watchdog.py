@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 
+from api.backends import programs
 from api.backends.base import BackendError
 from api.backends.local.jobdir import (
     DeleteCommand,
@@ -56,8 +57,12 @@ def child_env(**extra: str) -> dict[str, str]:
 class Watchdog:
     """The supervisors of one jobs directory, as one API process sees them."""
 
-    def __init__(self, restarts: int, delete_timeout: float = DELETE_TIMEOUT) -> None:
+    def __init__(self, restarts: int, delete_timeout: float = DELETE_TIMEOUT,
+                 template: Path | None = None) -> None:
         self.restarts = restarts
+        self.template = template
+        """The socket of the fork-server template its supervisors ask (api.backends.local.
+        template), if any."""
         """How often a job's supervisor may die and be replaced before the job fails instead."""
         self.delete_timeout = delete_timeout
         # Supervisors this process started; polling them reaps them (no zombies in the API).
@@ -158,7 +163,7 @@ class Watchdog:
 
     def _start(self, job_dir: JobDir, adopt: bool) -> subprocess.Popen[bytes]:
         """Start the job's supervisor (the caller holds self._lock)."""
-        env = child_env()
+        env = child_env(**({programs.TEMPLATE_ENV: str(self.template)} if self.template else {}))
         argv = [sys.executable, "-m", "api.backends.local.supervisor", str(job_dir.path)]
         try:
             with job_dir.supervisor_log.open("ab") as log:

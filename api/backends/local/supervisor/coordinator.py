@@ -3,11 +3,14 @@ running on one port for the job's life."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
+import time
 
 import grpc
+import psutil
 
 from api.backends import programs
 from api.backends.base import Launch
@@ -23,6 +26,9 @@ STORE_STATE = "store.json"
 """The rendezvous store's keys, in the job's directory: restarted, it serves them again."""
 LIGHTHOUSE_TIMEOUT = 1.0
 """Seconds a call to the lighthouse or the store may take (milliseconds when it runs)."""
+LISTEN_SECONDS = 15.0
+"""How long a job's first pods wait for its coordinator to listen (it imports first)."""
+LISTEN_POLL_SECONDS = 0.02
 
 
 class Coordinator:
@@ -64,6 +70,20 @@ class Coordinator:
                                   **programs.coordinator_env(self.launch)})
         self.starts += 1
         logger.info("%s on %s (pid %d)", self.name, endpoint, self.process.pid)
+
+    def wait_listening(self, timeout: float = LISTEN_SECONDS) -> None:
+        """Until its process listens on its port, ends, or `timeout` passes: a pod's client
+        retries a coordinator that does not listen yet after growing delays (torch's store
+        client: 0.6 s, then 0.9 s, 1.4 s, ...), and forked pods start before it does."""
+        deadline = time.monotonic() + timeout
+        while self.process is not None and not self.process.poll():
+            with contextlib.suppress(psutil.Error):
+                if any(c.status == psutil.CONN_LISTEN and c.laddr.port == self.endpoint.port
+                       for c in psutil.Process(self.process.pid).net_connections("inet")):
+                    return
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(LISTEN_POLL_SECONDS)
 
     def record(self) -> CoordinatorRecord:
         process = self.process

@@ -7,10 +7,9 @@ import socket
 
 from api.backends import programs
 from trainer.contract.artifact_store import STORE_VARIABLES
+from trainer.contract.staged import HUB_TOKEN_VARIABLES
 
 SETTINGS_PREFIX = "MIGRATOR_"  # api.settings.Settings' env prefix
-HUB_TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
-"""The hub token (and the name older clients read): for initializers, never a job's pods."""
 
 
 def free_port() -> int:

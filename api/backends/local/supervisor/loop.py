@@ -90,10 +90,11 @@ class Supervisor:
         self.write_state()
         try:
             if self.fork_pods:
-                self.forks = ForkClient.spawn(self.pod_env("", "", None), self.job_dir.path,
-                                              self.job_dir.log(forking.NAME),
-                                              programs.preloads(self.launch))
+                self.forks = forking.job_server(self.pod_env("", "", None), self.job_dir.path,
+                                                self.job_dir.log(forking.NAME),
+                                                programs.preloads(self.launch))
             self.ensure_coordinator()
+            self.coordinator.wait_listening()
             for pod in self.pods:
                 if pod.phase == "Pending" and self.mode == "running":
                     self.start_pod(pod, first=pod.started_at is None and self.previous is None)
