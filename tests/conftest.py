@@ -25,7 +25,6 @@ from trainer.forkclient import ForkClient, ForkedProcess
 ROOT = Path(__file__).resolve().parent.parent
 # No test may reach the Hugging Face hub (there is no network here); fail fast instead.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # as every pod has both (OFFLINE_ENV)
 # One thread per process for torch, read when it is first imported (after this): the suite's
 # two workers share two cores with the trainer processes their tests start, and an idle OpenMP
 # thread spins for a while. Beside two busy processes, tests/trainer/test_train.py took 41 s

@@ -13,13 +13,14 @@ from api.backends.local.template import Template, template_env
 from api.backends.local.watchdog import child_env
 from tests.conftest import Forks
 from tests.support import wait_for
+from trainer.contract.staged import OFFLINE_ENV
 from trainer.forkclient import ForkClient, ForkedProcess
 
 
 def test_a_server_forked_by_the_template_forks_children_at_once(forks: Forks,
                                                                  tmp_path: Path) -> None:
     template = forks.template()
-    env = {**child_env(), "SECRET_OF_THE_JOB": "s3cret"}  # what a pod's server gets
+    env = {**child_env(), **OFFLINE_ENV, "SECRET_OF_THE_JOB": "s3cret"}  # as a pod's server
     client = wait_for(lambda: ForkClient.attach(str(template), env, tmp_path, tmp_path / "log"),
                       timeout=120, what="the template to serve")
     try:
@@ -41,7 +42,7 @@ def test_a_server_forked_by_the_template_forks_children_at_once(forks: Forks,
 def test_the_template_refuses_children_that_would_import_otherwise(forks: Forks,
                                                                      tmp_path: Path) -> None:
     template = str(forks.template())
-    env = child_env()
+    env = {**child_env(), **OFFLINE_ENV}
     wait_for(lambda: (client := ForkClient.attach(template, env, tmp_path, tmp_path / "log"))
              and (client.close() or True), timeout=120, what="the template to serve")
     online = {**env, "HF_HUB_OFFLINE": "0"}

@@ -71,12 +71,12 @@ class LocalBackend:
         socket = fork_template.socket if isinstance(fork_template, Template) else fork_template
         self._watchdog = Watchdog(supervisor_restarts, delete_timeout,
                                   socket if fork_pods else None)
+        self._initializers = Initializers()
 
     def close(self) -> None:
         """Stop its template (the jobs' supervisors and pods run on)."""
         if self._template is not None:
             self._template.close()
-        self._initializers = Initializers()
 
     def launch(self, launch: Launch) -> None:
         job_dir = self._job_dir(launch.job_id)

@@ -60,10 +60,10 @@ class Watchdog:
     def __init__(self, restarts: int, delete_timeout: float = DELETE_TIMEOUT,
                  template: Path | None = None) -> None:
         self.restarts = restarts
-        self.template = template
-        """The socket of the fork-server template its supervisors ask (api.backends.local.
-        template), if any."""
         """How often a job's supervisor may die and be replaced before the job fails instead."""
+        self.template = template
+        """The socket of the fork-server template its supervisors ask for their jobs' fork
+        servers (api/backends/local/template.py), if any."""
         self.delete_timeout = delete_timeout
         # Supervisors this process started; polling them reaps them (no zombies in the API).
         self._children: dict[str, subprocess.Popen[bytes]] = {}
