@@ -78,7 +78,10 @@ class Template:
              modules: tuple[str, ...]) -> int:
         if len(fds) != 2:
             raise ValueError(f"2 descriptors expected, {len(fds)} came")
-        if differ := differences(self.environ, {**self.set_by_imports, **env}):
+        # As a fresh interpreter's imports would, a child gets what the imports set where it
+        # has no value of its own (torch sets its inductor cache's directory, for one).
+        imported = {**self.environ, **self.set_by_imports}
+        if differ := differences(imported, {**self.set_by_imports, **env}):
             raise ValueError(f"{', '.join(differ)} differ from the template's")
         log_fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         sys.stdout.flush()

@@ -62,9 +62,18 @@ def test_a_template_holds_no_secret_and_ends_with_its_control_plane(
     assert not {"MIGRATOR_ADMIN_TOKEN", "HF_TOKEN", "AZURE_STORAGE_CONNECTION_STRING"} & set(
         environ)
     assert environ["HF_HUB_OFFLINE"] == "1" and environ["PATH"] == os.environ["PATH"]
+    # Without a value of its own, torch's import sets its inductor cache's: a child that has
+    # the same value (its supervisor's control plane imported torch) imports alike.
+    base.pop("TORCHINDUCTOR_CACHE_DIR", None)
     template = Template(base, tmp_path / "template.log")
     wait_for(template.socket.exists, timeout=120, what="the template to listen")
     assert "t0ken" not in str(psutil.Process(template.process.pid).environ())
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    pods = {**template_env(base), "TORCHINDUCTOR_CACHE_DIR": default_cache_dir()}
+    served = ForkClient.attach(str(template.socket), pods, tmp_path, tmp_path / "log")
+    assert served is not None, (tmp_path / "template.log").read_text()
+    served.close()
     template.close()
     assert template.process.returncode == 0
     assert not template.directory.exists()
