@@ -40,7 +40,7 @@ import signal
 import sys
 import traceback
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 PRELOAD = ("torch", "transformers", "transformers.models.bert.modeling_bert", "pandas",
@@ -152,15 +152,8 @@ class Server:
         pid = os.fork()
         if pid == 0:  # the child: never returns
             try:
-                os.setsid()
-                os.dup2(read_end, 0)
-                if log_fd >= 0:
-                    os.dup2(log_fd, 1)
-                    os.dup2(log_fd, 2)
-                for fd in {read_end, log_fd, write_end, self.requests, self.replies,
-                           *self.pipes.values()} - {-1, 0, 1, 2}:
-                    os.close(fd)
-                os.chdir(cwd)
+                settle(read_end, log_fd, cwd, {read_end, log_fd, write_end, self.requests,
+                                               self.replies, *self.pipes.values()})
                 run_child(argv, env, self.environ, self.set_by_imports)
             finally:
                 os._exit(1)  # run_child exits itself; this only if even that failed
@@ -170,6 +163,20 @@ class Server:
         if stdin:
             self.pipes[pid] = write_end
         return pid
+
+
+def settle(stdin: int, log: int, cwd: str, close: Iterable[int]) -> None:
+    """In a forked child: a session of its own, `stdin` as its standard input, `log` (where
+    not -1) as its standard output and error, the descriptors in `close` closed, `cwd` its
+    directory."""
+    os.setsid()
+    os.dup2(stdin, 0)
+    if log >= 0:
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+    for fd in set(close) - {-1, 0, 1, 2}:
+        os.close(fd)
+    os.chdir(cwd)
 
 
 def run_child(argv: list[str], env: dict[str, str], server_env: Mapping[str, str],

@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainer.forkserver import REAP_SECONDS, Server, differences, preload
+from trainer.forkserver import REAP_SECONDS, Server, differences, preload, settle
 
 BUFFER = 65536
 
@@ -90,17 +90,11 @@ class Template:
         if pid == 0:  # the child: a fork server, never returns
             code = 1
             try:
-                os.setsid()
                 self.listener.close()
-                os.dup2(log_fd, 2)
-                os.dup2(log_fd, 1)
                 null = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(null, 0)
-                os.chdir(cwd)
-                requests, replies = (os.dup(fd) for fd in fds)
-                for fd in {null, log_fd, *fds}:
-                    os.close(fd)
+                settle(null, log_fd, cwd, {null, log_fd})
                 preload(modules)
+                requests, replies = fds
                 code = Server(requests, replies, self.environ).serve()
             finally:
                 os._exit(code)
