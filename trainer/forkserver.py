@@ -4,9 +4,10 @@ of a second of CPU instead of seconds of imports.
 
     python -m trainer.forkserver [--preload MODULE ...]
 
-A local supervisor keeps one per job for its pods and standby (api/backends/local/forking.py);
-a restart-mode pod's agent forks one of its own for its rounds' workers
-(trainer.fault_tolerance.elastic). Its environment is its children's without their identity.
+A local supervisor keeps one per job for its pods, standby and coordinator
+(api/backends/local/forking.py); a restart-mode pod's agent forks one of its own for its
+rounds' workers (trainer.fault_tolerance.elastic). Its environment is its children's without
+their identity.
 It speaks JSON lines, requests on its stdin, replies on its stdout (trainer.forkclient is the
 other end):
 

@@ -108,16 +108,24 @@ def test_killed_pod_is_recreated_and_the_job_succeeds(control_plane: ControlPlan
 def test_a_jobs_fork_server_comes_from_the_template_with_no_secret(
         control_plane: ControlPlane) -> None:
     """The control plane's template (api/backends/local/template.py) forks the job's fork
-    server, whose forks the pods are: none of them imports torch again, and none holds the
-    control plane's secrets in its environment block, nor its own job's."""
+    server, whose forks the pods and the job's rendezvous store are: none of them imports torch
+    again, and no pod holds the control plane's secrets in its environment block, nor its own
+    job's."""
     job_id = control_plane.http.post("/api/v1/jobs", json={**SPEC, "epochs": 30}).json()["id"]
     wait_for(lambda: control_plane.job(job_id)["progress"]["step"] >= 2, what="training",
              timeout=180)
     servers = {psutil.Process(pid).ppid() for pid in control_plane.pod_pids(job_id)}
     assert len(servers) == 1
+    server = servers.pop()
+    # Forked, not executed afresh (the server does that where a child's environment differs
+    # in what libraries read as they load): each shows the command line of its server.
+    store = psutil.Process(control_plane.state(job_id)["coordinator"]["pid"])
+    assert store.ppid() == server
+    for pid in [store.pid, *control_plane.pod_pids(job_id)]:
+        assert psutil.Process(pid).cmdline() == psutil.Process(server).cmdline()
     assert control_plane.processes.forks is not None
     template = control_plane.processes.forks.template_process()
-    assert psutil.Process(servers.pop()).ppid() == template.pid
+    assert psutil.Process(server).ppid() == template.pid
     secrets = [ADMIN_TOKEN, json.loads((control_plane.data_dir / "jobs" / job_id
                                         / "launch.json").read_text())["peer_secret"]]
     for pid in control_plane.pod_pids(job_id):

@@ -1,6 +1,6 @@
 """Pods forked from their job's fork server (trainer.forkserver): each job's supervisor has one
-that holds torch, transformers and the trainer imported, and its pods and standby are forks of
-it, watched as the processes it spawns are. The server is forked by the control plane's
+that holds torch, transformers and the trainer imported, and its pods, standby and coordinator
+are forks of it, watched as the processes it spawns are. The server is forked by the control plane's
 template (api/backends/local/template.py) where it serves, ready at once; else the supervisor
 spawns it (`ForkClient.spawn`), and it imports first.
 

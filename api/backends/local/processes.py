@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,6 +107,11 @@ class Adopted(Watched):
         if not self.ended and same_process(self.pid, self.started) is None:
             self.ended = True
         return self.ended
+
+
+Start = Callable[[list[str], Path, dict[str, str], bool], Watched]
+"""How the supervisor starts a process group (forked from the job's fork server where it
+serves, else spawned): argv, log, environment, whether it gets a stdin pipe."""
 
 
 def spawn(argv: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None,

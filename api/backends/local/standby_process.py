@@ -14,15 +14,11 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from api.backends import programs
 from api.backends.local.jobdir import JobDir, StandbyRecord, same_process, signal_group
-from api.backends.local.processes import Watched
-
-Start = Callable[[list[str], Path, dict[str, str], bool], Watched]
-"""How the supervisor starts a process: argv, log, environment, whether it gets a stdin pipe."""
+from api.backends.local.processes import Start, Watched
 
 logger = logging.getLogger(__name__)
 

@@ -56,7 +56,7 @@ class Supervisor:
         """The highest incarnation number started (StateDocument.issued)."""
         self.pods = [Pod(i, f"{self.job_id}-{i}") for i in range(self.replicas)]
         self.live = self.launch.fault_tolerance == "live"
-        self.coordinator = Coordinator(job_dir, self.launch)
+        self.coordinator = Coordinator(job_dir, self.launch, self.start_process)
         self.started = psutil.Process().create_time()
         self.mode: Mode = "running"
         self.final_reason: str | None = None
