@@ -8,6 +8,7 @@ one step to the next, and `should_commit` may refuse a step).
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import logging
 import os
 import signal
@@ -43,6 +44,17 @@ def die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         libc: Any = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+STACKS_SIGNAL = signal.SIGUSR1
+"""Asks a torchrun worker for its threads' stacks (`show_stacks_on_request`)."""
+
+
+def show_stacks_on_request() -> None:
+    """Write every thread's stack to stderr (the pod's log) on STACKS_SIGNAL, from C, so even
+    while the main thread waits in a collective: the agent asks before it SIGKILLs a worker
+    that outlived its SIGTERM (trainer.fault_tolerance.warm_worker), saying where it hung."""
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
 
 
 def init_process_group(backend: str, rank: int, world_size: int, address: str,

@@ -13,7 +13,7 @@ from trainer.config import ConfigError, TrainConfig, load_config
 from trainer.contract.process import ExitCode, log_format
 from trainer.contract.records import Failed
 from trainer.data import DataError
-from trainer.distributed import Group, die_with_parent
+from trainer.distributed import Group, die_with_parent, show_stacks_on_request
 from trainer.model import DeviceChoice, ModelError, choose_device
 from trainer.nonfinite import NonFiniteLoss
 from trainer.report import HeartbeatFile, HttpSink, JsonlSink, MetricsSink, Reporter
@@ -107,6 +107,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
     configure_logging(config.runtime.job_id, pod)
     if "TORCHELASTIC_RUN_ID" in environ:
         die_with_parent()  # the agent is the pod: a worker must not outlive it
+        show_stacks_on_request()
     reporter = build_reporter(config, pod, environ)
     group = None
     try:

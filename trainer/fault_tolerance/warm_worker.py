@@ -18,9 +18,11 @@ then never waits for Python's imports.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,10 +33,13 @@ from typing import Any
 from torch.distributed.elastic.multiprocessing import api as processes
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
+from trainer.distributed import STACKS_SIGNAL
 from trainer.forkclient import ForkClient, ForkedProcess
 
 logger = logging.getLogger(__name__)
 
+STACKS_SECONDS = 0.5
+"""How long a hung worker has to write its stacks before its SIGKILL."""
 SETTLE_SECONDS = 5.0
 """How long a round's workers run before a standby may start loading: loading takes CPU the
 round's start would miss."""
@@ -51,6 +56,17 @@ class WarmHandler(SubprocessHandler):
         self._stdout = self._stderr = None
         self.local_rank_id = local_rank_id
         self.proc = proc  # type: ignore[assignment]  # what torchrun uses of a Popen
+
+    def close(self, death_sig: signal.Signals | None = None) -> None:
+        if death_sig == signal.SIGKILL and self.proc.poll() is None:
+            # It outlived torchrun's SIGTERM (30 s), and the job's next round waited for it:
+            # its stacks, in the pod's log, say where it hung (trainer.distributed).
+            with contextlib.suppress(OSError):
+                os.kill(self.proc.pid, STACKS_SIGNAL)
+                logger.warning("worker %d outlived its SIGTERM: its stacks follow in the log",
+                               self.proc.pid)
+                time.sleep(STACKS_SECONDS)  # written from a C signal handler, at once
+        super().close(death_sig)
 
 
 class WarmWorker:
