@@ -1,8 +1,8 @@
 """Pods forked from their job's fork server (trainer.forkserver): each job's supervisor has one
 that holds torch, transformers and the trainer imported, and its pods, standby and coordinator
-are forks of it, watched as the processes it spawns are. The server is forked by the control plane's
-template (api/backends/local/template.py) where it serves, ready at once; else the supervisor
-spawns it (`ForkClient.spawn`), and it imports first.
+are forks of it, watched as the processes it spawns are. The server is forked by the control
+plane's template (api/backends/local/template.py) where it serves, ready at once; else the
+supervisor spawns it (`ForkClient.spawn`), and it imports first.
 
 Anything wrong with the server makes the supervisor spawn instead: forking only saves time.
 """
