@@ -85,9 +85,12 @@ def report_token(fake: FakeApiServer, job_id: str) -> str:
 
 
 def post_report(client: TestClient, fake: FakeApiServer, job_id: str, ordinal: int,
-                records: list[dict[str, Any]], incarnation: str = "0") -> None:
+                records: list[dict[str, Any]], incarnation: str = "0",
+                token: str | None = None) -> None:
+    """`token`: the job's report token read before (its Secret goes with the finished job)."""
+    token = token or report_token(fake, job_id)
     response = client.post(f"/api/v1/jobs/{job_id}/reports",
-                           headers={"Authorization": f"Bearer {report_token(fake, job_id)}"},
+                           headers={"Authorization": f"Bearer {token}"},
                            json={"pod": f"{job_id}-{ordinal}", "incarnation": incarnation,
                                  "records": records})
     assert response.status_code == 200, response.text
@@ -161,10 +164,12 @@ def lifecycle(client: TestClient, settings: Settings, fake_k8s: FakeApiServer) -
     export.mkdir(parents=True)
     (export / "config.json").write_text("{}")
     (export / "metrics.json").write_text(json.dumps({"metrics": {"test": {"accuracy": 0.8}}}))
+    # Read before the reports: the job may finish, and its Secret go, after the first one.
+    token = report_token(fake_k8s, job_id)
     for ordinal in (0, 1):
         export_dir = "/models/model" if ordinal == 0 else None
         post_report(client, fake_k8s, job_id, ordinal,
-                    [record(2, completed(export_dir, primary=ordinal == 0))])
+                    [record(2, completed(export_dir, primary=ordinal == 0))], token=token)
     state = wait_job(client, job_id, lambda s: s["status"] == "succeeded", "the job to succeed")
     model = client.get(f"/api/v1/models/{state['model_id']}", headers=AUTH).json()
     assert model["metrics"] == {"test": {"accuracy": 0.8}}

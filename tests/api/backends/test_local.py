@@ -243,8 +243,10 @@ def test_delete_mid_training_stops_everything_and_keeps_checkpoints(
         "coordinator"]["pid"])
     assert not any("MIGRATOR_ADMIN_TOKEN" in e or "HF_TOKEN" in e
                    for e in [*env, store.environ()])
-    # Each pod is a torchrun agent whose worker joined one elastic world of two.
-    workers = [pod.children()[0].environ() for pod in pods]
+    # Each pod is a torchrun agent whose worker joined one elastic world of two (beside it,
+    # once the round has run 5 s, its warm worker; pids wrap, so not always the older one).
+    workers = [next(child.environ() for child in pod.children()
+                    if "trainer.standby" not in child.cmdline()) for pod in pods]
     assert sorted((w["RANK"], w["WORLD_SIZE"]) for w in workers) == [("0", "2"), ("1", "2")]
     assert workers[0]["MASTER_PORT"] == workers[1]["MASTER_PORT"]
 
