@@ -28,7 +28,7 @@ STORE_STATE = "store.json"
 LIGHTHOUSE_TIMEOUT = 1.0
 """Seconds a call to the lighthouse or the store may take (milliseconds when it runs)."""
 LISTEN_SECONDS = 15.0
-"""How long a job's first pods wait for its coordinator to listen (it imports first)."""
+"""How long a job's first pods wait for its coordinator to listen (spawned, it imports first)."""
 LISTEN_POLL_SECONDS = 0.02
 
 
@@ -79,7 +79,8 @@ class Coordinator:
     def wait_listening(self, timeout: float = LISTEN_SECONDS) -> None:
         """Until its process listens on its port, ends, or `timeout` passes: a pod's client
         retries a coordinator that does not listen yet after growing delays (torch's store
-        client: 0.6 s, then 0.9 s, 1.4 s, ...), and forked pods start before it does."""
+        client: 0.6 s, then 0.9 s, 1.4 s, ...), and forked pods start before a spawned one
+        listens."""
         deadline = time.monotonic() + timeout
         while self.process is not None and not self.process.poll():
             with contextlib.suppress(psutil.Error):
