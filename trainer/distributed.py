@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -31,6 +32,11 @@ from trainer.recovery import Recovery
 logger = logging.getLogger(__name__)
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)
+STOP_GRACE_SECONDS = 10.0
+"""How long a collective may still wait once the worker got SIGTERM (see `Group.stopping`):
+torchrun SIGKILLs a worker 30 s after its SIGTERM, and the emergency checkpoint needs the rest."""
+WAIT_SLICE = timedelta(seconds=0.5)
+"""A collective is waited for in slices this long, so a SIGTERM's handler runs between them."""
 POD_GLOO = "pod-gloo"
 PR_SET_PDEATHSIG = 1
 
@@ -99,6 +105,10 @@ def register_pod_gloo(address: str) -> str:
     return POD_GLOO
 
 
+class CollectiveAbandoned(RuntimeError):
+    """A collective still waited `STOP_GRACE_SECONDS` after this worker's SIGTERM."""
+
+
 class Group:
     """torchrun's static world (WORLD_SIZE/RANK env), or a world of one without torchrun."""
 
@@ -115,6 +125,9 @@ class Group:
     redoes_steps = False
     """Whether a step that fails is redone by this process with the weights it started from
     (trainer.shards keeps what the failed attempt computed); a static world never fails one."""
+
+    _stopping_since: float | None = None
+    """When this worker got SIGTERM (`stopping`)."""
 
     def __init__(self, device: DeviceChoice, environ: Mapping[str, str] = os.environ,
                  address: str = "", peer_secret: str = "") -> None:
@@ -177,10 +190,38 @@ class Group:
         device_ids = [self.device.device.index] if self.device.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids)
 
+    def stopping(self) -> None:
+        """This worker got SIGTERM: a collective that still waits `STOP_GRACE_SECONDS` from now
+        raises `CollectiveAbandoned`, and the trainer keeps its last committed step (an emergency
+        checkpoint) as after any failed collective.
+
+        torchrun's agent SIGTERMs its worker when the job's membership changes, and SIGKILLs it
+        30 s later. A peer that dies closes its connections, and a collective waiting on it fails
+        at once. A peer whose connections stay open (its node lost, or the process hung) would
+        keep this worker in the collective past that SIGKILL, and its last steps would be lost.
+        """
+        if self._stopping_since is None:
+            self._stopping_since = time.monotonic()
+
+    def _wait(self, work: dist.Work) -> None:
+        """Wait for `work` (an async collective of the world), in slices (`stopping`)."""
+        while True:
+            try:
+                work.wait(WAIT_SLICE)
+                return
+            except RuntimeError:
+                if work.is_completed():  # it failed (a peer closed its connections, a timeout)
+                    raise
+            since = self._stopping_since
+            if since is not None and time.monotonic() - since > STOP_GRACE_SECONDS:
+                raise CollectiveAbandoned(
+                    f"a collective still waited {STOP_GRACE_SECONDS:.0f} s after this worker's "
+                    "SIGTERM: a peer is gone without closing its connections, or hung")
+
     def all_reduce_sum(self, values: torch.Tensor) -> torch.Tensor:
         """Sum a small tensor over participants (in place) and return it."""
         if self.world_size > 1:
-            dist.all_reduce(values, op=dist.ReduceOp.SUM)
+            self._wait(dist.all_reduce(values, op=dist.ReduceOp.SUM, async_op=True))
         return values
 
     @property
@@ -196,7 +237,7 @@ class Group:
     def barrier(self) -> None:
         """Wait until every process of the world got here (a static world's)."""
         if self.world_size > 1:
-            dist.barrier()
+            self._wait(dist.barrier(async_op=True))
 
     def should_commit(self) -> bool:
         """Whether the step just computed may be committed; a static group always commits."""

@@ -374,6 +374,7 @@ class Trainer:
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         logger.info("SIGTERM: stopping after the current step")
         self._stop_requested = True
+        self.group.stopping()
 
     # --- evaluation ----------------------------------------------------------------------
 

@@ -182,7 +182,26 @@ def assert_exactly_once(job: Job) -> None:
     assert epochs == list(range(1, epochs[-1] + 1))
     for epoch in epochs:
         used = Counter(i for (e, _), window in windows.items() if e == epoch for i in window)
-        assert used == Counter(range(train_size)), f"epoch {epoch}"
+        assert used == Counter(range(train_size)), uncovered(samples, epoch, used, train_size)
+
+
+def uncovered(samples: list[dict[str, Any]], epoch: int, used: Counter[int],
+              train_size: int) -> str:
+    """What an epoch's windows got wrong: the samples missing or doubled, and the steps
+    (with the pods that reported them) whose windows hold a doubled one or border a gap."""
+    missing = sorted(set(range(train_size)) - set(used))
+    doubled = sorted(i for i, count in used.items() if count > 1)
+    steps: dict[int, set[str]] = {}
+    for record in samples:
+        if record["epoch"] == epoch:
+            steps.setdefault(record["step"], set()).add(f"{record['pod']}/r{record['rank']}")
+    cursors = {r["step"]: (r["cursor"], len(r["window"])) for r in samples
+               if r["epoch"] == epoch}
+    suspects = sorted({r["step"] for r in samples if r["epoch"] == epoch
+                       and set(r["window"]) & set(doubled)})
+    return (f"epoch {epoch}: {len(missing)} samples missing, {len(doubled)} doubled; "
+            f"steps with doubled samples {[(s, cursors[s], sorted(steps[s])) for s in suspects]}; "
+            f"the epoch's steps (cursor, window) {sorted(cursors.items())}")
 
 
 def assert_no_step_computed_twice(job: Job, stages: int = 1) -> None:

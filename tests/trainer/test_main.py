@@ -155,6 +155,49 @@ def test_a_sigterm_in_a_static_group_leaves_the_stop_step_saved_by_every_partici
     assert latest_checkpoint(tmp_path / "checkpoints").step == last["local-0"]
 
 
+def ended(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_sigterm_while_a_peer_hangs_in_a_collective_keeps_the_last_committed_step(
+        inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
+    """A peer whose connections stay open (its node lost, or its process hung: here stopped)
+    never fails the collective that waits on it. torchrun's agent SIGTERMs its worker when the
+    job's membership changes and SIGKILLs it 30 s later: the worker gives the collective up
+    within its grace (trainer.distributed.Group.stopping), keeps its last committed step in an
+    emergency checkpoint, and exits, so the next round loses no step."""
+    make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
+    args = trainer_args(inputs_dir, tmp_path, "--epochs", "20", "--checkpoint-every-steps",
+                        "1000")
+    process = processes.start(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "trainer", *args], {"OMP_NUM_THREADS": "1"}, tmp_path / "pair.log")
+    reports = tmp_path / "reports.jsonl"
+    wait_for(lambda: reports.exists() and '"kind":"metric"' in reports.read_text(),
+             process=process, timeout=120)
+    workers = {w.environ().get("RANK"): w for w in psutil.Process(process.pid).children()}
+    primary, follower = workers["0"], workers["1"]
+    follower.suspend()  # SIGSTOP: alive, its connections open, in no collective any more
+    try:
+        primary.send_signal(signal.SIGTERM)
+        # Within the 30 s torchrun's agent gives a worker between its SIGTERM and its SIGKILL.
+        wait_for(lambda: ended(primary), timeout=30,
+                 what="the primary to give its collective up and exit")
+    finally:
+        follower.kill()
+    finish(process)
+    log = (tmp_path / "pair.log").read_text()
+    assert "CollectiveAbandoned" in log, log[-3000:]
+    last = [m["data"]["step"] for m in events(tmp_path, "metric") if m["pod"] == "local-0"][-1]
+    emergency = [c["data"] for c in events(tmp_path, "checkpoint")
+                 if c["pod"] == "local-0" and c["data"]["emergency"]]
+    assert [c["step"] for c in emergency] == [last]
+    assert latest_checkpoint(tmp_path / "checkpoints").step == last
+
+
 def test_a_nan_loss_fails_the_job_with_the_step_and_the_value(
         inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
     make_poisoned_model(inputs_dir / "poisoned")
