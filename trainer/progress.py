@@ -68,15 +68,17 @@ class StepReports:
 
     def committed(self, result: StepResult, step: int, samples_seen: int, skipped_steps: int,
                   learning_rate: float) -> None:
-        """Step `step` committed; report it where this pod took part in it (a pod that healed
-        into it leaves it to its peers), once the pod has outlived it."""
+        """Step `step` committed; report it, once the pod has outlived it: where the pod took
+        part in it, or else (it healed into the step) its window alone, its metric being its
+        peers' to report."""
         assignment = result.assignment
         now = time.perf_counter()
         self._window_samples += assignment.window
         throughput = self._window_samples / max(now - self._window_start, 1e-9)
         if now - self._window_start > WINDOW_SECONDS:
             self._window_start, self._window_samples = now, 0
-        if not result.took_part:
+        if not result.took_part:  # its state holds the step all the same: its window stands
+            self._hold_window(result, step)
             return
         if result.skipped is not None:  # a loss to chart it has not: an event instead
             self._hold(result.skipped.record(assignment.epoch + 1, skipped_steps))
@@ -89,13 +91,21 @@ class StepReports:
                 step=step, epoch=assignment.epoch + 1, loss=result.loss,
                 learning_rate=learning_rate, samples_per_second=throughput,
                 participants=self.group.participants, samples_seen=samples_seen))
+        self._hold_window(result, step)
+        self._log(step, assignment.epoch, samples_seen, result.loss, throughput)
+
+    def _hold_window(self, result: StepResult, step: int) -> None:
+        """The step's window and the ids this pod trained on (`log_sample_ids`). A pod that
+        healed into the step trained on none of it, yet holds it: it reports the window too, so
+        the step stays on record where every pod that computed it dies before its reports
+        leave."""
         if self.config.runtime.log_sample_ids and self.reports_samples:
+            assignment = result.assignment
             window = self.sampler.order(assignment.epoch)[
                 assignment.cursor:assignment.cursor + assignment.window]
             self._hold(records.SampleIds(step=step, epoch=assignment.epoch + 1,
                                          cursor=assignment.cursor, rank=self.group.rank,
                                          ids=result.used.tolist(), window=window.tolist()))
-        self._log(step, assignment.epoch, samples_seen, result.loss, throughput)
 
     def outlived(self) -> None:
         """This pod outlived the steps it holds the reports of: send them."""

@@ -78,7 +78,8 @@ class Job:
         A pod reports in order, so the survivors' records of the steps before it (those a
         recreated pod healed past instead of committing, when a heal attempt failed) have
         arrived too: a later SIGKILL, which loses a pod's last second of records, cannot lose
-        the only record of a committed step."""
+        the only record of a committed step. (The step's metric can arrive a post before its
+        sample ids: the window of the step a recreated pod healed into is its to report too.)"""
         self.wait_steps(1, after, 3, ordinals, f"pods {ordinals} to train with the others")
         self.wait_steps(1, after, 3, (0, 1, 2), "every pod to report a step with all three")
 

@@ -128,7 +128,7 @@ class SampleIds(RecordData):
     """Position in the epoch's sample order where the step's window starts."""
     rank: Count
     ids: SampleIdList
-    """Sample ids this pod trained on."""
+    """Sample ids this pod trained on (none where it healed into the step)."""
     window: SampleIdList
     """Sample ids of every participant of the step."""
 
