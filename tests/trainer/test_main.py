@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import Processes
+from tests.api.scenarios import alive
+from tests.conftest import Process, Processes
 from tests.factories import make_poisoned_csv, make_poisoned_model, make_reviews_csv, poisoned_steps
 from tests.support import wait_for
 from trainer.checkpoint import MARKER, latest_checkpoint
@@ -129,11 +130,10 @@ def test_two_processes_under_torchrun_train_bitwise_what_one_trains_alone(
             single_losses)
 
 
-def test_a_sigterm_in_a_static_group_leaves_the_stop_step_saved_by_every_participant(
-        inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
-    """The next round may form before the primary's copy is complete (a restart-mode round
-    needs one pod): each participant writes the state it stops at before it exits, so none
-    resumes from an older checkpoint and redoes the steps since."""
+def training_pair(inputs_dir: Path, tmp_path: Path, processes: Processes
+                  ) -> tuple[Process, dict[str, psutil.Process]]:
+    """Two workers under torchrun, a long job, once they report a step: torchrun's process,
+    and its workers by RANK."""
     make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
     args = trainer_args(inputs_dir, tmp_path, "--epochs", "20", "--checkpoint-every-steps",
                         "1000")
@@ -143,8 +143,17 @@ def test_a_sigterm_in_a_static_group_leaves_the_stop_step_saved_by_every_partici
     reports = tmp_path / "reports.jsonl"
     wait_for(lambda: reports.exists() and '"kind":"metric"' in reports.read_text(),
              process=process, timeout=120)
-    workers = psutil.Process(process.pid).children()
-    (follower,) = [w for w in workers if w.environ().get("RANK") == "1"]
+    return process, {w.environ().get("RANK", ""): w
+                     for w in psutil.Process(process.pid).children()}
+
+
+def test_a_sigterm_in_a_static_group_leaves_the_stop_step_saved_by_every_participant(
+        inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
+    """The next round may form before the primary's copy is complete (a restart-mode round
+    needs one pod): each participant writes the state it stops at before it exits, so none
+    resumes from an older checkpoint and redoes the steps since."""
+    process, workers = training_pair(inputs_dir, tmp_path, processes)
+    follower = workers["1"]
     follower.send_signal(signal.SIGTERM)  # the primary stops with it, after the same step
     finish(process)  # failed: the primary's worker is not done (ExitCode.PEER_STOPPED)
     assert f"exitcode  : {ExitCode.PEER_STOPPED.value}" in (tmp_path / "pair.log").read_text()
@@ -155,13 +164,6 @@ def test_a_sigterm_in_a_static_group_leaves_the_stop_step_saved_by_every_partici
     assert latest_checkpoint(tmp_path / "checkpoints").step == last["local-0"]
 
 
-def ended(process: psutil.Process) -> bool:
-    try:
-        return process.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def test_a_sigterm_while_a_peer_hangs_in_a_collective_keeps_the_last_committed_step(
         inputs_dir: Path, tmp_path: Path, processes: Processes) -> None:
     """A peer whose connections stay open (its node lost, or its process hung: here stopped)
@@ -169,22 +171,13 @@ def test_a_sigterm_while_a_peer_hangs_in_a_collective_keeps_the_last_committed_s
     job's membership changes and SIGKILLs it 30 s later: the worker gives the collective up
     within its grace (trainer.distributed.Group.stopping), keeps its last committed step in an
     emergency checkpoint, and exits, so the next round loses no step."""
-    make_reviews_csv(inputs_dir / "reviews.csv", rows=400)
-    args = trainer_args(inputs_dir, tmp_path, "--epochs", "20", "--checkpoint-every-steps",
-                        "1000")
-    process = processes.start(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "trainer", *args], {"OMP_NUM_THREADS": "1"}, tmp_path / "pair.log")
-    reports = tmp_path / "reports.jsonl"
-    wait_for(lambda: reports.exists() and '"kind":"metric"' in reports.read_text(),
-             process=process, timeout=120)
-    workers = {w.environ().get("RANK"): w for w in psutil.Process(process.pid).children()}
+    process, workers = training_pair(inputs_dir, tmp_path, processes)
     primary, follower = workers["0"], workers["1"]
     follower.suspend()  # SIGSTOP: alive, its connections open, in no collective any more
     try:
         primary.send_signal(signal.SIGTERM)
         # Within the 30 s torchrun's agent gives a worker between its SIGTERM and its SIGKILL.
-        wait_for(lambda: ended(primary), timeout=30,
+        wait_for(lambda: not alive(primary.pid), timeout=30,
                  what="the primary to give its collective up and exit")
     finally:
         follower.kill()
